@@ -1,0 +1,29 @@
+"""``manage.py quiver_base_model_register <name> <model_dir>``: register a base model from its ``config.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from adapters_app.services import base_model_register
+
+
+class Command(BaseCommand):
+    help = "Register a base model (architecture facts read from <model_dir>/config.json)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("base_model_name")
+        parser.add_argument("model_dir", type=Path)
+        parser.add_argument("--node-pool", default="default")
+        parser.add_argument("--max-lora-rank", type=int, default=16)
+
+    def handle(self, *args: Any, base_model_name: str, model_dir: Path, node_pool: str, max_lora_rank: int,
+               **options: Any) -> None:
+        config = json.loads((model_dir / "config.json").read_text())
+        base = base_model_register(
+            base_model_name=base_model_name, hf_config=config, node_pool=node_pool, max_lora_rank=max_lora_rank
+        )
+        self.stdout.write(f"registered {base.base_model_name} ({base.architecture})")

@@ -1,0 +1,94 @@
+"""Registry: base models, tenants' adapters and their immutable versions.
+
+Vocabulary follows PEFT (``r``, ``lora_alpha``, ``target_modules``) and vLLM (``lora_int_id`` = ``AdapterVersion.pk``,
+never ``hash()``: vllm-project/vllm ``vllm/lora/request.py`` requires a positive, globally unique id).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from tenants.models import Tenant, slug_validator
+
+
+class BaseModel(models.Model):
+    """A frozen shared model served by a node pool.
+
+    ``hf_config`` is the model's ``config.json``; ``facts`` is ``BaseModelFacts.to_dict()`` (hidden size, layers and
+    per-module shapes) used by the validator. ``max_lora_rank`` and ``max_adapter_bytes`` are the pool's engine limits.
+    """
+
+    base_model_name = models.CharField(max_length=200, unique=True)
+    architecture = models.CharField(max_length=100)
+    hf_config = models.JSONField()
+    facts = models.JSONField()
+    node_pool = models.CharField(max_length=64, default="default")
+    max_lora_rank = models.PositiveIntegerField(default=16)
+    max_adapter_bytes = models.PositiveBigIntegerField(default=512 * 1024 * 1024)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.base_model_name
+
+
+class Adapter(models.Model):
+    """A tenant's named adapter; ``name`` is unique within the tenant and is what applications send as ``model``."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="adapters")
+    name = models.CharField(max_length=40, validators=[slug_validator])
+    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="adapters")
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="adapter_unique_tenant_name")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.name}"
+
+
+class AdapterVersion(models.Model):
+    """One immutable upload of an adapter.
+
+    ``sha256`` digests the sorted ``(file name, file sha256)`` list, so identical bytes give the same version.
+    ``files`` is ``[{"name", "size", "sha256", "s3_key"}]``. Status moves ``uploaded → validating → ready | rejected``.
+    ``validation_report`` is ``ValidationReport.to_dict()`` from ``adapters_app.validation``.
+    """
+
+    class Status(models.TextChoices):
+        UPLOADED = "uploaded"
+        VALIDATING = "validating"
+        READY = "ready"
+        REJECTED = "rejected"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="adapter_versions")
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.PositiveBigIntegerField()
+    s3_prefix = models.CharField(max_length=500)
+    files = models.JSONField()
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.UPLOADED)
+    r = models.PositiveIntegerField(null=True, blank=True)
+    lora_alpha = models.FloatField(null=True, blank=True)
+    target_modules = models.JSONField(null=True, blank=True)
+    validation_report = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    validated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["adapter", "number"], name="version_unique_number"),
+            models.UniqueConstraint(fields=["adapter", "sha256"], name="version_unique_sha256"),
+        ]
+        indexes = [models.Index(fields=["adapter", "status"])]
+
+    @property
+    def lora_int_id(self) -> int:
+        """vLLM's engine id for this version: the primary key (positive, globally unique, stable)."""
+        return self.pk
+
+    @property
+    def served_name(self) -> str:
+        """vLLM's ``lora_name`` on nodes: ``<tenant_slug>--<adapter_name>--<version pk>``; never shown to tenants."""
+        return f"{self.adapter.tenant.slug}--{self.adapter.name}--{self.pk}"

@@ -1,0 +1,33 @@
+"""Reads for the adapter registry, always scoped by tenant."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from adapters_app.models import Adapter, AdapterVersion
+from tenants.models import Tenant
+
+
+def adapter_get(tenant: Tenant, *, name: str) -> Adapter | None:
+    """The tenant's adapter called ``name``, or None (another tenant's adapter is None too)."""
+    return Adapter.objects.select_related("base_model", "tenant").filter(tenant=tenant, name=name).first()
+
+
+def adapter_version_latest_ready(adapter: Adapter) -> AdapterVersion | None:
+    """The highest-numbered ``ready`` version of ``adapter``, or None."""
+    return (
+        AdapterVersion.objects.select_related("adapter__tenant", "adapter__base_model")
+        .filter(adapter=adapter, status=AdapterVersion.Status.READY)
+        .order_by("-number")
+        .first()
+    )
+
+
+def adapter_list_servable(tenant: Tenant) -> QuerySet[Adapter]:
+    """The tenant's adapters that have at least one ``ready`` version."""
+    return (
+        Adapter.objects.select_related("base_model")
+        .filter(tenant=tenant, versions__status=AdapterVersion.Status.READY)
+        .distinct()
+        .order_by("name")
+    )

@@ -1,0 +1,267 @@
+"""Writes for the adapter registry: base model registration, adapter creation, version upload and validation."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from adapters_app import storage
+from adapters_app.models import Adapter, AdapterVersion, BaseModel
+from adapters_app.validation import (
+    BaseModelFacts,
+    PoolLimits,
+    UploadRejected,
+    check_upload_names,
+    iter_archive,
+    validate_adapter_dir,
+)
+from config.exceptions import QuiverError
+from tenants.models import Tenant
+from workers.tasks import adapter_version_validate_task
+
+logger = logging.getLogger(__name__)
+
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+
+
+def base_model_register(
+    *,
+    base_model_name: str,
+    hf_config: Mapping[str, Any],
+    node_pool: str = "default",
+    max_lora_rank: int = 16,
+    max_adapter_bytes: int = 512 * 1024 * 1024,
+) -> BaseModel:
+    """Register (or update the limits of) a base model from its HF ``config.json``.
+
+    Raises:
+        ValueError: the architecture is not one the validator can describe (message names the config field).
+    """
+    facts = BaseModelFacts.from_hf_config(base_model_name, hf_config)
+    base, _ = BaseModel.objects.update_or_create(
+        base_model_name=base_model_name,
+        defaults={
+            "architecture": facts.architecture,
+            "hf_config": dict(hf_config),
+            "facts": facts.to_dict(),
+            "node_pool": node_pool,
+            "max_lora_rank": max_lora_rank,
+            "max_adapter_bytes": max_adapter_bytes,
+        },
+    )
+    return base
+
+
+def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, description: str = "") -> Adapter:
+    """Create a tenant adapter, within the tenant's ``max_adapters`` quota.
+
+    Raises:
+        QuiverError: ``base_model_not_found`` (400), ``adapter_exists`` (409), ``quota_exceeded`` (403),
+            ``invalid`` (400, bad name).
+    """
+    base = BaseModel.objects.filter(base_model_name=base_model_name).first()
+    if base is None:
+        known = list(BaseModel.objects.values_list("base_model_name", flat=True))
+        raise QuiverError(
+            f"Unknown base_model '{base_model_name}'. Registered base models: {known}.", code="base_model_not_found"
+        )
+    if Adapter.objects.filter(tenant=tenant, name=name).exists():
+        raise QuiverError(f"Adapter '{name}' already exists.", code="adapter_exists", status_code=409)
+    if Adapter.objects.filter(tenant=tenant).count() >= tenant.max_adapters:
+        raise QuiverError(
+            f"Tenant quota of {tenant.max_adapters} adapters reached; delete one or ask an operator to raise max_adapters.",
+            code="quota_exceeded",
+            status_code=403,
+        )
+    adapter = Adapter(tenant=tenant, name=name, base_model=base, description=description)
+    try:
+        adapter.full_clean()
+    except Exception as exc:
+        raise QuiverError(f"Invalid adapter name '{name}': {exc}", code="invalid", fields={"name": [str(exc)]}) from exc
+    adapter.save()
+    return adapter
+
+
+def _rejected(exc: UploadRejected) -> QuiverError:
+    report = {"ok": False, "problems": [p.to_dict() for p in exc.problems], "facts": {}, "schema": 1}
+    first = exc.problems[0]
+    return QuiverError(
+        f"Upload rejected: {first.message} {first.hint}",
+        code=first.code,
+        fields={"status": "rejected", "validation_report": report},
+    )
+
+
+def _is_archive(upload: UploadedFile) -> bool:
+    return (upload.name or "").lower().endswith(ARCHIVE_SUFFIXES)
+
+
+@contextmanager
+def _local_path(upload: UploadedFile) -> Iterator[Path]:
+    """A disk path for an uploaded file (Django keeps large ones on disk already; small ones are spooled)."""
+    if hasattr(upload, "temporary_file_path"):
+        yield Path(upload.temporary_file_path())
+        return
+    with tempfile.NamedTemporaryFile(suffix=".upload") as tmp:
+        for chunk in upload.chunks():
+            tmp.write(chunk)
+        tmp.flush()
+        yield Path(tmp.name)
+
+
+def _members(upload_files: Sequence[UploadedFile], stack: ExitStack) -> Iterator[tuple[str, IO[bytes]]]:
+    """``(relative name, stream)`` for each file of the upload: one archive, or loose files."""
+    if len(upload_files) == 1 and _is_archive(upload_files[0]):
+        path = stack.enter_context(_local_path(upload_files[0]))
+        for member in iter_archive(
+            path, max_members=settings.QUIVER_MAX_ARCHIVE_MEMBERS, max_total_bytes=settings.QUIVER_MAX_UPLOAD_BYTES
+        ):
+            yield member.name, stack.enter_context(member.open())
+        return
+    check_upload_names([f.name or "" for f in upload_files])
+    for f in upload_files:
+        f.seek(0)
+        yield f.name or "", f
+
+
+def _content_sha256(files: Sequence[Mapping[str, Any]]) -> str:
+    digest = hashlib.sha256()
+    for entry in sorted(files, key=lambda e: e["name"]):
+        digest.update(f"{entry['name']}\0{entry['sha256']}\n".encode())
+    return digest.hexdigest()
+
+
+def adapter_version_upload(
+    tenant: Tenant,
+    *,
+    adapter_name: str,
+    upload_files: Sequence[UploadedFile],
+    base_model_name: str | None = None,
+) -> tuple[AdapterVersion, bool]:
+    """Stream an uploaded PEFT folder to S3 and record an immutable version, enqueueing its validation.
+
+    The adapter is created on first upload when ``base_model_name`` is given. Bytes go to S3 chunk by chunk with
+    a running sha256 (never whole in memory); the version row and the enqueue happen in one transaction
+    (``transaction.on_commit``). Identical bytes return the existing version. Any failure deletes what was stored.
+
+    Args:
+        upload_files: the folder's files (multipart), or exactly one zip/tar archive of it.
+
+    Returns:
+        ``(version, created)``; ``created`` is False when identical bytes were already uploaded.
+
+    Raises:
+        QuiverError: ``adapter_not_found`` (404) when the adapter is missing and no ``base_model`` was given;
+            intake rejections (unsafe archive, pickle weights, missing files: 400, code from the validator);
+            ``upload_too_large`` (413); ``storage_unavailable`` (503).
+    """
+    if not upload_files:
+        raise QuiverError("No files were uploaded; send the adapter folder's files or one archive as 'files'.",
+                          code="no_files", fields={"files": ["This field is required."]})
+    adapter = Adapter.objects.filter(tenant=tenant, name=adapter_name).first()
+    if adapter is None and not base_model_name:
+        raise QuiverError(
+            f"Adapter '{adapter_name}' does not exist; pass 'base_model' to create it with this upload.",
+            code="adapter_not_found",
+            status_code=404,
+        )
+    prefix = f"tenants/{tenant.pk}/uploads/{uuid.uuid4().hex}/"
+    stored: list[storage.StoredObject] = []
+    remaining = settings.QUIVER_MAX_UPLOAD_BYTES
+    try:
+        with ExitStack() as stack:
+            for name, stream in _members(upload_files, stack):
+                obj = storage.put_stream(prefix + name, stream, limit=remaining)
+                stored.append(obj)
+                remaining -= obj.size
+        files = [{"name": o.key[len(prefix) :], "size": o.size, "sha256": o.sha256, "s3_key": o.key} for o in stored]
+        sha256 = _content_sha256(files)
+        with transaction.atomic():
+            if adapter is None:
+                adapter = adapter_create(tenant, name=adapter_name, base_model_name=base_model_name or "")
+            adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
+            existing = adapter.versions.filter(sha256=sha256).first()
+            if existing is None:
+                number = (adapter.versions.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+                version = AdapterVersion(
+                    tenant=tenant, adapter=adapter, number=number, sha256=sha256,
+                    size_bytes=sum(o.size for o in stored), s3_prefix=prefix, files=files,
+                )
+                version.full_clean()
+                version.save()
+                transaction.on_commit(lambda: adapter_version_validate_task.delay(version.pk))
+    except UploadRejected as exc:
+        storage.delete_keys(o.key for o in stored)
+        raise _rejected(exc) from exc
+    except storage.SizeLimitExceeded as exc:
+        storage.delete_keys(o.key for o in stored)
+        raise QuiverError(
+            f"Upload exceeds {exc.limit} bytes; ask an operator to raise QUIVER_MAX_UPLOAD_BYTES or shrink the adapter.",
+            code="upload_too_large", status_code=413,
+        ) from exc
+    except IntegrityError:
+        # A concurrent identical upload won the race: answer with its version.
+        storage.delete_keys(o.key for o in stored)
+        return AdapterVersion.objects.get(adapter__tenant=tenant, adapter__name=adapter_name, sha256=sha256), False
+    except BaseException:
+        storage.delete_keys(o.key for o in stored)
+        raise
+    if existing is not None:
+        storage.delete_keys(o.key for o in stored)
+        return existing, False
+    logger.info("adapter_version.uploaded", extra={"version_id": version.pk, "sha256": sha256, "tenant": tenant.slug})
+    return version, True
+
+
+def adapter_version_validate(version: AdapterVersion) -> AdapterVersion:
+    """Validate a stored version against its base model and pool limits; set ``ready`` or ``rejected``.
+
+    Idempotent: a version already ``ready``/``rejected`` is returned unchanged; a redelivered ``validating`` one is
+    validated again (the validator is a pure function of the bytes).
+    """
+    claimed = AdapterVersion.objects.filter(
+        pk=version.pk, status__in=[AdapterVersion.Status.UPLOADED, AdapterVersion.Status.VALIDATING]
+    ).update(status=AdapterVersion.Status.VALIDATING)
+    if not claimed:
+        version.refresh_from_db()
+        return version
+    base = version.adapter.base_model
+    with tempfile.TemporaryDirectory(prefix="quiver-validate-") as tmp:
+        root = Path(tmp)
+        problems_io: list[dict[str, Any]] = []
+        for entry in version.files:
+            target = root / entry["name"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if storage.download_to(entry["s3_key"], target) != entry["sha256"]:
+                problems_io.append({"code": "artifact_corrupt", "severity": "error", "field": entry["name"],
+                                    "message": f"{entry['name']} changed in storage since upload.",
+                                    "hint": "Upload the adapter again."})
+        report = validate_adapter_dir(
+            root,
+            base=BaseModelFacts.from_dict(base.facts),
+            limits=PoolLimits(max_lora_rank=base.max_lora_rank, max_adapter_bytes=base.max_adapter_bytes),
+        ).to_dict()
+    report["problems"] = problems_io + report.get("problems", [])
+    ok = report.get("ok", False) and not problems_io
+    report["ok"] = ok
+    facts = report.get("facts", {})
+    version.status = AdapterVersion.Status.READY if ok else AdapterVersion.Status.REJECTED
+    version.validation_report = report
+    version.r = facts.get("r") if isinstance(facts.get("r"), int) else None
+    version.lora_alpha = facts.get("lora_alpha") if isinstance(facts.get("lora_alpha"), int | float) else None
+    version.target_modules = facts.get("target_modules")
+    version.validated_at = timezone.now()
+    version.save(update_fields=["status", "validation_report", "r", "lora_alpha", "target_modules", "validated_at"])
+    logger.info("adapter_version.validated", extra={"version_id": version.pk, "status": version.status})
+    return version

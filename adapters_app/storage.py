@@ -1,0 +1,111 @@
+"""Adapter artifacts in S3 via boto3: streamed uploads with a running sha256, deletes, downloads.
+
+The endpoint comes from ``AWS_S3_ENDPOINT_URL`` (SeaweedFS locally, MinIO in compose, AWS in production). Path-style
+addressing and SigV4 as shared/notes/services.md recommends for SeaweedFS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, Any
+
+import boto3
+from botocore.config import Config
+from django.conf import settings
+
+CHUNK = 1024 * 1024
+
+
+@lru_cache(maxsize=1)
+def s3_client() -> Any:
+    """A boto3 S3 client built from settings (cached per process)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.AWS_S3_ENDPOINT_URL,
+        aws_access_key_id=settings.AWS_ACCESS_KEY_ID,
+        aws_secret_access_key=settings.AWS_SECRET_ACCESS_KEY,
+        region_name=settings.AWS_S3_REGION_NAME,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 5}),
+    )
+
+
+class SizeLimitExceeded(Exception):
+    """More bytes arrived than the cap allows; ``limit`` is that cap in bytes."""
+
+    def __init__(self, limit: int):
+        super().__init__(limit)
+        self.limit = limit
+
+
+class _HashingReader:
+    """Wraps a readable stream: hashes and counts bytes as boto3 pulls them, failing past ``limit`` bytes.
+
+    Deliberately not seekable, so s3transfer reads it front to back in chunks instead of loading it whole.
+    """
+
+    def __init__(self, raw: IO[bytes], limit: int):
+        self._raw = raw
+        self._limit = limit
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(CHUNK if n is None or n < 0 else n)
+        self.size += len(data)
+        if self.size > self._limit:
+            raise SizeLimitExceeded(self._limit)
+        self.sha256.update(data)
+        return data
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """An object written by :func:`put_stream`: its key, size in bytes and hex sha256."""
+
+    key: str
+    size: int
+    sha256: str
+
+
+def put_stream(key: str, stream: IO[bytes], *, limit: int) -> StoredObject:
+    """Stream ``stream`` to ``key`` in the artifact bucket, hashing on the way (multipart for large bodies).
+
+    Raises:
+        SizeLimitExceeded: more than ``limit`` bytes were read (the partial object is not completed).
+        botocore.exceptions.ClientError: the S3 server refused the write.
+    """
+    reader = _HashingReader(stream, limit)
+    s3_client().upload_fileobj(reader, settings.AWS_STORAGE_BUCKET_NAME, key)
+    return StoredObject(key=key, size=reader.size, sha256=reader.sha256.hexdigest())
+
+
+def delete_keys(keys: Iterable[str]) -> None:
+    """Delete objects (missing ones are fine), in batches of 1,000 as S3's DeleteObjects allows."""
+    keys = list(keys)
+    for start in range(0, len(keys), 1000):
+        batch = [{"Key": k} for k in keys[start : start + 1000]]
+        s3_client().delete_objects(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Delete={"Objects": batch, "Quiet": True})
+
+
+def list_keys(prefix: str) -> list[str]:
+    """Every key under ``prefix``."""
+    paginator = s3_client().get_paginator("list_objects_v2")
+    keys: list[str] = []
+    for page in paginator.paginate(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Prefix=prefix):
+        keys.extend(obj["Key"] for obj in page.get("Contents", []))
+    return keys
+
+
+def download_to(key: str, path: Path) -> str:
+    """Stream object ``key`` into ``path``; returns the hex sha256 of what was written."""
+    body = s3_client().get_object(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["Body"]
+    digest = hashlib.sha256()
+    with path.open("wb") as out:
+        for chunk in body.iter_chunks(CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()

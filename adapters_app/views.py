@@ -1,0 +1,78 @@
+"""Control-plane API for adapters: ``/api/v1/adapters``, ``/api/v1/adapters/{name}/versions``, ``/api/v1/base-models``."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from rest_framework import mixins, status
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from adapters_app import services
+from adapters_app.models import Adapter, AdapterVersion, BaseModel
+from adapters_app.serializers import (
+    AdapterInputSerializer,
+    AdapterOutputSerializer,
+    AdapterVersionOutputSerializer,
+    BaseModelOutputSerializer,
+)
+from tenants.viewsets import TenantScopedViewSet
+
+
+class BaseModelViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    """Registered base models (shared by all tenants; listing needs a valid key)."""
+
+    queryset = BaseModel.objects.order_by("base_model_name")
+    serializer_class = BaseModelOutputSerializer
+    tenant_field = None
+
+
+class AdapterViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet
+):
+    """The tenant's adapters, looked up by name."""
+
+    queryset = Adapter.objects.select_related("base_model").order_by("name")
+    serializer_class = AdapterOutputSerializer
+    lookup_field = "name"
+
+    def create(self, request: Request) -> Response:
+        data = AdapterInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = services.adapter_create(
+            self.tenant,
+            name=data.validated_data["name"],
+            base_model_name=data.validated_data["base_model"],
+            description=data.validated_data["description"],
+        )
+        return Response(AdapterOutputSerializer(adapter).data, status=status.HTTP_201_CREATED)
+
+
+class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    """Versions of one adapter: list, retrieve by number, upload (multipart ``files``, optional ``base_model``)."""
+
+    queryset = AdapterVersion.objects.select_related("adapter").order_by("-number")
+    serializer_class = AdapterVersionOutputSerializer
+    parser_classes = [MultiPartParser, FormParser, JSONParser]
+    lookup_field = "number"
+
+    def tenant_queryset(self, queryset):  # type: ignore[no-untyped-def]
+        return queryset.filter(adapter__name=self.kwargs["adapter_name"])
+
+    def list(self, request: Request, adapter_name: str) -> Response:
+        if not Adapter.objects.filter(tenant=self.tenant, name=adapter_name).exists():
+            raise Http404
+        return super().list(request)
+
+    def retrieve(self, request: Request, adapter_name: str, number: str) -> Response:
+        return Response(self.get_serializer(self.get_object()).data)
+
+    def create(self, request: Request, adapter_name: str) -> Response:
+        version, created = services.adapter_version_upload(
+            self.tenant,
+            adapter_name=adapter_name,
+            upload_files=request.FILES.getlist("files"),
+            base_model_name=request.data.get("base_model") or None,
+        )
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(AdapterVersionOutputSerializer(version).data, status=code)

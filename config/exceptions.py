@@ -1,0 +1,71 @@
+"""The control-plane API's error envelope: ``{"detail": str, "code": str}`` plus ``fields`` for validation errors.
+
+Decided in shared/notes/conventions.md ("Error envelope"); the OpenAI-compatible ``/v1/*`` routes keep OpenAI's shape instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class QuiverError(exceptions.APIException):
+    """An API error with a stable machine-readable ``code`` and an HTTP status.
+
+    Args:
+        detail: human message naming the field and the fix.
+        code: stable snake_case code, e.g. ``"adapter_not_ready"``.
+        status_code: HTTP status, 400 by default.
+        fields: optional per-field messages, returned as ``fields``.
+    """
+
+    status_code = status.HTTP_400_BAD_REQUEST
+
+    def __init__(self, detail: str, *, code: str, status_code: int = 400, fields: dict[str, Any] | None = None):
+        super().__init__(detail=detail, code=code)
+        self.status_code = status_code
+        self.code = code
+        self.fields = fields
+
+
+def _first_code(codes: Any) -> str:
+    if isinstance(codes, str):
+        return codes
+    if isinstance(codes, list) and codes:
+        return _first_code(codes[0])
+    if isinstance(codes, dict) and codes:
+        return _first_code(next(iter(codes.values())))
+    return "error"
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Render every API exception as ``{"detail", "code"[, "fields"]}``.
+
+    Returns:
+        The response, or None for non-API exceptions (Django then answers 500).
+    """
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, QuiverError):
+        body: dict[str, Any] = {"detail": str(exc.detail), "code": exc.code}
+        if exc.fields:
+            body["fields"] = exc.fields
+    elif isinstance(exc, exceptions.ValidationError):
+        fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        first_field, first_msgs = next(iter(fields.items())) if fields else ("", [])
+        first_msg = first_msgs[0] if isinstance(first_msgs, list) and first_msgs else first_msgs
+        body = {
+            "detail": f"Invalid input for '{first_field}': {first_msg}",
+            "code": "invalid",
+            "fields": fields,
+        }
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
+        body = {"detail": str(detail), "code": _first_code(codes)}
+    response.data = body
+    return response

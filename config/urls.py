@@ -1,0 +1,29 @@
+"""URL map: control-plane API under ``/api/v1/``, the OpenAI-compatible gateway under ``/v1/``."""
+
+from django.contrib import admin
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import SimpleRouter
+
+from adapters_app.views import AdapterVersionViewSet, AdapterViewSet, BaseModelViewSet
+from tenants.views import ApiKeyViewSet
+
+router = SimpleRouter(trailing_slash=False)
+router.register("adapters", AdapterViewSet, basename="adapter")
+router.register("base-models", BaseModelViewSet, basename="base-model")
+router.register("api-keys", ApiKeyViewSet, basename="api-key")
+router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersionViewSet, basename="adapter-version")
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(router.urls)),
+    path("api/v1/schema", SpectacularAPIView.as_view(), name="schema"),
+    path("healthz", healthz),
+    path("", include("inference.gateway.urls")),
+]

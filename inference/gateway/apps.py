@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class GatewayConfig(AppConfig):
+    """The data plane's Django side: nodes, placements, the OpenAI-compatible gateway and metering."""
+
+    name = "inference.gateway"
+    label = "gateway"
+    default_auto_field = "django.db.models.BigAutoField"

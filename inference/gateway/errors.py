@@ -1,0 +1,33 @@
+"""OpenAI-shaped errors for ``/v1/*``: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+
+class GatewayError(Exception):
+    """An error to answer in OpenAI's shape.
+
+    Args:
+        status: HTTP status.
+        message: what went wrong and how to fix it.
+        code: stable code, e.g. ``model_not_found``.
+        type_: OpenAI error type (``invalid_request_error``, ``authentication_error``, ``server_error``...).
+        param: the request field concerned, if any.
+    """
+
+    def __init__(self, status: int, message: str, *, code: str, type_: str = "invalid_request_error",
+                 param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.type = type_
+        self.param = param
+
+    def response(self) -> JsonResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        resp = JsonResponse(body, status=self.status)
+        if self.status == 401:
+            resp["WWW-Authenticate"] = 'Bearer realm="quiver"'
+        return resp

@@ -1,0 +1,80 @@
+"""Nodes, per-node residency of adapter versions, and usage records.
+
+Residency is control-plane state recorded from our own warm/evict actions and node heartbeats, since engine metrics
+show activity, not residency (shared/notes/anchors.md §5.1; vllm-project/vllm#45325).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from adapters_app.models import AdapterVersion, BaseModel
+from tenants.models import ApiKey, Tenant
+
+
+class Node(models.Model):
+    """One inference node: a vLLM engine serving ``base_model`` plus Quiver's node agent.
+
+    Filled from heartbeats (``inference.node.agent`` state). ``kv_cache_usage_perc`` is vLLM's
+    ``vllm:kv_cache_usage_perc`` gauge, 0..1.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    base_model = models.ForeignKey(BaseModel, null=True, on_delete=models.SET_NULL, related_name="nodes")
+    agent_url = models.URLField(max_length=300)
+    engine_url = models.URLField(max_length=300)
+    healthy = models.BooleanField(default=False)
+    last_heartbeat_at = models.DateTimeField(null=True)
+    max_loras = models.PositiveIntegerField(default=0)
+    max_cpu_loras = models.PositiveIntegerField(default=0)
+    max_lora_rank = models.PositiveIntegerField(default=0)
+    kv_cache_usage_perc = models.FloatField(null=True)
+    num_requests_running = models.IntegerField(null=True)
+    num_requests_waiting = models.IntegerField(null=True)
+    state = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Placement(models.Model):
+    """Where an adapter version lives on a node: ``cold | staged | warm | hot | errored`` plus ``pinned``.
+
+    ``warming_since`` marks an in-flight warm so concurrent gateway requests enqueue it once.
+    """
+
+    class Tier(models.TextChoices):
+        COLD = "cold"
+        STAGED = "staged"
+        WARM = "warm"
+        HOT = "hot"
+        ERRORED = "errored"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="placements")
+    adapter_version = models.ForeignKey(AdapterVersion, on_delete=models.CASCADE, related_name="placements")
+    tier = models.CharField(max_length=8, choices=Tier.choices, default=Tier.COLD)
+    pinned = models.BooleanField(default=False)
+    warming_since = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    load_ms = models.FloatField(null=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "adapter_version"], name="placement_unique")]
+
+
+class UsageRecord(models.Model):
+    """One proxied request's token counts, per tenant, key and adapter version (null = the base model)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL)
+    adapter_version = models.ForeignKey(AdapterVersion, null=True, on_delete=models.SET_NULL, related_name="usage")
+    base_model = models.ForeignKey(BaseModel, null=True, on_delete=models.SET_NULL)
+    node = models.ForeignKey(Node, null=True, on_delete=models.SET_NULL)
+    endpoint = models.CharField(max_length=40)
+    stream = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField()
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    latency_ms = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)

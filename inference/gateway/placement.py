@@ -1,0 +1,162 @@
+"""Placement services: node heartbeats, warming versions onto nodes, evicting them (conventions §1 names).
+
+Tiers follow LoRAX's ``AdapterStatus`` and vLLM's caches: ``hot`` (in a running batch), ``warm`` (in the engine's
+CPU/GPU LoRA cache), ``staged`` (on node disk), ``cold`` (only in S3), ``errored`` (failed load).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from adapters_app.models import AdapterVersion, BaseModel
+from inference.gateway.models import Node, Placement
+from inference.gateway.node_client import NodeCallFailed, node_call
+from workers.tasks import placement_warm_task
+
+logger = logging.getLogger(__name__)
+RESIDENT = (Placement.Tier.WARM, Placement.Tier.HOT)
+
+
+def nodes_live(base_model: BaseModel) -> QuerySet[Node]:
+    """Healthy nodes serving ``base_model`` whose last heartbeat is within ``QUIVER_NODE_STALE_AFTER_S``."""
+    fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
+    return Node.objects.filter(base_model=base_model, healthy=True, last_heartbeat_at__gte=fresh)
+
+
+def node_heartbeat(*, state: Mapping[str, Any]) -> Node:
+    """Record a node agent's state report and reconcile its placements.
+
+    Args:
+        state: the agent's ``GET /v1/state`` JSON (``node``, ``healthy``, ``base_model``, ``engine_url``,
+            ``agent_url``, ``adapters`` [{``lora_name``, ``lora_int_id``, ``tier``, ``pinned``}], KV and queue gauges).
+
+    Returns:
+        The upserted node. Versions the node no longer reports drop to ``cold`` on it.
+    """
+    base = BaseModel.objects.filter(base_model_name=state.get("base_model")).first()
+    with transaction.atomic():
+        node, _ = Node.objects.select_for_update().update_or_create(
+            name=state["node"],
+            defaults={
+                "base_model": base,
+                "agent_url": state.get("agent_url", ""),
+                "engine_url": state.get("engine_url", ""),
+                "healthy": bool(state.get("healthy")),
+                "last_heartbeat_at": timezone.now(),
+                "max_loras": state.get("max_loras") or 0,
+                "max_cpu_loras": state.get("max_cpu_loras") or 0,
+                "max_lora_rank": state.get("max_lora_rank") or 0,
+                "kv_cache_usage_perc": state.get("kv_cache_usage_perc"),
+                "num_requests_running": state.get("num_requests_running"),
+                "num_requests_waiting": state.get("num_requests_waiting"),
+                "state": dict(state),
+            },
+        )
+        reported = {a["lora_int_id"]: a for a in state.get("adapters", []) if isinstance(a.get("lora_int_id"), int)}
+        known = set(AdapterVersion.objects.filter(pk__in=reported).values_list("pk", flat=True))
+        for version_id in known:
+            entry = reported[version_id]
+            tier = entry.get("tier") if entry.get("tier") in Placement.Tier.values else Placement.Tier.WARM
+            Placement.objects.update_or_create(
+                node=node, adapter_version_id=version_id,
+                defaults={"tier": tier, "pinned": bool(entry.get("pinned")), "warming_since": None},
+            )
+        # Only rows the node once held drop to cold; in-flight warms keep their state.
+        Placement.objects.filter(node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
+            adapter_version_id__in=known
+        ).update(tier=Placement.Tier.COLD, pinned=False)
+    return node
+
+
+def node_select_for_warm(base_model: BaseModel) -> Node | None:
+    """The live node of ``base_model`` with the fewest resident adapters, then the lowest KV usage; None if none."""
+    return (
+        nodes_live(base_model)
+        .annotate(resident=Count("placements", filter=Q(placements__tier__in=RESIDENT)))
+        .order_by("resident", "kv_cache_usage_perc", "name")
+        .first()
+    )
+
+
+def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) -> Placement:
+    """Load ``version`` onto ``node`` through its agent (S3 → node disk, sha256 checked → engine ``add_lora``).
+
+    ``lora_int_id`` is the version's primary key (conventions §11), ``lora_name`` its served name.
+
+    Raises:
+        NodeCallFailed: the agent refused or failed; the placement is left ``errored`` with the reason.
+    """
+    placement, _ = Placement.objects.get_or_create(node=node, adapter_version=version)
+    payload = {
+        "lora_name": version.served_name,
+        "lora_int_id": version.lora_int_id,
+        "files": [{k: f[k] for k in ("name", "s3_key", "sha256", "size")} for f in version.files],
+        "pin": pin,
+    }
+    try:
+        answer = node_call(node.agent_url, "/v1/adapters/load", payload)
+    except NodeCallFailed as exc:
+        placement.tier = Placement.Tier.ERRORED
+        placement.last_error = f"{exc.code}: {exc.detail}"[:2000]
+        placement.warming_since = None
+        placement.save(update_fields=["tier", "last_error", "warming_since", "updated_at"])
+        logger.warning("placement.warm_failed", extra={"version_id": version.pk, "node": node.name, "code": exc.code})
+        raise
+    placement.tier = answer.get("tier", Placement.Tier.WARM)
+    placement.pinned = bool(answer.get("pinned", pin))
+    placement.load_ms = answer.get("load_ms")
+    placement.last_error = ""
+    placement.warming_since = None
+    placement.save(update_fields=["tier", "pinned", "load_ms", "last_error", "warming_since", "updated_at"])
+    logger.info("placement.warmed", extra={"version_id": version.pk, "node": node.name, "load_ms": placement.load_ms})
+    return placement
+
+
+def placement_evict(placement: Placement) -> Placement:
+    """Unload a version from its node's engine (the disk copy stays: tier ``staged``).
+
+    Raises:
+        NodeCallFailed: the agent refused or failed.
+    """
+    node_call(placement.node.agent_url, "/v1/adapters/unload", {"lora_name": placement.adapter_version.served_name})
+    placement.tier = Placement.Tier.STAGED
+    placement.pinned = False
+    placement.save(update_fields=["tier", "pinned", "updated_at"])
+    return placement
+
+
+def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
+    """Ask a worker to warm ``version`` on ``node`` unless it is resident or a warm is already in flight.
+
+    The enqueue happens on commit; a warm older than ``QUIVER_WARM_WAIT_S`` counts as lost and is re-sent.
+    """
+    with transaction.atomic():
+        placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
+        stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
+        in_flight = placement.warming_since is not None and placement.warming_since > stale
+        if placement.tier in RESIDENT or in_flight:
+            return placement
+        placement.warming_since = timezone.now()
+        placement.save(update_fields=["warming_since", "updated_at"])
+        transaction.on_commit(lambda: placement_warm_task.delay(placement.pk))
+    return placement
+
+
+def placement_on_ready(version: AdapterVersion) -> Placement | None:
+    """Warm a newly ready version on the least-loaded live node of its base model; None when no node is live."""
+    node = node_select_for_warm(version.adapter.base_model)
+    return placement_request_warm(version, node=node) if node else None
+
+
+def node_mark_stale() -> int:
+    """Mark nodes without a recent heartbeat unhealthy; returns how many changed."""
+    cutoff = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
+    return Node.objects.filter(healthy=True, last_heartbeat_at__lt=cutoff).update(healthy=False)

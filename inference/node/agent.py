@@ -1,0 +1,206 @@
+"""The node agent: an ASGI app next to one vLLM engine, driven by the control plane.
+
+Run: `uvicorn inference.node.agent:app --host 0.0.0.0 --port 8100` with the env described in
+`inference.node.config.NodeSettings`. Every route except `/healthz` needs
+`Authorization: Bearer <QUIVER_NODE_KEY>`. Errors are `{"detail": str, "code": str}`.
+
+Routes (a fixed contract with the control plane):
+- `POST /v1/adapters/load` `{"lora_name", "lora_int_id", "files": [{"name", "s3_key", "sha256", "size"}], "pin"}`
+  -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned", "download_ms", "load_ms"}`
+- `POST /v1/adapters/unload` `{"lora_name"}` -> `{"lora_name", "tier": "staged"}`
+- `POST /v1/adapters/pin` `{"lora_name"}` -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned": true}`
+- `GET /v1/state` -> see `NodeAgent.state`
+- `GET /healthz` (no auth) -> 200 `{"status": "ok"}` when the engine's `/health` answers, else 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import boto3
+import httpx
+from botocore.config import Config
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from inference.node.cache import AdapterCache, FileSpec
+from inference.node.config import NodeSettings
+from inference.node.engine_client import EngineHTTPClient
+from inference.node.heartbeat import heartbeat_loop
+from inference.node.service import AgentError, NodeAgent
+
+logger = logging.getLogger(__name__)
+
+# add_lora reads the adapter from disk inside the engine; large adapters take seconds.
+ENGINE_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
+HEARTBEAT_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
+
+
+class FileIn(BaseModel):
+    """One adapter file to stage."""
+
+    name: str = Field(min_length=1, max_length=200)
+    s3_key: str = Field(min_length=1, max_length=1024)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class LoadIn(BaseModel):
+    """Body of `POST /v1/adapters/load`."""
+
+    lora_name: str = Field(min_length=1, max_length=200)
+    lora_int_id: int = Field(ge=1)
+    files: list[FileIn] = Field(min_length=1)
+    pin: bool = False
+
+
+class NameIn(BaseModel):
+    """Body of unload and pin."""
+
+    lora_name: str = Field(min_length=1, max_length=200)
+
+
+def make_s3_client(settings: NodeSettings) -> Any:
+    """Build the boto3 S3 client (path-style, s3v4; `endpoint_url` for SeaweedFS/MinIO)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        aws_access_key_id=settings.s3_access_key,
+        aws_secret_access_key=settings.s3_secret_key,
+        region_name=os.environ.get("AWS_S3_REGION_NAME", "us-east-1"),
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
+    )
+
+
+def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=headers)
+
+
+def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastAPI:
+    """Build the agent app.
+
+    Args:
+        settings: node settings.
+        s3_client: boto3 S3 client; built from `settings` when None.
+
+    Returns:
+        The FastAPI app. Its lifespan opens the engine HTTP client and starts the heartbeat task when
+        `settings.control_url` is set; `app.state.agent` is the `NodeAgent` once started.
+    """
+    key_digest = hashlib.sha256(settings.node_key.encode("utf-8")).digest()
+    bearer = HTTPBearer(auto_error=False)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cache = AdapterCache(settings.cache_dir, s3_client or make_s3_client(settings), settings.bucket)
+        async with (
+            httpx.AsyncClient(base_url=settings.engine_url, timeout=ENGINE_TIMEOUT) as engine_http,
+            httpx.AsyncClient(timeout=HEARTBEAT_TIMEOUT) as control_http,
+        ):
+            agent = NodeAgent(settings, cache, EngineHTTPClient(engine_http, settings.node_key))
+            app.state.agent = agent
+            task: asyncio.Task[None] | None = None
+            if settings.control_url:
+                task = asyncio.create_task(
+                    heartbeat_loop(
+                        control_http, settings.control_url, settings.node_key, agent.state, settings.heartbeat_seconds
+                    )
+                )
+            logger.info(
+                "agent.started",
+                extra={"node": settings.node_name, "engine_url": settings.engine_url, "heartbeat": bool(task)},
+            )
+            try:
+                yield
+            finally:
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    app = FastAPI(title="Quiver node agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def require_node_key(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        token = credentials.credentials if credentials else ""
+        digest = hashlib.sha256(token.encode("utf-8")).digest()
+        if not token or not hmac.compare_digest(digest, key_digest):
+            raise AgentError(401, "unauthorized", "A valid node key is required.")
+
+    def agent_of(request: Request) -> NodeAgent:
+        return request.app.state.agent  # type: ignore[no-any-return]
+
+    auth = [Depends(require_node_key)]
+
+    @app.exception_handler(AgentError)
+    async def agent_error(_: Request, exc: AgentError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return _error(exc.status, exc.code, exc.detail, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = ["%s: %s" % (".".join(str(p) for p in err.get("loc", ())), err.get("msg")) for err in exc.errors()]
+        return _error(400, "invalid_request", "; ".join(parts) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    @app.post("/v1/adapters/load", dependencies=auth)
+    async def load(body: LoadIn, request: Request) -> dict[str, Any]:
+        files = [FileSpec(f.name, f.s3_key, f.sha256, f.size) for f in body.files]
+        result = await agent_of(request).load(body.lora_name, body.lora_int_id, files, pin=body.pin)
+        return result.as_json()
+
+    @app.post("/v1/adapters/unload", dependencies=auth)
+    async def unload(body: NameIn, request: Request) -> dict[str, Any]:
+        return await agent_of(request).unload(body.lora_name)
+
+    @app.post("/v1/adapters/pin", dependencies=auth)
+    async def pin(body: NameIn, request: Request) -> dict[str, Any]:
+        return await agent_of(request).pin(body.lora_name)
+
+    @app.get("/v1/state", dependencies=auth)
+    async def state(request: Request) -> dict[str, Any]:
+        return await agent_of(request).state()
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> JSONResponse:
+        if await agent_of(request).engine.health():
+            return JSONResponse({"status": "ok"})
+        return _error(503, "engine_unavailable", "engine /health did not answer 200")
+
+    return app
+
+
+class _AppFromEnv:
+    """ASGI app that builds `create_app(NodeSettings.from_env(os.environ))` on its first event.
+
+    Lets `uvicorn inference.node.agent:app` work while keeping imports free of env reads (tests import
+    this module without the env). A missing variable fails the lifespan startup with `ConfigError`.
+    """
+
+    def __init__(self) -> None:
+        self._app: FastAPI | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._app is None:
+            self._app = create_app(NodeSettings.from_env(os.environ))
+        await self._app(scope, receive, send)
+
+
+app = _AppFromEnv()

@@ -1,0 +1,248 @@
+"""Stage adapter files from S3 onto the node's disk, verifying sha256 while streaming.
+
+Layout: `<cache_dir>/<lora_name>/<lora_int_id>/<file name>`, plus a `.complete` marker written once every
+file is verified. The `lora_int_id` level matters: vLLM's prefix cache keys LoRA blocks by
+`(lora_name, lora_path)` (`_gen_lora_extra_hash_keys` in `vllm/v1/core/kv_cache_utils.py`), so a new
+adapter version served under the same name must get a new path, or cached KV blocks computed with the
+old weights would be reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+logger = logging.getLogger(__name__)
+
+COMPLETE_MARKER = ".complete"
+_CHUNK = 1024 * 1024
+# Served names are `<tenant_slug>--<adapter_slug>` or opaque ids; nothing that can escape the cache dir.
+LORA_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class CacheError(Exception):
+    """Staging failed.
+
+    Attributes:
+        code: machine-readable code: `sha256_mismatch`, `size_mismatch`, `s3_object_missing`, `s3_error`,
+            `invalid_request`.
+        status: the HTTP status the agent should answer with.
+        detail: human-readable message.
+    """
+
+    def __init__(self, code: str, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One adapter file as the control plane describes it.
+
+    Attributes:
+        name: plain file name, e.g. `adapter_config.json` (no directories).
+        s3_key: object key in the bucket.
+        sha256: lowercase hex digest of the content.
+        size: content length in bytes.
+    """
+
+    name: str
+    s3_key: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class StagedAdapter:
+    """Result of `AdapterCache.stage`.
+
+    Attributes:
+        path: folder holding the verified files (what vLLM's `lora_path` should be).
+        downloaded_bytes: bytes fetched from S3 now (0 when everything was reused).
+        download_ms: wall time spent staging, in milliseconds (hash checks included).
+    """
+
+    path: Path
+    downloaded_bytes: int
+    download_ms: float
+
+
+@dataclass(frozen=True)
+class StagedEntry:
+    """An adapter found complete on disk: `lora_name`, `lora_int_id` and its folder."""
+
+    lora_name: str
+    lora_int_id: int
+    path: Path
+
+
+def validate_files(lora_name: str, files: Sequence[FileSpec]) -> None:
+    """Check names and digests before touching the disk.
+
+    Raises:
+        CacheError: `invalid_request` (400) for an unsafe name, a malformed digest, a negative size,
+            duplicate file names or an empty list.
+    """
+    if not LORA_NAME_RE.match(lora_name):
+        raise CacheError("invalid_request", 400, "unsafe lora_name %r" % lora_name)
+    if not files:
+        raise CacheError("invalid_request", 400, "files must not be empty")
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise CacheError("invalid_request", 400, "duplicate file names")
+    for spec in files:
+        if not FILE_NAME_RE.match(spec.name) or spec.name == COMPLETE_MARKER:
+            raise CacheError("invalid_request", 400, "unsafe file name %r" % spec.name)
+        if not SHA256_RE.match(spec.sha256):
+            raise CacheError("invalid_request", 400, "sha256 of %r must be 64 lowercase hex" % spec.name)
+        if spec.size < 0:
+            raise CacheError("invalid_request", 400, "size of %r must be >= 0" % spec.name)
+
+
+def sha256_of(path: Path) -> str:
+    """Return the hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class AdapterCache:
+    """The node's on-disk adapter cache, filled from one S3 bucket.
+
+    Blocking (boto3 and file I/O): call from a worker thread in async code.
+
+    Args:
+        root: cache directory (created if missing).
+        s3_client: a boto3 S3 client.
+        bucket: bucket holding the adapter objects.
+    """
+
+    def __init__(self, root: Path, s3_client: Any, bucket: str) -> None:
+        self.root = root
+        self.s3 = s3_client
+        self.bucket = bucket
+        root.mkdir(parents=True, exist_ok=True)
+
+    def adapter_dir(self, lora_name: str, lora_int_id: int) -> Path:
+        """Folder of one adapter version: `<root>/<lora_name>/<lora_int_id>`."""
+        return self.root / lora_name / str(lora_int_id)
+
+    def stage(self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec]) -> StagedAdapter:
+        """Make every file present and verified in the adapter's folder.
+
+        A file already there with the right size and sha256 is reused; anything else is downloaded to a
+        temp file in the same folder, hashed while streaming, and renamed into place only if it matches.
+
+        Args:
+            lora_name: served name (safe path component, see `LORA_NAME_RE`).
+            lora_int_id: engine id (the AdapterVersion pk), >= 1.
+            files: the adapter's files.
+
+        Returns:
+            Where the files are, how many bytes were downloaded and how long it took.
+
+        Raises:
+            CacheError: `invalid_request` (400), `s3_object_missing` (404), `s3_error` (502),
+                `sha256_mismatch` / `size_mismatch` (422; the bad download is deleted, and a stale
+                local copy that fails verification is deleted too).
+        """
+        validate_files(lora_name, files)
+        if lora_int_id < 1:
+            raise CacheError("invalid_request", 400, "lora_int_id must be >= 1")
+        started = time.perf_counter()
+        folder = self.adapter_dir(lora_name, lora_int_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = folder / COMPLETE_MARKER
+        downloaded = 0
+        for spec in files:
+            target = folder / spec.name
+            if target.exists():
+                if target.stat().st_size == spec.size and sha256_of(target) == spec.sha256:
+                    continue
+                logger.warning("cache.stale_file_removed", extra={"lora_name": lora_name, "file": spec.name})
+                marker.unlink(missing_ok=True)
+                target.unlink()
+            downloaded += self._download(spec, target)
+        marker.write_text("\n".join(sorted(f.name for f in files)) + "\n")
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        logger.info(
+            "cache.staged",
+            extra={
+                "lora_name": lora_name,
+                "lora_int_id": lora_int_id,
+                "downloaded_bytes": downloaded,
+                "download_ms": round(elapsed_ms, 1),
+            },
+        )
+        return StagedAdapter(path=folder, downloaded_bytes=downloaded, download_ms=elapsed_ms)
+
+    def _download(self, spec: FileSpec, target: Path) -> int:
+        tmp = target.with_name(".%s.tmp-%s" % (spec.name, uuid.uuid4().hex))
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            try:
+                response = self.s3.get_object(Bucket=self.bucket, Key=spec.s3_key)
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                if code in ("NoSuchKey", "404", "NotFound"):
+                    raise CacheError("s3_object_missing", 404, "s3 object %r is missing" % spec.s3_key) from exc
+                raise CacheError("s3_error", 502, "s3 get %r failed: %s" % (spec.s3_key, code)) from exc
+            except BotoCoreError as exc:
+                raise CacheError("s3_error", 502, "s3 get %r failed: %s" % (spec.s3_key, exc)) from exc
+            with tmp.open("wb") as handle:
+                for chunk in response["Body"].iter_chunks(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if size != spec.size:
+                raise CacheError(
+                    "size_mismatch", 422, "%s: expected %d bytes, got %d" % (spec.name, spec.size, size)
+                )
+            if digest.hexdigest() != spec.sha256:
+                raise CacheError(
+                    "sha256_mismatch",
+                    422,
+                    "%s: expected sha256 %s, got %s" % (spec.name, spec.sha256, digest.hexdigest()),
+                )
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return size
+
+    def staged(self) -> list[StagedEntry]:
+        """List complete adapter versions on disk (folders with the `.complete` marker), sorted."""
+        entries: list[StagedEntry] = []
+        if not self.root.exists():
+            return entries
+        for marker in sorted(self.root.glob("*/*/" + COMPLETE_MARKER)):
+            version_dir = marker.parent
+            if not version_dir.name.isdigit():
+                continue
+            entries.append(StagedEntry(version_dir.parent.name, int(version_dir.name), version_dir))
+        return entries
+
+    def remove(self, lora_name: str, lora_int_id: int | None = None) -> None:
+        """Delete an adapter's staged files (one version, or every version when `lora_int_id` is None)."""
+        target = self.root / lora_name if lora_int_id is None else self.adapter_dir(lora_name, lora_int_id)
+        if LORA_NAME_RE.match(lora_name) and target.exists():
+            shutil.rmtree(target)

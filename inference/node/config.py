@@ -1,0 +1,120 @@
+"""Node agent settings, read from the environment (no Django on nodes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+_REQUIRED = (
+    "QUIVER_NODE_NAME",
+    "QUIVER_NODE_KEY",
+    "QUIVER_ENGINE_URL",
+    "QUIVER_BASE_MODEL",
+    "QUIVER_NODE_CACHE_DIR",
+    "AWS_STORAGE_BUCKET_NAME",
+)
+
+
+class ConfigError(ValueError):
+    """A required variable is missing or a value does not parse."""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Everything the node agent needs.
+
+    Attributes:
+        node_name: `QUIVER_NODE_NAME`, the node's name in the control plane.
+        node_key: `QUIVER_NODE_KEY`, bearer token for every agent route and the vLLM engine's API key.
+        engine_url: `QUIVER_ENGINE_URL`, vLLM base URL, no trailing slash.
+        base_model: `QUIVER_BASE_MODEL`, the engine's served base model name.
+        cache_dir: `QUIVER_NODE_CACHE_DIR`, where adapters are staged on disk.
+        agent_url: `QUIVER_AGENT_URL`, this agent's URL as the control plane should reach it ("" if unset).
+        s3_endpoint_url: `AWS_S3_ENDPOINT_URL`; None means AWS itself.
+        s3_access_key: `AWS_ACCESS_KEY_ID`; None defers to boto3's credential chain.
+        s3_secret_key: `AWS_SECRET_ACCESS_KEY`.
+        bucket: `AWS_STORAGE_BUCKET_NAME`, holding adapter files.
+        control_url: `QUIVER_CONTROL_URL`; heartbeats are off when None.
+        heartbeat_seconds: `QUIVER_HEARTBEAT_SECONDS`, default 5.
+        max_loras: `QUIVER_MAX_LORAS` (vLLM `--max-loras`, default 1 as in `vllm/config/lora.py`).
+        max_cpu_loras: `QUIVER_MAX_CPU_LORAS` (default: `max_loras`, as vLLM does).
+        max_lora_rank: `QUIVER_MAX_LORA_RANK` (default 16, as vLLM does).
+    """
+
+    node_name: str
+    node_key: str
+    engine_url: str
+    base_model: str
+    cache_dir: Path
+    agent_url: str
+    s3_endpoint_url: str | None
+    s3_access_key: str | None
+    s3_secret_key: str | None
+    bucket: str
+    control_url: str | None
+    heartbeat_seconds: float
+    max_loras: int
+    max_cpu_loras: int
+    max_lora_rank: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> NodeSettings:
+        """Build settings from an environment mapping.
+
+        Args:
+            env: usually `os.environ`.
+
+        Returns:
+            The parsed settings.
+
+        Raises:
+            ConfigError: a required variable is missing/empty, or a number does not parse or is < 1.
+        """
+        missing = [name for name in _REQUIRED if not env.get(name)]
+        if missing:
+            raise ConfigError("missing required environment variables: " + ", ".join(missing))
+        max_loras = _positive_int(env, "QUIVER_MAX_LORAS", 1)
+        return cls(
+            node_name=env["QUIVER_NODE_NAME"],
+            node_key=env["QUIVER_NODE_KEY"],
+            engine_url=env["QUIVER_ENGINE_URL"].rstrip("/"),
+            base_model=env["QUIVER_BASE_MODEL"],
+            cache_dir=Path(env["QUIVER_NODE_CACHE_DIR"]),
+            agent_url=env.get("QUIVER_AGENT_URL", "").rstrip("/"),
+            s3_endpoint_url=env.get("AWS_S3_ENDPOINT_URL") or None,
+            s3_access_key=env.get("AWS_ACCESS_KEY_ID") or None,
+            s3_secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            bucket=env["AWS_STORAGE_BUCKET_NAME"],
+            control_url=(env.get("QUIVER_CONTROL_URL") or "").rstrip("/") or None,
+            heartbeat_seconds=_positive_float(env, "QUIVER_HEARTBEAT_SECONDS", 5.0),
+            max_loras=max_loras,
+            max_cpu_loras=_positive_int(env, "QUIVER_MAX_CPU_LORAS", max_loras),
+            max_lora_rank=_positive_int(env, "QUIVER_MAX_LORA_RANK", 16),
+        )
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ConfigError("%s must be an integer, got %r" % (name, raw)) from exc
+    if value < 1:
+        raise ConfigError("%s must be >= 1, got %d" % (name, value))
+    return value
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError("%s must be a number, got %r" % (name, raw)) from exc
+    if value <= 0:
+        raise ConfigError("%s must be > 0, got %s" % (name, raw))
+    return value

@@ -1,0 +1,313 @@
+"""ASGI middleware adding Quiver's LoRA control routes inside vLLM's OpenAI API server.
+
+Why it exists: vLLM 0.32's `POST /v1/load_lora_adapter` takes only `lora_name`, `lora_path`,
+`load_inplace` and `is_3d_lora_weight` (`vllm/entrypoints/serve/lora/protocol.py`) and assigns
+`lora_int_id` from a process-local counter (`OpenAIServingModels.load_lora_adapter` in
+`vllm/entrypoints/openai/models/serving.py`). Quiver's rule is that `lora_int_id` is the control
+plane's `AdapterVersion` primary key, and there is no HTTP route for `pin_lora` at all. Mounted with
+`--middleware inference.node.engine_ext.QuiverEngineExtension` (`vllm/entrypoints/serve/middleware/
+register.py`), this class serves, inside the API server process:
+
+- `POST /quiver/v1/add_lora` `{"lora_name", "lora_int_id", "lora_path", "pin": false}`
+- `POST /quiver/v1/remove_lora` `{"lora_name"}`
+- `POST /quiver/v1/pin_lora` `{"lora_name"}`
+- `GET  /quiver/v1/loras`
+
+It calls `app.state.engine_client` (`add_lora`, `remove_lora`, `pin_lora`, `list_loras`) and records
+the adapter in `app.state.openai_serving_models.lora_requests`, the table that `model=<lora_name>`
+requests and `/v1/models` read. Errors are `{"detail": str, "code": str}`.
+
+Auth: user middleware is added after vLLM's `AuthenticationMiddleware`, so it runs *before* it, and
+`/quiver` is outside vLLM's guarded prefixes anyway; this class therefore checks the bearer token
+itself against `VLLM_API_KEY` (set by `inference.node.launch`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from vllm.lora.request import LoRARequest
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "/quiver/v1/"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class ExtensionError(Exception):
+    """A handled failure, rendered as `{"detail", "code"}` with `status`."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+def _pinned(state: Any) -> set[int]:
+    pinned = getattr(state, "quiver_pinned_lora_ids", None)
+    if pinned is None:
+        pinned = set()
+        state.quiver_pinned_lora_ids = pinned
+    return pinned
+
+
+def _require_str(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise ExtensionError(400, "invalid_request", "'%s' must be a non-empty string" % key)
+    return value
+
+
+def _require_id(body: dict[str, Any]) -> int:
+    value = body.get("lora_int_id")
+    # bool is an int subclass; vLLM requires ids >= 1 (`LoRARequest.__post_init__`).
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ExtensionError(400, "invalid_request", "'lora_int_id' must be an integer >= 1")
+    return value
+
+
+async def add_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Load an adapter into the engine under a caller-chosen `lora_int_id` and serve it by name.
+
+    Args:
+        state: the API server's `app.state` (needs `engine_client`, `openai_serving_models`).
+        body: `{"lora_name": str, "lora_int_id": int >= 1, "lora_path": str, "pin": bool = False}`.
+
+    Returns:
+        `{"lora_name", "lora_int_id", "lora_path", "pinned", "already_loaded"}`. Loading the same
+        name with the same id again is idempotent (re-adds to the engine's CPU cache if evicted).
+
+    Raises:
+        ExtensionError: 400 `invalid_request`; 409 `lora_name_conflict` (name served with another
+            id, or equal to the base model's name), `lora_int_id_conflict` (id used by another
+            name); 422 `engine_load_failed` when the engine rejects the adapter; 409 `pin_failed`.
+    """
+    lora_name = _require_str(body, "lora_name")
+    lora_path = _require_str(body, "lora_path")
+    lora_int_id = _require_id(body)
+    pin = bool(body.get("pin", False))
+    models = state.openai_serving_models
+    engine = state.engine_client
+    if models.is_base_model(lora_name):
+        raise ExtensionError(409, "lora_name_is_base_model", "'%s' is a served base model" % lora_name)
+
+    async with models.lora_resolver_lock[lora_name]:
+        existing = models.lora_requests.get(lora_name)
+        if existing is not None and existing.lora_int_id != lora_int_id:
+            raise ExtensionError(
+                409,
+                "lora_name_conflict",
+                "'%s' is already served with lora_int_id %d" % (lora_name, existing.lora_int_id),
+            )
+        for other in models.lora_requests.values():
+            if other.lora_int_id == lora_int_id and other.lora_name != lora_name:
+                raise ExtensionError(
+                    409,
+                    "lora_int_id_conflict",
+                    "lora_int_id %d is already used by '%s'" % (lora_int_id, other.lora_name),
+                )
+        request = LoRARequest(lora_name=lora_name, lora_int_id=lora_int_id, lora_path=lora_path)
+        try:
+            # Already in the CPU cache -> the engine returns False; both mean "resident now".
+            await engine.add_lora(request)
+        except Exception as exc:  # the engine raises plain exceptions for bad adapters
+            logger.warning(
+                "engine_ext.add_lora_failed",
+                extra={"lora_name": lora_name, "lora_int_id": lora_int_id, "error": str(exc)},
+            )
+            raise ExtensionError(422, "engine_load_failed", str(exc)) from exc
+        models.lora_requests[lora_name] = request
+        if pin:
+            await _pin(state, lora_name, lora_int_id)
+    logger.info(
+        "engine_ext.add_lora",
+        extra={"lora_name": lora_name, "lora_int_id": lora_int_id, "already_loaded": existing is not None},
+    )
+    return {
+        "lora_name": lora_name,
+        "lora_int_id": lora_int_id,
+        "lora_path": lora_path,
+        "pinned": lora_int_id in _pinned(state),
+        "already_loaded": existing is not None,
+    }
+
+
+async def _pin(state: Any, lora_name: str, lora_int_id: int) -> None:
+    try:
+        ok = await state.engine_client.pin_lora(lora_int_id)
+    except Exception as exc:  # e.g. every CPU slot already pinned
+        raise ExtensionError(409, "pin_failed", str(exc)) from exc
+    if not ok:
+        raise ExtensionError(409, "pin_failed", "engine refused to pin '%s'" % lora_name)
+    _pinned(state).add(lora_int_id)
+
+
+async def pin_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Pin a served adapter in the engine's CPU cache so LRU never evicts it (`pin_lora`).
+
+    Args:
+        state: the API server's `app.state`.
+        body: `{"lora_name": str}`.
+
+    Returns:
+        `{"lora_name", "lora_int_id", "pinned": True}`.
+
+    Raises:
+        ExtensionError: 404 `lora_not_found`; 409 `pin_failed`.
+    """
+    lora_name = _require_str(body, "lora_name")
+    models = state.openai_serving_models
+    async with models.lora_resolver_lock[lora_name]:
+        existing = models.lora_requests.get(lora_name)
+        if existing is None:
+            raise ExtensionError(404, "lora_not_found", "'%s' is not loaded" % lora_name)
+        # pin_lora only works on an adapter in the CPU cache; re-add in case LRU evicted it.
+        await state.engine_client.add_lora(existing)
+        await _pin(state, lora_name, existing.lora_int_id)
+    return {"lora_name": lora_name, "lora_int_id": existing.lora_int_id, "pinned": True}
+
+
+async def remove_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Stop serving an adapter and drop it from the engine (`remove_lora`).
+
+    Unlike the stock `/v1/unload_lora_adapter`, which only forgets the name, this also frees the
+    engine's CPU-cache slot.
+
+    Args:
+        state: the API server's `app.state`.
+        body: `{"lora_name": str}`.
+
+    Returns:
+        `{"lora_name", "lora_int_id"}`.
+
+    Raises:
+        ExtensionError: 404 `lora_not_found`.
+    """
+    lora_name = _require_str(body, "lora_name")
+    models = state.openai_serving_models
+    async with models.lora_resolver_lock[lora_name]:
+        existing = models.lora_requests.pop(lora_name, None)
+        if existing is None:
+            raise ExtensionError(404, "lora_not_found", "'%s' is not loaded" % lora_name)
+        _pinned(state).discard(existing.lora_int_id)
+        await state.engine_client.remove_lora(existing.lora_int_id)
+    logger.info("engine_ext.remove_lora", extra={"lora_name": lora_name, "lora_int_id": existing.lora_int_id})
+    return {"lora_name": lora_name, "lora_int_id": existing.lora_int_id}
+
+
+async def list_loras(state: Any) -> dict[str, Any]:
+    """Describe the served adapters.
+
+    Args:
+        state: the API server's `app.state`.
+
+    Returns:
+        `{"loras": [{"lora_name", "lora_int_id", "lora_path", "pinned", "in_engine"}],
+        "engine_lora_int_ids": [int]}`; `in_engine` means the id is in the engine's CPU cache
+        (`list_loras`); a served adapter that LRU evicted is re-read from `lora_path` on its next request.
+    """
+    in_engine = {int(i) for i in await state.engine_client.list_loras()}
+    pinned = _pinned(state)
+    loras = [
+        {
+            "lora_name": req.lora_name,
+            "lora_int_id": req.lora_int_id,
+            "lora_path": req.lora_path,
+            "pinned": req.lora_int_id in pinned,
+            "in_engine": req.lora_int_id in in_engine,
+        }
+        for req in state.openai_serving_models.lora_requests.values()
+    ]
+    return {"loras": loras, "engine_lora_int_ids": sorted(in_engine)}
+
+
+_POST_ROUTES = {"add_lora": add_lora, "remove_lora": remove_lora, "pin_lora": pin_lora}
+
+
+def _configured_token_digests() -> list[bytes]:
+    keys = [k for k in os.environ.get("VLLM_API_KEY", "").split(",") if k]
+    return [hashlib.sha256(k.encode("utf-8")).digest() for k in keys]
+
+
+class QuiverEngineExtension:
+    """Pure ASGI middleware serving `/quiver/v1/*`; every other path passes through untouched.
+
+    Args:
+        app: the next ASGI application (vLLM's middleware stack and router).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._token_digests = _configured_token_digests()
+        if not self._token_digests:
+            logger.warning("engine_ext.no_api_key", extra={"prefix": PREFIX})
+
+    def _authorized(self, headers: Headers) -> bool:
+        if not self._token_digests:
+            return True  # Same policy as vLLM: no key configured means an open server.
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        digest = hashlib.sha256(token.encode("utf-8")).digest()
+        return any(hmac.compare_digest(digest, d) for d in self._token_digests)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle `/quiver/v1/*` requests; delegate everything else to `self.app`."""
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+            await self.app(scope, receive, send)
+            return
+        response = await self._handle(scope, receive)
+        await response(scope, receive, send)  # type: ignore[arg-type]
+
+    async def _handle(self, scope: Scope, receive: Receive) -> JSONResponse:
+        if not self._authorized(Headers(scope=scope)):
+            return JSONResponse({"detail": "Unauthorized", "code": "unauthorized"}, status_code=401)
+        route = scope["path"][len(PREFIX) :]
+        method = scope["method"]
+        state = scope["app"].state
+        try:
+            if route == "loras" and method == "GET":
+                return JSONResponse(await list_loras(state))
+            handler = _POST_ROUTES.get(route)
+            if handler is None:
+                return JSONResponse({"detail": "Not found.", "code": "not_found"}, status_code=404)
+            if method != "POST":
+                return JSONResponse(
+                    {"detail": "Method not allowed.", "code": "method_not_allowed"}, status_code=405
+                )
+            body = await _read_json(receive)
+            return JSONResponse(await handler(state, body))
+        except ExtensionError as exc:
+            return JSONResponse({"detail": exc.detail, "code": exc.code}, status_code=exc.status)
+
+
+async def _read_json(receive: Receive) -> dict[str, Any]:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    try:
+        body = json.loads(b"".join(chunks) or b"{}")
+    except ValueError as exc:
+        raise ExtensionError(400, "invalid_json", "request body is not JSON") from exc
+    if not isinstance(body, dict):
+        raise ExtensionError(400, "invalid_request", "request body must be a JSON object")
+    return body

@@ -1,0 +1,227 @@
+"""The node agent's operations: stage + load, unload, pin, and the state report.
+
+Residency words (shared/notes/conventions.md, Vocabulary): `staged` = complete on this node's disk only;
+`warm` = served by the engine (`add_lora` done, in its table); `hot` = warm with a request in flight
+(named in `vllm:lora_requests_info`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inference.node.cache import AdapterCache, CacheError, FileSpec
+from inference.node.config import NodeSettings
+from inference.node.engine_client import EngineError, EngineHTTPClient
+from inference.node.metrics import EngineMetrics, parse_engine_metrics
+
+logger = logging.getLogger(__name__)
+
+
+class AgentError(Exception):
+    """An error answer: `{"detail", "code"}` with `status`."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What `POST /v1/adapters/load` answers.
+
+    Attributes:
+        lora_name: served name.
+        lora_int_id: engine id (AdapterVersion pk).
+        pinned: whether the engine pins it now.
+        download_ms: staging time in ms (verification of reused files included).
+        load_ms: engine `add_lora` (+ `pin_lora`) time in ms.
+    """
+
+    lora_name: str
+    lora_int_id: int
+    pinned: bool
+    download_ms: float
+    load_ms: float
+
+    def as_json(self) -> dict[str, Any]:
+        """The contract's response body."""
+        return {
+            "lora_name": self.lora_name,
+            "lora_int_id": self.lora_int_id,
+            "tier": "warm",
+            "pinned": self.pinned,
+            "download_ms": round(self.download_ms, 3),
+            "load_ms": round(self.load_ms, 3),
+        }
+
+
+class NodeAgent:
+    """Coordinates the disk cache and the engine for one node.
+
+    Args:
+        settings: node settings.
+        cache: the adapter cache (blocking; run in threads here).
+        engine: HTTP client for the engine.
+    """
+
+    def __init__(self, settings: NodeSettings, cache: AdapterCache, engine: EngineHTTPClient) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.engine = engine
+        # One in-flight operation per lora_name: concurrent loads of one adapter must not race on disk.
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def load(self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool) -> LoadResult:
+        """Stage the files, then `add_lora` with `lora_int_id` (and `pin_lora` if asked).
+
+        Idempotent: an adapter already served under the same id answers 200 again. If `lora_name` is
+        served under another id (a new AdapterVersion behind the same name), the old one is removed
+        from the engine first, then the new one is added.
+
+        Raises:
+            AgentError: `invalid_request` 400; `s3_object_missing` 404; `s3_error` 502;
+                `sha256_mismatch`/`size_mismatch` 422; `engine_load_failed` 422;
+                `lora_int_id_conflict` 409; `pin_failed` 409; `engine_unavailable` 503.
+        """
+        async with self._locks[lora_name]:
+            try:
+                staged = await asyncio.to_thread(self.cache.stage, lora_name, lora_int_id, list(files))
+            except CacheError as exc:
+                logger.warning(
+                    "agent.stage_failed",
+                    extra={"lora_name": lora_name, "lora_int_id": lora_int_id, "code": exc.code},
+                )
+                raise AgentError(exc.status, exc.code, exc.detail) from exc
+            started = time.perf_counter()
+            try:
+                result = await self._add(lora_name, lora_int_id, str(staged.path), pin)
+            except EngineError as exc:
+                raise AgentError(exc.status, exc.code, exc.detail) from exc
+            load_ms = (time.perf_counter() - started) * 1000.0
+        logger.info(
+            "agent.loaded",
+            extra={
+                "lora_name": lora_name,
+                "lora_int_id": lora_int_id,
+                "pinned": result["pinned"],
+                "download_ms": round(staged.download_ms, 1),
+                "load_ms": round(load_ms, 1),
+            },
+        )
+        return LoadResult(lora_name, lora_int_id, bool(result["pinned"]), staged.download_ms, load_ms)
+
+    async def _add(self, lora_name: str, lora_int_id: int, lora_path: str, pin: bool) -> dict[str, Any]:
+        try:
+            return await self.engine.add_lora(lora_name, lora_int_id, lora_path, pin=pin)
+        except EngineError as exc:
+            if exc.code != "lora_name_conflict":
+                raise
+        # Same name, other id: swap versions (remove the old id so its CPU slot and pin are freed).
+        logger.info("agent.version_swap", extra={"lora_name": lora_name, "lora_int_id": lora_int_id})
+        await self.engine.remove_lora(lora_name)
+        return await self.engine.add_lora(lora_name, lora_int_id, lora_path, pin=pin)
+
+    async def unload(self, lora_name: str) -> dict[str, Any]:
+        """`remove_lora` from the engine; staged files stay on disk.
+
+        Idempotent: an adapter that is not served but is staged answers 200 too.
+
+        Raises:
+            AgentError: `lora_not_found` 404 (neither served nor staged); `engine_unavailable` 503.
+        """
+        async with self._locks[lora_name]:
+            try:
+                await self.engine.remove_lora(lora_name)
+            except EngineError as exc:
+                if exc.code != "lora_not_found":
+                    raise AgentError(exc.status, exc.code, exc.detail) from exc
+                staged = await asyncio.to_thread(self.cache.staged)
+                if not any(e.lora_name == lora_name for e in staged):
+                    raise AgentError(404, "lora_not_found", "'%s' is neither loaded nor staged" % lora_name) from exc
+        logger.info("agent.unloaded", extra={"lora_name": lora_name})
+        return {"lora_name": lora_name, "tier": "staged"}
+
+    async def pin(self, lora_name: str) -> dict[str, Any]:
+        """`pin_lora` a served adapter.
+
+        Raises:
+            AgentError: `lora_not_found` 404; `pin_failed` 409; `engine_unavailable` 503.
+        """
+        async with self._locks[lora_name]:
+            try:
+                result = await self.engine.pin_lora(lora_name)
+            except EngineError as exc:
+                raise AgentError(exc.status, exc.code, exc.detail) from exc
+        logger.info("agent.pinned", extra={"lora_name": lora_name})
+        return {"lora_name": lora_name, "lora_int_id": result.get("lora_int_id"), "tier": "warm", "pinned": True}
+
+    async def _metrics(self) -> EngineMetrics | None:
+        try:
+            return parse_engine_metrics(await self.engine.metrics_text())
+        except (EngineError, ValueError) as exc:
+            logger.warning("agent.metrics_unavailable", extra={"error": str(exc)})
+            return None
+
+    async def state(self) -> dict[str, Any]:
+        """The `GET /v1/state` report (also the heartbeat body).
+
+        Returns:
+            `{"node", "healthy", "base_model", "engine_url", "agent_url", "max_loras", "max_cpu_loras",
+            "max_lora_rank", "adapters": [{"lora_name", "lora_int_id", "tier", "pinned"}],
+            "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
+            "num_preemptions_total"}`; engine figures are null when the engine cannot be read.
+        """
+        healthy = await self.engine.health()
+        served: list[dict[str, Any]] = []
+        metrics: EngineMetrics | None = None
+        if healthy:
+            try:
+                served = await self.engine.list_loras()
+            except EngineError as exc:
+                logger.warning("agent.list_loras_failed", extra={"error": exc.detail})
+                healthy = False
+            metrics = await self._metrics()
+        hot = metrics.hot_lora_names if metrics else set()
+        adapters: list[dict[str, Any]] = []
+        served_keys = set()
+        for lora in served:
+            served_keys.add((lora["lora_name"], int(lora["lora_int_id"])))
+            adapters.append(
+                {
+                    "lora_name": lora["lora_name"],
+                    "lora_int_id": int(lora["lora_int_id"]),
+                    "tier": "hot" if lora["lora_name"] in hot else "warm",
+                    "pinned": bool(lora["pinned"]),
+                }
+            )
+        staged = await asyncio.to_thread(self.cache.staged)
+        for entry in staged:
+            if (entry.lora_name, entry.lora_int_id) not in served_keys:
+                adapters.append(
+                    {"lora_name": entry.lora_name, "lora_int_id": entry.lora_int_id, "tier": "staged", "pinned": False}
+                )
+        adapters.sort(key=lambda a: (a["lora_name"], a["lora_int_id"]))
+        s = self.settings
+        return {
+            "node": s.node_name,
+            "healthy": healthy,
+            "base_model": s.base_model,
+            "engine_url": s.engine_url,
+            "agent_url": s.agent_url,
+            "max_loras": s.max_loras,
+            "max_cpu_loras": s.max_cpu_loras,
+            "max_lora_rank": s.max_lora_rank,
+            "adapters": adapters,
+            "kv_cache_usage_perc": metrics.kv_cache_usage_perc if metrics else None,
+            "num_requests_running": metrics.num_requests_running if metrics else None,
+            "num_requests_waiting": metrics.num_requests_waiting if metrics else None,
+            "num_preemptions_total": metrics.num_preemptions_total if metrics else None,
+        }

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class TenantsConfig(AppConfig):
+    """Tenants, members and roles, API keys, quotas."""
+
+    name = "tenants"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,55 @@
+"""DRF authentication by tenant API key (``Authorization: Bearer <prefix>_<key_id>.<secret>``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from tenants.models import ApiKey, Tenant
+from tenants.services import ApiKeyInvalid, api_key_verify
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TenantPrincipal:
+    """``request.user`` for key-authenticated calls: the tenant and the key acting for it."""
+
+    tenant: Tenant
+    api_key: ApiKey
+    is_authenticated: bool = True
+    is_anonymous: bool = False
+
+
+def bearer_token(header: str) -> str | None:
+    """The token from an ``Authorization`` header value, or None when it is not a Bearer header."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    """Authenticates tenant keys; failures are 401 because ``authenticate_header`` is implemented (conventions §4)."""
+
+    def authenticate(self, request: Request) -> tuple[TenantPrincipal, ApiKey] | None:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        token = bearer_token(header)
+        if token is None:
+            raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.", code="invalid_auth_header")
+        try:
+            key = api_key_verify(token)
+        except ApiKeyInvalid as exc:
+            logger.info("api_key.rejected", extra={"reason": exc.reason})
+            raise exceptions.AuthenticationFailed(
+                "Invalid, revoked or expired API key.", code="invalid_api_key"
+            ) from exc
+        return TenantPrincipal(tenant=key.tenant, api_key=key), key
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="quiver"'

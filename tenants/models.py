@@ -1,0 +1,70 @@
+"""Tenants, memberships and API keys.
+
+API keys follow netbox-community/netbox ``netbox/users/models/tokens.py`` and PostHog's ``personal_api_key.py``:
+only an HMAC-SHA256 digest of the secret is stored; the plaintext is shown once.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$",
+    "Use 1-40 lowercase letters, digits or single hyphens, starting and ending with a letter or digit.",
+)
+
+
+class Tenant(models.Model):
+    """A customer organisation; owns adapters, keys and usage. ``slug`` is part of served names."""
+
+    slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    max_adapters = models.PositiveIntegerField(default=100, validators=[MinValueValidator(0)])
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A Django user's role in a tenant."""
+
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        MEMBER = "member"
+        VIEWER = "viewer"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="membership_unique_tenant_user")]
+
+
+class ApiKey(models.Model):
+    """A tenant API key ``<prefix>_<key_id>.<secret>``; ``digest`` = HMAC-SHA256(secret) in hex.
+
+    ``scopes`` is a list drawn from :data:`tenants.scopes.ALL_SCOPES`. ``last_used_at`` is written at most once per
+    ``QUIVER_API_KEY_LAST_USED_INTERVAL_S`` seconds.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    key_id = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64)
+    name = models.CharField(max_length=100)
+    scopes = models.JSONField(default=list)
+    enabled = models.BooleanField(default=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    @property
+    def masked(self) -> str:
+        """The key as shown after creation: its id with the secret hidden."""
+        return f"{settings.QUIVER_API_KEY_PREFIX}_{self.key_id}.****"

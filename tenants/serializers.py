@@ -1,0 +1,24 @@
+"""Input/output serializers for API keys: shape only, no rules (conventions §6)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from tenants.models import ApiKey
+from tenants.scopes import ALL_SCOPES
+
+
+class ApiKeyInputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, default=list(ALL_SCOPES)
+    )
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class ApiKeyOutputSerializer(serializers.ModelSerializer):
+    key = serializers.CharField(source="masked")
+
+    class Meta:
+        model = ApiKey
+        fields = ["key_id", "key", "name", "scopes", "enabled", "expires_at", "last_used_at", "revoked_at", "created_at"]

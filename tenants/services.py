@@ -1,0 +1,139 @@
+"""Writes for tenants, memberships and API keys (conventions §1: services call full_clean() then save())."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from tenants.models import ApiKey, Membership, Tenant
+from tenants.scopes import ALL_SCOPES
+
+
+class ApiKeyInvalid(Exception):
+    """The presented key is malformed, unknown, revoked, disabled or expired. ``reason`` says which (for logs)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def tenant_create(*, slug: str, name: str, max_adapters: int = 100) -> Tenant:
+    """Create a tenant.
+
+    Raises:
+        django.core.exceptions.ValidationError: bad or duplicate ``slug``.
+    """
+    tenant = Tenant(slug=slug, name=name, max_adapters=max_adapters)
+    tenant.full_clean()
+    tenant.save()
+    return tenant
+
+
+def membership_create(tenant: Tenant, *, user: AbstractBaseUser, role: str = Membership.Role.MEMBER) -> Membership:
+    """Give ``user`` a ``role`` (owner/member/viewer) in ``tenant``.
+
+    Raises:
+        django.core.exceptions.ValidationError: unknown role or an existing membership.
+    """
+    membership = Membership(tenant=tenant, user=user, role=role)
+    membership.full_clean()
+    membership.save()
+    return membership
+
+
+def _digest(secret: str) -> str:
+    return hmac.new(settings.QUIVER_API_KEY_HMAC_KEY.encode(), secret.encode(), hashlib.sha256).hexdigest()
+
+
+def api_key_create(
+    tenant: Tenant,
+    *,
+    name: str,
+    scopes: Sequence[str] = ALL_SCOPES,
+    expires_at: datetime | None = None,
+    actor: AbstractBaseUser | None = None,
+) -> tuple[ApiKey, str]:
+    """Mint an API key for ``tenant``.
+
+    Returns:
+        ``(key, plaintext)``; ``plaintext`` is ``<prefix>_<key_id>.<secret>`` and is never stored or shown again.
+
+    Raises:
+        django.core.exceptions.ValidationError: unknown scope (field ``scopes``) or an expiry in the past (``expires_at``).
+    """
+    unknown = sorted(set(scopes) - set(ALL_SCOPES))
+    if unknown:
+        raise ValidationError({"scopes": f"Unknown scope(s) {unknown}; allowed: {list(ALL_SCOPES)}."})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "Expiry must be in the future."})
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    key = ApiKey(
+        tenant=tenant,
+        key_id=key_id,
+        digest=_digest(secret),
+        name=name,
+        scopes=sorted(set(scopes)),
+        expires_at=expires_at,
+        created_by=actor,
+    )
+    key.full_clean()
+    key.save()
+    return key, f"{settings.QUIVER_API_KEY_PREFIX}_{key_id}.{secret}"
+
+
+def api_key_revoke(tenant: Tenant, *, key_id: str, actor: AbstractBaseUser | None = None) -> ApiKey:
+    """Disable a key for good. Idempotent.
+
+    Raises:
+        ApiKey.DoesNotExist: no such key in this tenant (another tenant's key is not found either).
+    """
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().get(tenant=tenant, key_id=key_id)
+        if key.enabled:
+            key.enabled = False
+            key.revoked_at = timezone.now()
+            key.save(update_fields=["enabled", "revoked_at"])
+    return key
+
+
+def api_key_verify(raw: str) -> ApiKey:
+    """Resolve a presented bearer token to an active key, touching ``last_used_at`` at most once a minute.
+
+    Args:
+        raw: the token as sent, ``<prefix>_<key_id>.<secret>``.
+
+    Returns:
+        The key, with ``tenant`` loaded.
+
+    Raises:
+        ApiKeyInvalid: malformed, unknown, disabled/revoked or expired key. Digests are compared with
+            ``hmac.compare_digest`` (conventions §4).
+    """
+    prefix = f"{settings.QUIVER_API_KEY_PREFIX}_"
+    if not raw.startswith(prefix) or "." not in raw:
+        raise ApiKeyInvalid("malformed")
+    key_id, _, secret = raw[len(prefix) :].partition(".")
+    key = ApiKey.objects.select_related("tenant").filter(key_id=key_id).first()
+    if key is None or not hmac.compare_digest(key.digest, _digest(secret)):
+        raise ApiKeyInvalid("unknown")
+    if not key.enabled:
+        raise ApiKeyInvalid("revoked")
+    now = timezone.now()
+    if key.expires_at is not None and key.expires_at <= now:
+        raise ApiKeyInvalid("expired")
+    interval = timedelta(seconds=settings.QUIVER_API_KEY_LAST_USED_INTERVAL_S)
+    if key.last_used_at is None or now - key.last_used_at >= interval:
+        # Conditional update so concurrent requests write once per interval.
+        ApiKey.objects.filter(pk=key.pk).exclude(last_used_at__gt=now - interval).update(last_used_at=now)
+        key.last_used_at = now
+    return key

@@ -1,0 +1,45 @@
+"""The one base class that scopes every query by tenant (conventions §2, PostHog ``TeamAndOrgViewSetMixin``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import viewsets
+from rest_framework.exceptions import NotAuthenticated
+
+from tenants.authentication import TenantPrincipal
+from tenants.models import Tenant
+
+
+class TenantScopedViewSet(viewsets.GenericViewSet):
+    """Resolves the tenant from the API key and makes ``get_queryset`` final.
+
+    Subclasses implement ``tenant_queryset(qs)`` and set ``queryset``; the base filters by ``tenant`` first, so another
+    tenant's object is simply not found (404), never 403 (conventions §3).
+    """
+
+    # None marks shared, read-only catalogues (base models) that every tenant may list.
+    tenant_field: str | None = "tenant"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "get_queryset" in cls.__dict__:
+            raise TypeError(f"{cls.__name__} must implement tenant_queryset(), not get_queryset().")
+
+    @property
+    def tenant(self) -> Tenant:
+        user = self.request.user
+        if not isinstance(user, TenantPrincipal):
+            raise NotAuthenticated()
+        return user.tenant
+
+    def tenant_queryset(self, queryset: QuerySet) -> QuerySet:
+        """Narrow the tenant's queryset further; the default keeps it."""
+        return queryset
+
+    def get_queryset(self) -> QuerySet:
+        assert self.queryset is not None, "set queryset on the viewset"
+        tenant = self.tenant  # authenticates even for shared catalogues
+        scoped = self.queryset.all() if self.tenant_field is None else self.queryset.filter(**{self.tenant_field: tenant})
+        return self.tenant_queryset(scoped)

