@@ -65,7 +65,7 @@ def backing_services(environ: Mapping[str, str] | None = None, *, bucket: str = 
     """
     environ = os.environ if environ is None else environ
     root = Path(tempfile.mkdtemp(prefix="quiver-services-", dir=base_dir))
-    root.chmod(0o755)  # mkdtemp makes 0700; postgres (not root) must traverse it to reach its own folder
+    root.chmod(0o711)  # mkdtemp makes 0700; postgres (not root) must traverse it, but needs no listing
     exported: dict[str, str] = {}
     started: list[str] = []
     t0 = time.monotonic()
@@ -113,10 +113,12 @@ def run_command(command: Sequence[str], environ: Mapping[str, str] | None = None
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
         if stopping:
             return  # teardown is bounded (SIGKILL after 15 s); interrupting it would leak servers
         if child is None:
-            raise KeyboardInterrupt  # still starting services: unwind, the ExitStack stops what started
+            stopping = True  # still starting services: unwind once; the ExitStack stops what started
+            raise KeyboardInterrupt
         if signum == signal.SIGINT and _terminal_delivers_sigint():
             return
         child.send_signal(signum)

@@ -1,3 +1,39 @@
 """Root fixtures. Backing services (PostgreSQL, Redis, S3) come from env, started by ``devtools.services`` when absent."""
 
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rest_framework.test import APIClient
+
+from adapters_app.models import BaseModel
+from adapters_app.services import base_model_register
+from tenants.models import Tenant
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+
+
+@pytest.fixture
+def base_model(tiny_base_dir: Path) -> BaseModel:
+    """The tiny Llama registered as base model ``tiny-llama`` (max_lora_rank 16, as the test engine)."""
+    config = json.loads((tiny_base_dir / "config.json").read_text())
+    return base_model_register(base_model_name="tiny-llama", hf_config=config, max_lora_rank=16)
+
+
+@pytest.fixture
+def make_client() -> Callable[..., tuple[APIClient, Tenant, str]]:
+    """``make_client(slug=None, scopes=...)`` → ``(client, tenant, plaintext key)`` for a fresh tenant."""
+
+    def make(slug: str | None = None, **key_kwargs: object) -> tuple[APIClient, Tenant, str]:
+        tenant = TenantFactory(slug=slug) if slug else TenantFactory()
+        _, plaintext = api_key_create(tenant, name="test", **key_kwargs)  # type: ignore[arg-type]
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+        return client, tenant, plaintext
+
+    return make
+
 pytest_plugins = ["tests.fixtures.vllm", "tests.fixtures.stack"]

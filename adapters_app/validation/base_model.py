@@ -18,6 +18,9 @@ LLAMA_STYLE_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 )
 
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}
+
 #: Module name -> the decoder-layer block that holds it, for Llama-style models.
 LLAMA_BLOCKS: Mapping[str, str] = {
     "q_proj": "self_attn",
@@ -87,6 +90,9 @@ class BaseModelFacts:
                 not a positive integer.
         """
         archs = config.get("architectures")
+        if not archs and config.get("model_type") in _MODEL_TYPES:
+            # An in-memory transformers config has no `architectures` until save_pretrained fills it.
+            archs = [_MODEL_TYPES[config["model_type"]]]
         if not isinstance(archs, list) or not archs or archs[0] not in LLAMA_STYLE_ARCHITECTURES:
             raise ValueError(
                 f"config field 'architectures' is {archs!r}; supported: {sorted(LLAMA_STYLE_ARCHITECTURES)} "

@@ -170,6 +170,11 @@ def parse_config(data: bytes) -> tuple[AdapterConfig | None, list[Problem], dict
     rank_pattern = _pattern(doc, "rank_pattern", int, problems)
     alpha_pattern = _pattern(doc, "alpha_pattern", float, problems)
     layers = _layers(doc, problems)
+    if layers is not None and isinstance(target_modules, str):
+        problems.append(_err("config_invalid_field", "layers_to_transform",
+                             "layers_to_transform is set while target_modules is a regex string; PEFT refuses this "
+                             "combination when loading the adapter.",
+                             "Put the layer restriction into the target_modules regex, or list target_modules by name."))
     use_rslora = _flag(doc, "use_rslora", problems)
     fan_in_fan_out = _flag(doc, "fan_in_fan_out", problems)
     problems += _unsupported_features(doc)

@@ -80,7 +80,8 @@ def parse_tensor_name(raw: str) -> TensorName:
         return _locate(raw, f"lora_{m['ab']}", m["mod"], m["adapter"], embedding=embedding)
     if s.endswith((".weight", ".bias")):
         mod = s.rsplit(".", 1)[0]
-        mod = mod.replace(".modules_to_save.default", "").replace(".original_module", "")
+        for wrapper in (".modules_to_save.default", ".original_module", ".base_layer"):
+            mod = mod.replace(wrapper, "")
         return _locate(raw, "full", mod, None, embedding=False)
     return TensorName(raw=raw, kind="unknown")
 

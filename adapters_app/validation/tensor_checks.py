@@ -17,7 +17,7 @@ from adapters_app.validation.base_model import BaseModelFacts
 from adapters_app.validation.collector import ProblemCollector
 from adapters_app.validation.config import AdapterConfig
 from adapters_app.validation.naming import TensorName, parse_tensor_name
-from adapters_app.validation.problems import error
+from adapters_app.validation.problems import Problem, error
 from adapters_app.validation.safetensors_header import TensorInfo
 
 ALLOWED_DTYPES = frozenset({"F16", "BF16", "F32"})
@@ -33,14 +33,17 @@ class TensorCheckResult:
 
     Attributes:
         pairs: Module path -> ``{"lora_A": TensorInfo, "lora_B": TensorInfo}`` for mapped, shape-correct pairs.
-        b_tensors: Names of the ``lora_B`` tensors of those pairs (for the zero scan).
+        b_tensors: Per pair, the half PEFT initialises to zero (``lora_B``; ``lora_embedding_A`` for
+            embeddings, PEFT ``lora/layer.py`` ``Embedding.reset_lora_parameters``): all zeros means untrained.
         shape_mismatches: Pairs whose shapes don't fit the base.
+        variant_pairs: Pairs that fit but are spelled so the engine would not load them.
         facts: ``tensor_count``, ``lora_pairs``, ``lora_modules``, ``layers_with_lora``, ``effective_ranks``, ``dtypes``.
     """
 
     pairs: dict[str, dict[str, TensorInfo]] = field(default_factory=dict)
     b_tensors: list[str] = field(default_factory=list)
     shape_mismatches: int = 0
+    variant_pairs: int = 0
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -60,7 +63,8 @@ def check_tensors(
             targeting and rank consistency are not checked).
         out: Receives the problems: ``tensor_dtype_not_allowed``,
             ``tensor_unmapped``, ``tensor_fused_module``,
-            ``tensor_layer_out_of_range``, ``tensor_name_variant``,
+            ``tensor_layer_out_of_range``, ``tensor_name_variant`` (a pair that fits
+            the base but is spelled so the engine would reject or ignore it),
             ``tensor_not_targeted``, ``tensor_full_weight``,
             ``tensor_lora_bias``, ``tensor_dora_magnitude``,
             ``tensor_unpaired``, ``tensor_rank_mismatch``,
@@ -99,8 +103,15 @@ def check_tensors(
             continue
         (a, na), (b, _) = slot["lora_A"], slot["lora_B"]
         if _pair_ok(path, a, b, na, base, config, out):
+            variants = [(t, tn) for t, tn in (slot["lora_A"], slot["lora_B"]) if tn.variant is not None]
+            if variants:
+                # Shapes fit, so this is the base's module under another spelling, not another model.
+                result.variant_pairs += 1
+                for t, tn in variants:
+                    out.add(_variant_problem(t, tn))
+                continue
             result.pairs[path] = {"lora_A": a, "lora_B": b}
-            result.b_tensors.append(b.name)
+            result.b_tensors.append(a.name if na.embedding else b.name)
             ranks.setdefault(na.module or path, set()).add(a.shape[0])
         else:
             result.shape_mismatches += 1
@@ -157,13 +168,6 @@ def _mapped(n: TensorName, t: TensorInfo, base: BaseModelFacts, config: AdapterC
                           f"Tensor {t.name} is for layer {n.layer}, but {base.base_model_name} has {base.num_hidden_layers} layers.",
                           retrain))
             return False
-    if n.variant is not None:
-        why = ("its '.default'-style adapter-name segment makes the engine reject the file"
-               if n.variant == "adapter_name"
-               else "its module prefix is not the base model's, so the engine would silently ignore it")
-        out.add(error("tensor_name_variant", t.name, f"Tensor {t.name} means {n.canonical}, but {why}.",
-                      f"Rename it to {n.canonical} (PEFT `save_pretrained` writes that form)."))
-        return False
     if config is not None and not config.targets(n.module_path, n.layer):
         out.add(error("tensor_not_targeted", t.name,
                       f"Tensor {t.name} is for {n.module_path}, which target_modules/layers_to_transform/exclude_modules do "
@@ -173,7 +177,15 @@ def _mapped(n: TensorName, t: TensorInfo, base: BaseModelFacts, config: AdapterC
     return True
 
 
-def _full_weight(n: TensorName, t: TensorInfo, base: BaseModelFacts) -> Any:
+def _variant_problem(t: TensorInfo, n: TensorName) -> Problem:
+    why = ("its '.default'-style adapter-name segment makes the engine reject the file"
+           if n.variant == "adapter_name"
+           else "its module prefix is not the base model's, so the engine would silently ignore it")
+    return error("tensor_name_variant", t.name, f"Tensor {t.name} means {n.canonical}, but {why}.",
+                 f"Rename it to {n.canonical} (PEFT `save_pretrained` writes that form).")
+
+
+def _full_weight(n: TensorName, t: TensorInfo, base: BaseModelFacts) -> Problem:
     what = n.module_path or n.module or t.name
     extra = ""
     if n.module in ("embed_tokens", "lm_head") and t.shape:

@@ -61,7 +61,7 @@ def validate_adapter_dir(root: Path, *, base: BaseModelFacts, limits: PoolLimits
     if header is not None:
         tensors = check_tensors(header.tensors, base=base, config=config, out=out)
         facts.update(tensors.facts)
-        if not tensors.pairs and tensors.shape_mismatches == 0:
+        if not tensors.pairs and tensors.shape_mismatches == 0 and tensors.variant_pairs == 0:
             out.add(error("adapter_maps_to_nothing", WEIGHTS_NAME,
                           f"No tensor of the adapter maps to a LoRA pair on {base.base_model_name}: it would serve as the "
                           "plain base model.",

@@ -54,15 +54,6 @@ def test_seaweedfs_refuses_an_unknown_key(s3: S3Service) -> None:
     assert excinfo.value.response["Error"]["Code"] == "InvalidAccessKeyId"
 
 
-def test_seaweedfs_stop_ends_the_process(tmp_path: Path) -> None:
-    service = start_seaweedfs(tmp_path)
-    pid = service.process.pid
-    assert pid_alive(pid)
-    service.stop()
-    assert not pid_alive(pid)
-    service.stop()  # idempotent
-
-
 def test_redis_answers_ping_and_stops(tmp_path: Path) -> None:
     with start_redis(tmp_path) as redis:
         assert redis.url == f"redis://127.0.0.1:{redis.port}/0"
@@ -118,3 +109,17 @@ def test_cli_skips_services_given_by_env() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["redis://given:1/0", "None"]
     assert "started nothing" in done.stderr
+
+
+def test_cli_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
+    """A service that cannot start gives rc 1 and a readable reason, runs nothing and leaves no temp folder."""
+    marker = tmp_path / "ran"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(QUIVER_PG_BIN=str(tmp_path / "no-such-bin"), TMPDIR=str(tmp_path), REDIS_URL="redis://given:1/0",
+               AWS_S3_ENDPOINT_URL="http://given:9")
+    done = subprocess.run([sys.executable, "-m", "devtools.services", "run", "--", "touch", str(marker)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "PostgreSQL binaries not in" in done.stderr
+    assert not marker.exists()
+    assert not list(tmp_path.glob("quiver-services-*"))

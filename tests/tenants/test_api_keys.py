@@ -1,0 +1,92 @@
+"""API keys: shown once, stored as a digest, revocable, expiring, ``last_used_at`` throttled, 401 on failure."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from tenants.models import ApiKey
+from tenants.services import ApiKeyInvalid, api_key_create, api_key_revoke, api_key_verify
+from tests.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_key_is_shown_once_and_stored_as_digest() -> None:
+    key, plaintext = api_key_create(TenantFactory(), name="ci")
+    secret = plaintext.split(".", 1)[1]
+    assert plaintext.startswith(f"qv_{key.key_id}.")
+    assert secret not in key.digest and len(key.digest) == 64
+    assert api_key_verify(plaintext).pk == key.pk
+    with pytest.raises(ApiKeyInvalid):
+        api_key_verify(plaintext[:-1] + ("A" if plaintext[-1] != "A" else "B"))
+
+
+@pytest.mark.parametrize("raw", ["", "qv_nodot", "sk-abc.def", "qv_unknown.secret"])
+def test_malformed_or_unknown_keys_are_refused(raw: str) -> None:
+    with pytest.raises(ApiKeyInvalid):
+        api_key_verify(raw)
+
+
+def test_revoked_key_gets_401(make_client) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, plaintext = make_client()
+    assert client.get("/api/v1/adapters").status_code == 200
+    api_key_revoke(tenant, key_id=plaintext[3:].split(".")[0])
+    resp = client.get("/api/v1/adapters")
+    assert resp.status_code == 401
+    assert resp.json()["code"] == "invalid_api_key"
+    assert resp["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_expired_key_gets_401(make_client) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, plaintext = make_client()
+    ApiKey.objects.filter(tenant=tenant).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert client.get("/api/v1/adapters").status_code == 401
+
+
+def test_missing_key_gets_401() -> None:
+    resp = APIClient().get("/api/v1/adapters")
+    assert resp.status_code == 401
+
+
+def test_last_used_is_written_at_most_once_a_minute() -> None:
+    key, plaintext = api_key_create(TenantFactory(), name="ci")
+    api_key_verify(plaintext)
+    first = ApiKey.objects.get(pk=key.pk).last_used_at
+    assert first is not None
+    api_key_verify(plaintext)
+    assert ApiKey.objects.get(pk=key.pk).last_used_at == first
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=first - timedelta(seconds=61))
+    api_key_verify(plaintext)
+    assert ApiKey.objects.get(pk=key.pk).last_used_at > first
+
+
+def test_keys_api_creates_lists_masked_and_revokes(make_client) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client()
+    created = client.post("/api/v1/api-keys", {"name": "app", "scopes": ["inference"]}, format="json")
+    assert created.status_code == 201
+    secret = created.json()["secret"]
+    listed = client.get("/api/v1/api-keys").json()
+    assert all("secret" not in k and k["key"].endswith(".****") for k in listed)
+    key_id = created.json()["key_id"]
+    assert client.post(f"/api/v1/api-keys/{key_id}/revoke").json()["enabled"] is False
+    revoked_client = APIClient()
+    revoked_client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert revoked_client.get("/api/v1/adapters").status_code == 401
+
+
+def test_scope_is_enforced(make_client) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client(scopes=["inference"])
+    resp = client.get("/api/v1/adapters")
+    assert resp.status_code == 403
+    assert resp.json()["code"] == "permission_denied"
+
+
+def test_unknown_scope_is_a_field_error(make_client) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client()
+    resp = client.post("/api/v1/api-keys", {"name": "x", "scopes": ["root"]}, format="json")
+    assert resp.status_code == 400
+    assert "scopes" in resp.json()["fields"]
