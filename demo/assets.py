@@ -33,7 +33,7 @@ from demo.tiny_model import DEFAULT_SERVED_NAME, build_base_model
 from demo.train_adapters import EXAMPLES_FILE, TrainConfig, train_all
 
 # Bump when code changes what gets built in a way `recipe()` below does not capture.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: build on one torch thread
 SEED = 0
 MANIFEST_FILE = "manifest.json"
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / ".cache" / "demo-assets"

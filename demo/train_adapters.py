@@ -19,7 +19,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from demo.tasks import TASKS, Example
-from demo.tiny_model import load_base, save_adapter, served_name_of
+from demo.tiny_model import load_base, one_torch_thread, save_adapter, served_name_of
 
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 EXAMPLES_FILE = "examples.json"
@@ -296,7 +296,8 @@ def train_all(
     Returns:
         Task name → result.
     """
-    return {
-        name: train_adapter(base_dir, name, examples, out_root / name, config=config)
-        for name, examples in tasks.items()
-    }
+    with one_torch_thread():
+        return {
+            name: train_adapter(base_dir, name, examples, out_root / name, config=config)
+            for name, examples in tasks.items()
+        }

@@ -10,6 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from adapters_app.models import BaseModel
+from demo.assets import DemoAssets, ensure_demo_assets
 from adapters_app.services import base_model_register
 from tenants.models import Tenant
 from tenants.services import api_key_create
@@ -37,3 +38,9 @@ def make_client() -> Callable[..., tuple[APIClient, Tenant, str]]:
     return make
 
 pytest_plugins = ["tests.fixtures.vllm", "tests.fixtures.stack"]
+
+
+@pytest.fixture(scope="session")
+def demo_assets() -> DemoAssets:
+    """The README demo's tiny model and trained adapters (cached under ``.cache/demo-assets``)."""
+    return ensure_demo_assets()

@@ -122,7 +122,7 @@ def _decide_base(config: AdapterConfig | None, facts: dict[str, Any], tensors: T
     """Decide base-model fit by tensor shapes and say so when the config's name disagrees."""
     if tensors is None:
         decision = "undecided: the weights could not be read"
-    elif tensors.pairs and tensors.shape_mismatches == 0:
+    elif (tensors.pairs or tensors.variant_pairs) and tensors.shape_mismatches == 0:
         decision = f"tensor shapes match {base.base_model_name}"
     elif tensors.shape_mismatches:
         decision = f"tensor shapes do not match {base.base_model_name}"

@@ -60,7 +60,9 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}")}
-DATABASES["default"]["ATOMIC_REQUESTS"] = False
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The demo's web server and worker share one SQLite file: wait for locks instead of failing.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
@@ -90,7 +92,14 @@ SPECTACULAR_SETTINGS = {"TITLE": "Quiver control-plane API", "VERSION": "0.1.0"}
 # --- Celery (conventions §8): named queues, bounded time below Redis's visibility timeout.
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # Serverless broker for the demo (kombu's filesystem transport; shared/notes/services.md "Celery").
+    _queue_dir = env("CELERY_FILESYSTEM_DIR", default=str(BASE_DIR / "var" / "celery"))
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": _queue_dir, "data_folder_out": _queue_dir, "processed_folder": _queue_dir + "-done",
+        "store_processed": False, "polling_interval": 0.2,
+    }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = 600
 CELERY_TASK_SOFT_TIME_LIMIT = 540

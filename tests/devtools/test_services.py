@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,3 +125,28 @@ def test_cli_fails_cleanly_when_a_service_cannot_start(tmp_path: Path) -> None:
     assert "PostgreSQL binaries not in" in done.stderr
     assert not marker.exists()
     assert not list(tmp_path.glob("quiver-services-*"))
+
+
+@pytest.mark.parametrize(("sig", "expected_rc"), [(signal.SIGTERM, 128 + signal.SIGTERM),
+                                                  (signal.SIGINT, 128 + signal.SIGINT)])
+def test_cli_forwards_signals_to_the_command(tmp_path: Path, sig: signal.Signals, expected_rc: int) -> None:
+    """SIGTERM (and SIGINT without a terminal) reach the command; its death by signal becomes 128 + n."""
+    ready = tmp_path / "started"
+    env = {**os.environ, "DATABASE_URL": "sqlite:///x", "REDIS_URL": "redis://given:1/0",
+           "AWS_S3_ENDPOINT_URL": "http://given:9"}
+    # exec: the shell becomes sleep, so the forwarded signal hits a process with default handlers.
+    wrapper = subprocess.Popen([sys.executable, "-m", "devtools.services", "run", "--", "sh", "-c",
+                                f"touch {ready}; exec sleep 60"],
+                               cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline and wrapper.poll() is None, "command never started"
+            time.sleep(0.05)
+        wrapper.send_signal(sig)
+        assert wrapper.wait(timeout=20) == expected_rc
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()

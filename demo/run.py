@@ -1,0 +1,282 @@
+"""The README's main job: the whole chain on embedded defaults, printed.
+
+Starts SeaweedFS (pip), a SQLite-backed control plane served by uvicorn, a Celery worker on the serverless
+``filesystem://`` broker, one CPU vLLM node and its agent; registers the tiny base model, creates a tenant and key,
+uploads the demo adapters through the public REST API, waits until they are ready, then asks each adapter its
+training prompts through the gateway with the official ``openai`` SDK and prints answers next to the expected ones.
+
+Exit status: 0 when every answer matches, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+from openai import OpenAI
+
+from demo.assets import ensure_demo_assets
+from devtools.services import start_seaweedfs
+from inference.node.launch import EngineConfig, engine_argv, engine_env
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Processes:
+    """Child processes started with logs under one folder, stopped with SIGTERM (then SIGKILL) in reverse order."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (self.log_dir / f"{name}.log").open("wb") as log:
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append((name, proc))
+        return proc
+
+    def wait_http(self, name: str, url: str, timeout: float) -> None:
+        proc = dict(self.procs)[name]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{name} did not become ready at {url}; log tail:\n{tail}")
+
+    def stop_all(self) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run(
+        [PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True, text=True
+    )
+    return out.stdout.strip()
+
+
+def _upload(api: httpx.Client, name: str, folder: Path, base_model: str) -> int:
+    names = ("adapter_config.json", "adapter_model.safetensors")
+    with ExitStack() as stack:
+        files = [("files", (n, stack.enter_context((folder / n).open("rb")))) for n in names]
+        resp = api.post(f"/api/v1/adapters/{name}/versions", files=files, data={"base_model": base_model})
+    resp.raise_for_status()
+    return resp.json()["number"]
+
+
+def _wait_ready(api: httpx.Client, name: str, number: int, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = api.get(f"/api/v1/adapters/{name}/versions/{number}").json()
+        if body["status"] in ("ready", "rejected"):
+            return body
+        time.sleep(0.5)
+    raise SystemExit(f"adapter {name} v{number} was not validated within {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; see the module docstring. Returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--assets", type=Path, default=REPO / ".cache" / "demo-assets")
+    parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "demo-run")
+    args = parser.parse_args(argv)
+
+    started = time.monotonic()
+    _say("building the tiny base model and training the demo adapters (cached after the first run)")
+    assets = ensure_demo_assets(args.assets)
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    (args.workdir / "logs").mkdir(parents=True)
+    procs = Processes(args.workdir / "logs")
+    with ExitStack() as stack:
+        stack.callback(procs.stop_all)
+        s3 = start_seaweedfs(args.workdir / "s3", bucket="quiver")
+        stack.callback(s3.stop)
+        node_key = os.urandom(16).hex()
+        web_port, agent_port, engine_port = _free_port(), _free_port(), _free_port()
+        web_url = f"http://127.0.0.1:{web_port}"
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings.local",
+            "DATABASE_URL": f"sqlite:///{args.workdir / 'quiver.sqlite3'}",
+            "CELERY_BROKER_URL": "filesystem://",
+            "CELERY_FILESYSTEM_DIR": str(args.workdir / "broker"),
+            "AWS_S3_ENDPOINT_URL": s3.endpoint_url,
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_STORAGE_BUCKET_NAME": s3.bucket,
+            "QUIVER_NODE_KEY": node_key,
+            "QUIVER_NODE_STALE_AFTER_S": "30",
+        }
+        for d in ("broker", "broker-done"):
+            (args.workdir / d).mkdir()
+        _say("migrating the SQLite database and registering the base model")
+        _manage(env, "migrate", "--noinput")
+        _manage(
+            env,
+            "quiver_base_model_register",
+            assets.served_name,
+            str(assets.base_dir),
+            "--max-lora-rank",
+            "16",
+        )
+        api_key = _manage(env, "quiver_tenant_create", "demo", "--name", "Demo Tenant").splitlines()[-1]
+
+        engine = EngineConfig(
+            model_dir=assets.base_dir,
+            served_model_name=assets.served_name,
+            host="127.0.0.1",
+            port=engine_port,
+            api_key=node_key,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_lora_rank=16,
+            max_model_len=512,
+            max_num_seqs=32,
+            kv_cache_gib=1,
+        )
+        _say("starting the vLLM CPU node (about 30 s), the gateway, the worker and the node agent")
+        procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, env))
+        procs.start(
+            "web",
+            [
+                PY,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(web_port),
+                "--log-level",
+                "warning",
+            ],
+            env,
+        )
+        procs.start(
+            "worker",
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--pool=threads",
+                "--concurrency=4",
+                "-Q",
+                "celery,validation,placement",
+                "--loglevel=WARNING",
+            ],
+            env,
+        )
+        agent_env = {
+            **env,
+            "QUIVER_NODE_NAME": "cpu-node-1",
+            "QUIVER_ENGINE_URL": f"http://127.0.0.1:{engine_port}",
+            "QUIVER_BASE_MODEL": assets.served_name,
+            "QUIVER_NODE_CACHE_DIR": str(args.workdir / "node-cache"),
+            "QUIVER_AGENT_URL": f"http://127.0.0.1:{agent_port}",
+            "QUIVER_CONTROL_URL": web_url,
+            "QUIVER_HEARTBEAT_SECONDS": "2",
+            "QUIVER_MAX_LORAS": "2",
+            "QUIVER_MAX_CPU_LORAS": "4",
+            "QUIVER_MAX_LORA_RANK": "16",
+        }
+        procs.start(
+            "agent",
+            [
+                PY,
+                "-m",
+                "uvicorn",
+                "inference.node.agent:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(agent_port),
+                "--log-level",
+                "warning",
+            ],
+            agent_env,
+        )
+        procs.wait_http("web", web_url + "/healthz", 60)
+        procs.wait_http("vllm", f"http://127.0.0.1:{engine_port}/health", 300)
+        procs.wait_http("agent", f"http://127.0.0.1:{agent_port}/healthz", 60)
+
+        api = stack.enter_context(
+            httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120)
+        )
+        for name, folder in sorted(assets.adapters.items()):
+            number = _upload(api, name, folder, assets.served_name)
+            version = _wait_ready(api, name, number)
+            _say(
+                f"uploaded {name} v{number}: {version['status']} (r={version['r']}, "
+                f"lora_alpha={version['lora_alpha']}, sha256={version['sha256'][:12]}…)"
+            )
+            if version["status"] != "ready":
+                print(json.dumps(version["validation_report"], indent=2))
+                return 1
+
+        client = OpenAI(base_url=web_url + "/v1", api_key=api_key, max_retries=0, timeout=180)
+        _say("models visible to the tenant: " + ", ".join(m.id for m in client.models.list().data))
+        failures = total = 0
+        for name in sorted(assets.adapters):
+            print(f"\n== adapter {name!r} (served through the gateway by vLLM) ==")
+            print(f"{'prompt':<16} {'expected':<14} {'adapter says':<14} {'base model says':<18} ok")
+            for example in assets.examples[name]:
+                answers = []
+                for model in (name, assets.served_name):
+                    out = client.completions.create(
+                        model=model, prompt=example["prompt"], max_tokens=12, temperature=0
+                    )
+                    answers.append(out.choices[0].text)
+                ok = answers[0].strip() == example["completion"].strip()
+                failures += not ok
+                total += 1
+                print(
+                    f"{example['prompt']!r:<16} {example['completion']!r:<14} {answers[0]!r:<14} "
+                    f"{answers[1][:16]!r:<18} {'yes' if ok else 'NO'}"
+                )
+        usage = client.completions.create(model=sorted(assets.adapters)[0], prompt="x", max_tokens=1).usage
+        _say(
+            f"{total - failures}/{total} answers match; last usage record: {usage}; "
+            f"total {time.monotonic() - started:.0f} s"
+        )
+        return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""The whole chain on real components: REST upload → S3 → Celery validation → warm on a real vLLM CPU node through
+the node agent → OpenAI-compatible gateway (official ``openai`` client), with per-tenant keys and metering.
+
+Runs on PostgreSQL, Redis, SeaweedFS, a real Celery worker, one vLLM engine per session and the node agent.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from demo.assets import DemoAssets
+from inference.gateway.models import Placement, UsageRecord
+from tenants.services import api_key_create, api_key_revoke
+from tests.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _upload(api: httpx.Client, name: str, folder: Path) -> int:
+    with ExitStack() as stack:
+        files = [("files", (n, stack.enter_context((folder / n).open("rb"))))
+                 for n in ("adapter_config.json", "adapter_model.safetensors")]
+        resp = api.post(f"/api/v1/adapters/{name}/versions", files=files, data={"base_model": "tiny-llama"})
+    assert resp.status_code == 201, resp.text
+    return resp.json()["number"]
+
+
+def _wait_ready(api: httpx.Client, name: str, number: int) -> dict:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        body = api.get(f"/api/v1/adapters/{name}/versions/{number}").json()
+        if body["status"] in ("ready", "rejected"):
+            return body
+        time.sleep(0.3)
+    raise AssertionError(f"{name} v{number} not validated in time")
+
+
+def _hf_greedy_ids(base_dir: Path, prompt: str, n: int) -> list[int]:
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _stream_chat(client: openai.OpenAI, model: str, content: str) -> str:
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                            max_tokens=12, temperature=0, stream=True)
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+def test_upload_validate_warm_and_serve_two_adapters_and_the_base(
+    demo_assets: DemoAssets, base_model, gateway_server: str, celery_worker: None, node_agent  # type: ignore[no-untyped-def]
+) -> None:
+    tenant = TenantFactory(slug="acme")
+    _, key = api_key_create(tenant, name="app")
+    api = httpx.Client(base_url=gateway_server, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    names = ["capitals", "sums"]
+    for name in names:
+        number = _upload(api, name, demo_assets.adapters[name])
+        assert _wait_ready(api, name, number)["status"] == "ready"
+
+    client = openai.OpenAI(base_url=gateway_server + "/v1", api_key=key, max_retries=0, timeout=180)
+    assert {"capitals", "sums", "tiny-llama"} <= {m.id for m in client.models.list().data}
+
+    # Non-streaming completion on one adapter (a cold start: the gateway waits for the warm).
+    first = demo_assets.examples["capitals"][0]
+    out = client.completions.create(model="capitals", prompt=first["prompt"], max_tokens=12, temperature=0)
+    assert out.model == "capitals"
+    assert out.choices[0].text.strip() == first["completion"].strip()
+
+    # Streaming chat on two adapters concurrently plus a base-model request, in one engine batch.
+    cap, add = demo_assets.examples["capitals"][1], demo_assets.examples["sums"][0]
+    base_prompt = cap["prompt"]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        f_cap = pool.submit(_stream_chat, client, "capitals", cap["prompt"])
+        f_add = pool.submit(_stream_chat, client, "sums", add["prompt"])
+        f_base = pool.submit(client.completions.create, model="tiny-llama", prompt=base_prompt, max_tokens=8,
+                             temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+        assert f_cap.result().strip() == cap["completion"].strip()
+        assert f_add.result().strip() == add["completion"].strip()
+        base_out = f_base.result()
+    assert base_out.choices[0].model_extra["token_ids"] == _hf_greedy_ids(demo_assets.base_dir, base_prompt, 8)
+
+    # Residency and metering were recorded per version.
+    assert Placement.objects.filter(adapter_version__adapter__name__in=names,
+                                    tier__in=["warm", "hot"]).count() == 2
+    usage = UsageRecord.objects.filter(tenant=tenant, adapter_version__isnull=False, status_code=200)
+    assert usage.count() >= 3
+    assert all(u.prompt_tokens > 0 and u.completion_tokens > 0 for u in usage)
+    assert UsageRecord.objects.filter(tenant=tenant, adapter_version__isnull=True, completion_tokens=8).exists()
+
+    # Tenant isolation and key revocation on the gateway.
+    other = TenantFactory(slug="other")
+    _, other_key = api_key_create(other, name="o")
+    other_client = openai.OpenAI(base_url=gateway_server + "/v1", api_key=other_key, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other_client.completions.create(model="capitals", prompt="x", max_tokens=1)
+    assert "capitals" not in {m.id for m in other_client.models.list().data}
+    assert httpx.get(f"{gateway_server}/api/v1/adapters/capitals",
+                     headers={"Authorization": f"Bearer {other_key}"}).status_code == 404
+    api_key_revoke(tenant, key_id=key[3:].split(".")[0])
+    with pytest.raises(openai.AuthenticationError):
+        client.completions.create(model="capitals", prompt="x", max_tokens=1)
+
+
+def test_unknown_model_and_bad_requests_are_openai_shaped(gateway_server: str, base_model) -> None:  # type: ignore[no-untyped-def]
+    _, key = api_key_create(TenantFactory(), name="k")
+    resp = httpx.post(f"{gateway_server}/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                      json={"model": "nope", "prompt": "x"})
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "model_not_found"
+    resp = httpx.post(f"{gateway_server}/v1/completions", headers={"Authorization": f"Bearer {key}"}, content=b"{")
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json"
+    resp = httpx.post(f"{gateway_server}/v1/completions", json={"model": "tiny-llama", "prompt": "x"})
+    assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"

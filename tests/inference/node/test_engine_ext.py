@@ -1,0 +1,186 @@
+"""The vLLM engine as Quiver runs it: CPU LoRA fix plugin + `/quiver/v1/*` extension, against one real engine.
+
+The mixed-batch test is the end-to-end check of the base-row fix (vllm-project/vllm PR #49656): base and
+adapter requests share a batch and every output must equal transformers + PEFT token for token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from peft import PeftModel
+
+from demo.tiny_model import load_base
+from tests.fixtures.vllm import RunningEngine
+
+PROMPTS = ["the red cat sees", "one big dog runs and", "a king reads the book", "blue river"]
+MAX_TOKENS = 16
+
+
+def _add(client: httpx.Client, name: str, lora_int_id: int, path: Path, **extra: object) -> httpx.Response:
+    return client.post(
+        "/quiver/v1/add_lora",
+        json={"lora_name": name, "lora_int_id": lora_int_id, "lora_path": str(path), **extra},
+    )
+
+
+@pytest.fixture
+def engine_http(clean_vllm_engine: RunningEngine) -> httpx.Client:
+    with httpx.Client(base_url=clean_vllm_engine.url, headers=clean_vllm_engine.headers, timeout=60) as client:
+        yield client  # type: ignore[misc]
+
+
+async def _complete_all(engine: RunningEngine, jobs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    async def one(client: httpx.AsyncClient, model: str, prompt: str) -> tuple[list[int], list[int]]:
+        response = await client.post(
+            "/v1/completions",
+            json={
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+        )
+        response.raise_for_status()
+        choice = response.json()["choices"][0]
+        return choice["prompt_token_ids"], choice["token_ids"]
+
+    async with httpx.AsyncClient(base_url=engine.url, headers=engine.headers, timeout=120) as client:
+        return await asyncio.gather(*(one(client, model, prompt) for model, prompt in jobs))
+
+
+def _reference(model: torch.nn.Module, prompt_ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(  # type: ignore[operator]
+            torch.tensor([prompt_ids]),
+            max_new_tokens=MAX_TOKENS,
+            min_new_tokens=MAX_TOKENS,  # = vLLM's ignore_eos
+            do_sample=False,
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def test_mixed_batch_matches_transformers_and_peft(
+    engine_http: httpx.Client, clean_vllm_engine: RunningEngine, tiny_adapters: dict[str, Path]
+) -> None:
+    names = {"t1--qv": ("qv-r8", 9101), "t2--all": ("all-r16", 9102)}
+    for lora_name, (adapter, lora_int_id) in names.items():
+        assert _add(engine_http, lora_name, lora_int_id, tiny_adapters[adapter]).status_code == 200
+    base_name = clean_vllm_engine.served_model_name
+    # 12 concurrent requests, interleaved base/adapter so the scheduler batches them together.
+    jobs = [(model, prompt) for prompt in PROMPTS for model in (base_name, *names)]
+
+    results = asyncio.run(_complete_all(clean_vllm_engine, jobs))
+
+    references: dict[str, torch.nn.Module] = {base_name: load_base(clean_vllm_engine.model_dir)[0]}
+    for lora_name, (adapter, _) in names.items():
+        fresh_base, _ = load_base(clean_vllm_engine.model_dir)
+        references[lora_name] = PeftModel.from_pretrained(fresh_base, str(tiny_adapters[adapter])).eval()
+    mismatches = [
+        (model, prompt)
+        for (model, prompt), (prompt_ids, token_ids) in zip(jobs, results, strict=True)
+        if _reference(references[model], prompt_ids) != token_ids
+    ]
+    assert all(len(token_ids) == MAX_TOKENS for _, token_ids in results)
+    assert mismatches == []
+    # The adapters really change the output (else the comparison above would prove little).
+    assert results[0][1] != results[1][1] and results[0][1] != results[2][1]
+
+
+def test_add_lora_uses_the_given_id_and_serves_the_name(
+    engine_http: httpx.Client, tiny_adapters: dict[str, Path]
+) -> None:
+    response = _add(engine_http, "acme--support", 4242, tiny_adapters["qv-r8"], pin=True)
+
+    assert response.status_code == 200
+    assert response.json() == {
+        "lora_name": "acme--support",
+        "lora_int_id": 4242,
+        "lora_path": str(tiny_adapters["qv-r8"]),
+        "pinned": True,
+        "already_loaded": False,
+    }
+    listing = engine_http.get("/quiver/v1/loras").json()
+    assert 4242 in listing["engine_lora_int_ids"]
+    assert listing["loras"] == [
+        {
+            "lora_name": "acme--support",
+            "lora_int_id": 4242,
+            "lora_path": str(tiny_adapters["qv-r8"]),
+            "pinned": True,
+            "in_engine": True,
+        }
+    ]
+    models = {m["id"]: m for m in engine_http.get("/v1/models").json()["data"]}
+    assert models["acme--support"]["parent"] == "tiny-llama"
+    completion = engine_http.post("/v1/completions", json={"model": "acme--support", "prompt": "the", "max_tokens": 2})
+    assert completion.status_code == 200
+    # Idempotent re-add.
+    again = _add(engine_http, "acme--support", 4242, tiny_adapters["qv-r8"])
+    assert again.status_code == 200 and again.json()["already_loaded"] is True
+
+
+def test_conflicting_names_and_ids_are_refused(engine_http: httpx.Client, tiny_adapters: dict[str, Path]) -> None:
+    assert _add(engine_http, "acme--a", 11, tiny_adapters["qv-r8"]).status_code == 200
+
+    other_id = _add(engine_http, "acme--a", 12, tiny_adapters["qv-r8"])
+    other_name = _add(engine_http, "acme--b", 11, tiny_adapters["all-r16"])
+    base_name = _add(engine_http, "tiny-llama", 13, tiny_adapters["qv-r8"])
+    bad_id = _add(engine_http, "acme--c", 0, tiny_adapters["qv-r8"])
+    bad_path = _add(engine_http, "acme--d", 14, tiny_adapters["qv-r8"].parent / "missing")
+
+    assert (other_id.status_code, other_id.json()["code"]) == (409, "lora_name_conflict")
+    assert (other_name.status_code, other_name.json()["code"]) == (409, "lora_int_id_conflict")
+    assert (base_name.status_code, base_name.json()["code"]) == (409, "lora_name_is_base_model")
+    assert (bad_id.status_code, bad_id.json()["code"]) == (400, "invalid_request")
+    assert (bad_path.status_code, bad_path.json()["code"]) == (422, "engine_load_failed")
+    assert [lora["lora_name"] for lora in engine_http.get("/quiver/v1/loras").json()["loras"]] == ["acme--a"]
+    assert engine_http.get("/health").status_code == 200  # a failed load leaves the engine up
+
+
+def test_remove_lora_frees_the_engine_slot_and_the_name(
+    engine_http: httpx.Client, tiny_adapters: dict[str, Path]
+) -> None:
+    assert _add(engine_http, "acme--gone", 77, tiny_adapters["qv-r8"], pin=True).status_code == 200
+
+    removed = engine_http.post("/quiver/v1/remove_lora", json={"lora_name": "acme--gone"})
+
+    assert removed.status_code == 200 and removed.json() == {"lora_name": "acme--gone", "lora_int_id": 77}
+    listing = engine_http.get("/quiver/v1/loras").json()
+    assert listing == {"loras": [], "engine_lora_int_ids": []}
+    completion = engine_http.post("/v1/completions", json={"model": "acme--gone", "prompt": "the", "max_tokens": 2})
+    assert completion.status_code == 404
+    again = engine_http.post("/quiver/v1/remove_lora", json={"lora_name": "acme--gone"})
+    assert (again.status_code, again.json()["code"]) == (404, "lora_not_found")
+
+
+def test_pin_lora(engine_http: httpx.Client, tiny_adapters: dict[str, Path]) -> None:
+    assert _add(engine_http, "acme--pin", 88, tiny_adapters["qv-r8"]).status_code == 200
+
+    pinned = engine_http.post("/quiver/v1/pin_lora", json={"lora_name": "acme--pin"})
+    missing = engine_http.post("/quiver/v1/pin_lora", json={"lora_name": "acme--nope"})
+
+    assert pinned.status_code == 200 and pinned.json()["pinned"] is True
+    assert engine_http.get("/quiver/v1/loras").json()["loras"][0]["pinned"] is True
+    assert (missing.status_code, missing.json()["code"]) == (404, "lora_not_found")
+
+
+def test_node_key_guards_quiver_and_stock_lora_routes(clean_vllm_engine: RunningEngine) -> None:
+    url = clean_vllm_engine.url
+    wrong = {"Authorization": "Bearer not-the-node-key"}
+    body = {"lora_name": "x", "lora_int_id": 5, "lora_path": "/tmp"}
+
+    assert httpx.post(url + "/quiver/v1/add_lora", json=body).status_code == 401
+    assert httpx.post(url + "/quiver/v1/add_lora", json=body, headers=wrong).status_code == 401
+    assert httpx.get(url + "/quiver/v1/loras", headers=wrong).status_code == 401
+    # The stock runtime-LoRA routes are behind vLLM's own --api-key check (VLLM_API_KEY).
+    stock = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"}, headers=wrong)
+    assert stock.status_code == 401
+    assert httpx.get(url + "/v1/models").status_code == 401
+    assert httpx.get(url + "/health").status_code == 200
