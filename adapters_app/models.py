@@ -83,6 +83,9 @@ class AdapterVersion(models.Model):
         ]
         indexes = [models.Index(fields=["adapter", "status"])]
 
+    def __str__(self) -> str:
+        return f"{self.adapter_id}@{self.number}"
+
     @property
     def lora_int_id(self) -> int:
         """vLLM's engine id for this version: the primary key (positive, globally unique, stable)."""

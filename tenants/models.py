@@ -44,6 +44,9 @@ class Membership(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="membership_unique_tenant_user")]
 
+    def __str__(self) -> str:
+        return f"{self.user_id}@{self.tenant_id}:{self.role}"
+
 
 class ApiKey(models.Model):
     """A tenant API key ``<prefix>_<key_id>.<secret>``; ``digest`` = HMAC-SHA256(secret) in hex.
@@ -63,6 +66,9 @@ class ApiKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.masked
 
     @property
     def masked(self) -> str:

@@ -10,8 +10,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from adapters_app.models import BaseModel
-from demo.assets import DemoAssets, ensure_demo_assets
 from adapters_app.services import base_model_register
+from demo.assets import DemoAssets, ensure_demo_assets
 from tenants.models import Tenant
 from tenants.services import api_key_create
 from tests.factories import TenantFactory

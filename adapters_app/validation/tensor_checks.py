@@ -231,8 +231,9 @@ def _pair_ok(path: str, a: TensorInfo, b: TensorInfo, na: TensorName, base: Base
             return False
     if a.shape[1] != want_in or b.shape[0] != want_out:
         a_want, b_want = [rank, want_in], [want_out, rank]
+        module = a.name.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
         out.add(error("tensor_shape_mismatch", a.name,
-                      f"{path}: lora_A is {list(a.shape)} and lora_B {list(b.shape)}, but {base.base_model_name} needs "
+                      f"{module}: lora_A is {list(a.shape)} and lora_B {list(b.shape)}, but {base.base_model_name} needs "
                       f"{a_want} and {b_want}: the adapter was trained for a different base model.",
                       f"Train the adapter on {base.base_model_name}, or register the base model it was trained on."))
         return False

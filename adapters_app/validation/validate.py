@@ -70,7 +70,7 @@ def validate_adapter_dir(root: Path, *, base: BaseModelFacts, limits: PoolLimits
         problems, target_facts = resolve_targets(config, base, limits)
         out.extend(problems)
         facts.update(target_facts)
-    _decide_base(config, facts, tensors, base, out)
+    _decide_base(facts, tensors, base, out)
     if header is not None and tensors is not None:
         _scan(root / WEIGHTS_NAME, header, tensors, out, facts)
 
@@ -117,7 +117,7 @@ def _read_header(path: Path, limits: PoolLimits, out: ProblemCollector, facts: d
     return header
 
 
-def _decide_base(config: AdapterConfig | None, facts: dict[str, Any], tensors: TensorCheckResult | None,
+def _decide_base(facts: dict[str, Any], tensors: TensorCheckResult | None,
                  base: BaseModelFacts, out: ProblemCollector) -> None:
     """Decide base-model fit by tensor shapes and say so when the config's name disagrees."""
     if tensors is None:
@@ -129,11 +129,12 @@ def _decide_base(config: AdapterConfig | None, facts: dict[str, Any], tensors: T
     else:
         decision = f"no tensor maps to {base.base_model_name}"
     facts["base_model_decision"] = decision
-    named = facts.get("base_model_name_or_path")
-    if config is None or named == base.base_model_name:
+    if "base_model_name_or_path" not in facts:
+        return  # not a PEFT LoRA config: there is no name to compare
+    named = facts["base_model_name_or_path"]
+    if named == base.base_model_name:
         return
-    fix = (f"Set base_model_name_or_path to {base.base_model_name!r} to silence this warning; Quiver rewrites it on "
-           "storage either way.")
+    fix = f"Set base_model_name_or_path to {base.base_model_name!r} to silence this warning."
     if named is None:
         out.add(warning("base_model_name_missing", "base_model_name_or_path",
                         f"base_model_name_or_path is empty; decided by the tensor shapes instead: {decision}.", fix))

@@ -62,6 +62,9 @@ class Placement(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "adapter_version"], name="placement_unique")]
 
+    def __str__(self) -> str:
+        return f"{self.adapter_version_id}@{self.node_id}:{self.tier}"
+
 
 class UsageRecord(models.Model):
     """One proxied request's token counts, per tenant, key and adapter version (null = the base model)."""
@@ -78,3 +81,6 @@ class UsageRecord(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     latency_ms = models.FloatField()
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.endpoint}:{self.status_code}"

@@ -67,7 +67,7 @@ EXPECTED: dict[str, tuple[object, set[str], set[str]]] = {
          "dense": "transformer.encoder.layers.{i}.self_attention.dense",
          "dense_h_to_4h": "transformer.encoder.layers.{i}.mlp.dense_h_to_4h",
          "dense_4h_to_h": "transformer.encoder.layers.{i}.mlp.dense_4h_to_h"},
-        {"target_modules_match_nothing", "tensor_unmapped", "adapter_maps_to_nothing"},
+        {"target_modules_match_nothing", "tensor_fused_module", "tensor_unmapped", "adapter_maps_to_nothing"},
         {"base_model_name_local_path"},
     ),
     "gpt2-fan-in-fan-out": (
@@ -110,7 +110,9 @@ EXPECTED: dict[str, tuple[object, set[str], set[str]]] = {
         {"config_task_type_unsupported", "config_modules_to_save_unsupported", "tensor_full_weight"},
         {"base_model_name_mismatch"},
     ),
-    "qwen25vl-196-explicit-module-paths": ("llama", {"adapter_rank_too_high"}, {"base_model_name_local_path"}),
+    # Explicit paths name layers 0-27; the tiny base has 4 layers, so the rest are named as absent.
+    "qwen25vl-196-explicit-module-paths": (
+        "llama", {"adapter_rank_too_high"}, {"base_model_name_local_path", "target_module_not_in_base"}),
     "qwythos-seq2seq-tasktype-16-targets": (
         {"q_proj": "model.language_model.layers.{i}.self_attn.q_proj",
          "in_proj_qkv": "model.language_model.layers.{i}.linear_attn.in_proj_qkv",

@@ -1,0 +1,79 @@
+"""Heartbeats record node state and residency; routing prefers live nodes holding the version."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
+
+from adapters_app.models import AdapterVersion
+from adapters_app.services import adapter_version_upload, adapter_version_validate
+from inference.gateway.models import Node, Placement
+from inference.gateway.placement import node_heartbeat, node_mark_stale, node_select_for_warm, placement_request_warm
+from inference.gateway.routing import Target, node_for, target_resolve
+from inference.gateway.errors import GatewayError
+
+pytestmark = pytest.mark.django_db
+
+
+def _state(name: str, adapters: list[dict] | None = None, **extra: object) -> dict:
+    return {"node": name, "healthy": True, "base_model": "tiny-llama", "engine_url": f"http://{name}:8000",
+            "agent_url": f"http://{name}:8100", "max_loras": 2, "max_cpu_loras": 4, "max_lora_rank": 16,
+            "adapters": adapters or [], "kv_cache_usage_perc": 0.1, "num_requests_running": 0,
+            "num_requests_waiting": 0, **extra}
+
+
+@pytest.fixture
+def ready_version(make_client, base_model, tiny_adapters) -> AdapterVersion:  # type: ignore[no-untyped-def]
+    _, tenant, _ = make_client(slug="acme")
+    folder = tiny_adapters["qv-r8"]
+    files = [SimpleUploadedFile(n, (folder / n).read_bytes()) for n in ("adapter_config.json", "adapter_model.safetensors")]
+    version, _ = adapter_version_upload(tenant, adapter_name="bot", upload_files=files, base_model_name="tiny-llama")
+    return adapter_version_validate(version)
+
+
+def test_heartbeat_upserts_node_and_reconciles_residency(ready_version: AdapterVersion) -> None:
+    entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "hot", "pinned": True}
+    node = node_heartbeat(state=_state("n1", [entry, {"lora_name": "gone", "lora_int_id": 999999, "tier": "warm"}],
+                                       kv_cache_usage_perc=0.42))
+    assert node.base_model.base_model_name == "tiny-llama" and node.kv_cache_usage_perc == 0.42
+    placement = Placement.objects.get(node=node, adapter_version=ready_version)
+    assert (placement.tier, placement.pinned) == ("hot", True)
+    assert Placement.objects.count() == 1  # unknown lora_int_id ignored
+    node_heartbeat(state=_state("n1", []))
+    placement.refresh_from_db()
+    assert (placement.tier, placement.pinned) == ("cold", False)
+
+
+def test_routing_prefers_hot_then_short_queue_and_skips_stale_nodes(ready_version: AdapterVersion) -> None:
+    warm = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "warm"}
+    hot = {**warm, "tier": "hot"}
+    node_heartbeat(state=_state("a", [warm]))
+    node_heartbeat(state=_state("b", [hot], num_requests_waiting=3))
+    target = Target(requested="bot", base_model=ready_version.adapter.base_model, version=ready_version)
+    assert node_for(target).name == "b"
+    Node.objects.filter(name="b").update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    assert node_for(target).name == "a"
+    assert node_mark_stale() == 1 and not Node.objects.get(name="b").healthy
+
+
+def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
+    node = node_heartbeat(state=_state("a"))
+    assert node_select_for_warm(ready_version.adapter.base_model) == node
+    with django_capture_on_commit_callbacks() as callbacks:
+        placement_request_warm(ready_version, node=node)
+        placement_request_warm(ready_version, node=node)
+    assert len(callbacks) == 1
+    assert Placement.objects.get(node=node, adapter_version=ready_version).warming_since is not None
+
+
+def test_resolve_maps_names_and_hides_other_tenants(ready_version: AdapterVersion, make_client) -> None:  # type: ignore[no-untyped-def]
+    tenant = ready_version.tenant
+    assert target_resolve(tenant, model="bot").version == ready_version
+    assert target_resolve(tenant, model="tiny-llama").version is None
+    _, other, _ = make_client(slug="other")
+    with pytest.raises(GatewayError) as err:
+        target_resolve(other, model="bot")
+    assert err.value.status == 404 and err.value.code == "model_not_found"
