@@ -6,7 +6,8 @@ Layout under the root (default `<repo>/.cache/demo-assets`, git-ignored)::
     base/                    HF model folder (serve with --served-model-name tiny-llama)
     adapters/<task>/         PEFT adapter + examples.json + training.json
 
-A build happens only if the manifest is missing or its recipe hash differs. It runs under a file lock
+A build happens only if the manifest is missing or its recipe hash differs (the hash covers the
+model/task/training parameters and the builder modules' source). It runs under a file lock
 (`<root>.lock`), writes into a temporary sibling folder and renames it into place, so concurrent callers
 (pytest workers, a Celery worker and a test session) never see a half-written tree.
 
@@ -32,11 +33,13 @@ from demo.tasks import TASKS
 from demo.tiny_model import DEFAULT_SERVED_NAME, build_base_model
 from demo.train_adapters import EXAMPLES_FILE, TrainConfig, train_all
 
-# Bump when code changes what gets built in a way `recipe()` below does not capture.
-RECIPE_VERSION = 2  # 2: build on one torch thread
+# Bump to force every cache to rebuild (e.g. after a library upgrade changes the bytes).
+RECIPE_VERSION = 2
 SEED = 0
 MANIFEST_FILE = "manifest.json"
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / ".cache" / "demo-assets"
+# The builder's own code is part of the recipe: a rebuild costs seconds, a stale cache costs a confusing demo.
+_BUILDER_SOURCES = ("tasks.py", "tiny_model.py", "train_adapters.py")
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ def recipe(served_name: str = DEFAULT_SERVED_NAME) -> dict[str, object]:
         "base": tiny_model.recipe(),
         "tasks": {name: [ex.as_dict() for ex in examples] for name, examples in TASKS.items()},
         "train": train,
+        "sources": {
+            name: hashlib.sha256((Path(__file__).parent / name).read_bytes()).hexdigest()
+            for name in _BUILDER_SOURCES
+        },
     }
 
 

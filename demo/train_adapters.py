@@ -58,7 +58,7 @@ class TrainResult:
     Attributes:
         name: Task / adapter name.
         path: Adapter folder.
-        steps: Optimiser steps taken.
+        steps: Optimiser steps taken (full batch each).
         seconds: Wall time of the training loop.
         min_margin: Smallest top-1 − top-2 logit gap over all generated steps of all prompts.
     """
@@ -243,12 +243,13 @@ def train_adapter(
     else:
         raise RuntimeError(f"adapter {name!r} reached margin {margin:.2f} after {config.max_steps} steps")
     seconds = time.perf_counter() - started
+    steps = step - 1  # the last pass only measured the margin
     model.eval()
     min_margin = _verify(model, tokenizer, examples, encoded, config.min_margin, name)
     save_adapter(model, out_dir, served_name=served_name_of(base_dir))
     (out_dir / EXAMPLES_FILE).write_text(json.dumps([ex.as_dict() for ex in examples], indent=2) + "\n")
-    result = TrainResult(name=name, path=out_dir, steps=step, seconds=seconds, min_margin=min_margin)
-    report = {"name": name, "steps": step, "seconds": round(seconds, 3), "min_margin": round(min_margin, 3)}
+    result = TrainResult(name=name, path=out_dir, steps=steps, seconds=seconds, min_margin=min_margin)
+    report = {"name": name, "steps": steps, "seconds": round(seconds, 3), "min_margin": round(min_margin, 3)}
     report["config"] = {**asdict(config), "target_modules": list(config.target_modules)}
     (out_dir / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
     return result

@@ -215,6 +215,11 @@ def _load_json(body: str, name: str) -> dict[str, Any]:
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for k, v in items:
+            for text in (k, v) if isinstance(v, str) else (k,):
+                if not _valid_unicode(text):
+                    # Python's json accepts lone-surrogate escapes ("\ud800"); serde_json (the reference) does not.
+                    raise _fail("safetensors_header_not_json", name,
+                                f"{name}'s header has a string with an invalid \\u escape (lone surrogate).")
             if k in d:
                 raise _fail("safetensors_bad_entry", name, f"{name}'s header has the key {k[:200]!r} twice.")
             d[k] = v
@@ -235,6 +240,14 @@ def _load_json(body: str, name: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise _fail("safetensors_header_not_json", name, f"{name}'s header is JSON but not an object.")
     return doc
+
+
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(v: Any) -> bool:
@@ -308,8 +321,8 @@ def _check_entry(key: str, entry: Any) -> tuple[TensorInfo | None, Problem | Non
         return None, error(
             "safetensors_size_mismatch",
             short,
-            f"Tensor {short!r} ({dtype} {shape}) needs {bits / 8:g} bytes but its data_offsets span "
-            f"{offsets[1] - offsets[0]}.",
+            f"Tensor {short!r} ({dtype} {str(shape)[:80]}) needs {bits} bits ({bits // 8} bytes) but its "
+            f"data_offsets span {offsets[1] - offsets[0]} bytes.",
             _HINT_RESAVE,
         )
     return TensorInfo(key, dtype, tuple(shape), offsets[0], offsets[1]), None

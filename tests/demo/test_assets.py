@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from demo.assets import MANIFEST_FILE, DemoAssets, ensure_demo_assets, main, rec
 from demo.tasks import TASKS, Example
 
 
-def _fake_build(calls: list[str]) -> object:
+def _fake_build(calls: list[str]) -> Callable[[Path, str], dict[str, object]]:
     """Return a stand-in for `_build_into` that writes a minimal valid tree and records each call."""
 
     def build(tmp: Path, served_name: str) -> dict[str, object]:
@@ -82,6 +83,12 @@ def test_recipe_hash_tracks_tasks_and_served_name(monkeypatch: pytest.MonkeyPatc
     before = recipe_hash()
     assert recipe_hash("other-base") != before
     monkeypatch.setitem(TASKS, "capitals", [*TASKS["capitals"], Example("Chile:", " Santiago")])
+    assert recipe_hash() != before
+
+
+def test_recipe_hash_tracks_builder_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = recipe_hash()
+    monkeypatch.setattr(assets_mod, "_BUILDER_SOURCES", ("tasks.py", "tiny_model.py"))
     assert recipe_hash() != before
 
 

@@ -1,0 +1,318 @@
+"""The node agent against the real engine and a real S3 (SeaweedFS, or the one in `AWS_S3_ENDPOINT_URL`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from inference.node.agent import create_app
+from inference.node.config import NodeSettings
+from tests.fixtures.s3 import S3Server
+from tests.fixtures.vllm import RunningEngine, free_port
+
+Upload = Callable[[Path], list[dict[str, Any]]]
+
+
+@pytest.fixture
+def settings(clean_vllm_engine: RunningEngine, s3_server: S3Server, tmp_path: Path) -> NodeSettings:
+    return NodeSettings(
+        node_name="node-test",
+        node_key=clean_vllm_engine.api_key,
+        engine_url=clean_vllm_engine.url,
+        base_model=clean_vllm_engine.served_model_name,
+        cache_dir=tmp_path / "cache",
+        agent_url="http://127.0.0.1:9/agent",
+        s3_endpoint_url=s3_server.endpoint_url,
+        s3_access_key=s3_server.access_key,
+        s3_secret_key=s3_server.secret_key,
+        bucket=s3_server.bucket,
+        control_url=None,
+        heartbeat_seconds=5.0,
+        max_loras=clean_vllm_engine.max_loras,
+        max_cpu_loras=clean_vllm_engine.max_cpu_loras,
+        max_lora_rank=clean_vllm_engine.max_lora_rank,
+    )
+
+
+@pytest.fixture
+def agent(settings: NodeSettings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = "Bearer %s" % settings.node_key
+        yield client
+
+
+@pytest.fixture
+def upload(s3_server: S3Server) -> Upload:
+    """Upload an adapter folder's files under a fresh prefix; return the contract's `files` list."""
+    client = s3_server.client()
+
+    def do(folder: Path) -> list[dict[str, Any]]:
+        prefix = "adapters/test-%s/" % uuid.uuid4().hex
+        files = []
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            data = (folder / name).read_bytes()
+            client.put_object(Bucket=s3_server.bucket, Key=prefix + name, Body=data)
+            files.append(
+                {"name": name, "s3_key": prefix + name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            )
+        return files
+
+    return do
+
+
+def _state_adapters(agent: TestClient) -> list[dict[str, Any]]:
+    response = agent.get("/v1/state")
+    assert response.status_code == 200
+    return response.json()["adapters"]  # type: ignore[no-any-return]
+
+
+def test_load_stages_verified_files_and_serves_the_adapter(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], settings: NodeSettings,
+    clean_vllm_engine: RunningEngine,
+) -> None:
+    files = upload(tiny_adapters["qv-r8"])
+
+    response = agent.post("/v1/adapters/load", json={"lora_name": "acme--bot", "lora_int_id": 31, "files": files})
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert {k: body[k] for k in ("lora_name", "lora_int_id", "tier", "pinned")} == {
+        "lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False,
+    }
+    assert body["download_ms"] > 0 and body["load_ms"] > 0
+    staged = settings.cache_dir / "acme--bot" / "31"
+    for spec in files:
+        assert hashlib.sha256((staged / spec["name"]).read_bytes()).hexdigest() == spec["sha256"]
+    completion = httpx.post(
+        clean_vllm_engine.url + "/v1/completions",
+        json={"model": "acme--bot", "prompt": "the cat", "max_tokens": 3},
+        headers=clean_vllm_engine.headers,
+    )
+    assert completion.status_code == 200
+    assert _state_adapters(agent) == [{"lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False}]
+
+
+def test_load_is_idempotent_and_reuses_the_disk_copy(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], s3_server: S3Server
+) -> None:
+    files = upload(tiny_adapters["qv-r8"])
+    request = {"lora_name": "acme--idem", "lora_int_id": 32, "files": files, "pin": True}
+    first = agent.post("/v1/adapters/load", json=request)
+    for spec in files:  # a second download would now fail with s3_object_missing
+        s3_server.client().delete_object(Bucket=s3_server.bucket, Key=spec["s3_key"])
+
+    second = agent.post("/v1/adapters/load", json=request)
+
+    assert first.status_code == 200 and second.status_code == 200, second.text
+    assert set(second.json()) == {"lora_name", "lora_int_id", "tier", "pinned", "download_ms", "load_ms"}
+    assert second.json()["pinned"] is True
+    assert _state_adapters(agent) == [{"lora_name": "acme--idem", "lora_int_id": 32, "tier": "warm", "pinned": True}]
+
+
+def test_sha256_mismatch_deletes_the_download_and_loads_nothing(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], settings: NodeSettings
+) -> None:
+    files = upload(tiny_adapters["qv-r8"])
+    files[1]["sha256"] = "0" * 64
+
+    response = agent.post("/v1/adapters/load", json={"lora_name": "acme--bad", "lora_int_id": 33, "files": files})
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "sha256_mismatch"
+    folder = settings.cache_dir / "acme--bad" / "33"
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json"]  # no bad file, no temp file
+    assert _state_adapters(agent) == []
+
+
+def test_missing_s3_object(agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path]) -> None:
+    files = upload(tiny_adapters["qv-r8"])
+    files[0]["s3_key"] = "adapters/does-not-exist/adapter_config.json"
+
+    response = agent.post("/v1/adapters/load", json={"lora_name": "acme--miss", "lora_int_id": 34, "files": files})
+
+    assert (response.status_code, response.json()["code"]) == (404, "s3_object_missing")
+
+
+def test_engine_rejection_is_engine_load_failed(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    # r=32 > the engine's max_lora_rank 16.
+    config = json.loads((tiny_adapters["qv-r8"] / "adapter_config.json").read_text())
+    folder = tmp_path / "too-big"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 32}))
+    (folder / "adapter_model.safetensors").write_bytes((tiny_adapters["qv-r8"] / "adapter_model.safetensors").read_bytes())
+
+    response = agent.post(
+        "/v1/adapters/load", json={"lora_name": "acme--big", "lora_int_id": 35, "files": upload(folder)}
+    )
+
+    assert (response.status_code, response.json()["code"]) == (422, "engine_load_failed")
+
+
+def test_unload_keeps_the_disk_copy_and_pin(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], settings: NodeSettings
+) -> None:
+    files = upload(tiny_adapters["all-r16"])
+    assert agent.post("/v1/adapters/load", json={"lora_name": "acme--u", "lora_int_id": 36, "files": files}).status_code == 200
+    pinned = agent.post("/v1/adapters/pin", json={"lora_name": "acme--u"})
+    assert pinned.status_code == 200 and pinned.json()["pinned"] is True
+    assert _state_adapters(agent)[0]["pinned"] is True
+
+    unloaded = agent.post("/v1/adapters/unload", json={"lora_name": "acme--u"})
+
+    assert unloaded.status_code == 200 and unloaded.json() == {"lora_name": "acme--u", "tier": "staged"}
+    assert _state_adapters(agent) == [{"lora_name": "acme--u", "lora_int_id": 36, "tier": "staged", "pinned": False}]
+    assert (settings.cache_dir / "acme--u" / "36" / "adapter_model.safetensors").exists()
+    assert agent.post("/v1/adapters/unload", json={"lora_name": "acme--u"}).status_code == 200  # idempotent
+    unknown = agent.post("/v1/adapters/unload", json={"lora_name": "acme--never"})
+    assert (unknown.status_code, unknown.json()["code"]) == (404, "lora_not_found")
+    assert agent.post("/v1/adapters/pin", json={"lora_name": "acme--u"}).status_code == 404
+
+
+def test_new_version_under_the_same_name_swaps_ids(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path]
+) -> None:
+    v1 = upload(tiny_adapters["qv-r8"])
+    v2 = upload(tiny_adapters["all-r16"])
+    assert agent.post("/v1/adapters/load", json={"lora_name": "acme--v", "lora_int_id": 41, "files": v1}).status_code == 200
+
+    swapped = agent.post("/v1/adapters/load", json={"lora_name": "acme--v", "lora_int_id": 42, "files": v2})
+
+    assert swapped.status_code == 200 and swapped.json()["lora_int_id"] == 42
+    assert _state_adapters(agent) == [
+        {"lora_name": "acme--v", "lora_int_id": 41, "tier": "staged", "pinned": False},
+        {"lora_name": "acme--v", "lora_int_id": 42, "tier": "warm", "pinned": False},
+    ]
+
+
+def test_state_reports_node_and_engine_figures_and_hot_adapters(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
+) -> None:
+    files = upload(tiny_adapters["qv-r8"])
+    assert agent.post("/v1/adapters/load", json={"lora_name": "acme--hot", "lora_int_id": 51, "files": files}).status_code == 200
+    # A long request keeps the adapter in the running batch while we poll the state.
+    long_request = threading.Thread(
+        target=httpx.post,
+        args=(clean_vllm_engine.url + "/v1/completions",),
+        kwargs={
+            "json": {"model": "acme--hot", "prompt": "the", "max_tokens": 400, "ignore_eos": True},
+            "headers": clean_vllm_engine.headers,
+            "timeout": 120,
+        },
+    )
+    long_request.start()
+    seen_hot = None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and seen_hot is None:
+        state = agent.get("/v1/state").json()
+        if state["adapters"] and state["adapters"][0]["tier"] == "hot":
+            seen_hot = state
+        time.sleep(0.1)
+    long_request.join()
+
+    assert seen_hot is not None
+    assert seen_hot["num_requests_running"] >= 1
+    assert {k: seen_hot[k] for k in ("node", "healthy", "base_model", "engine_url", "agent_url")} == {
+        "node": "node-test",
+        "healthy": True,
+        "base_model": "tiny-llama",
+        "engine_url": clean_vllm_engine.url,
+        "agent_url": "http://127.0.0.1:9/agent",
+    }
+    assert (seen_hot["max_loras"], seen_hot["max_cpu_loras"], seen_hot["max_lora_rank"]) == (2, 4, 16)
+    assert 0.0 < seen_hot["kv_cache_usage_perc"] <= 1.0
+    assert isinstance(seen_hot["num_requests_waiting"], int)
+    assert isinstance(seen_hot["num_preemptions_total"], float)
+
+
+def test_every_route_but_healthz_needs_the_node_key(agent: TestClient) -> None:
+    no_key = {"Authorization": ""}
+    wrong = {"Authorization": "Bearer wrong"}
+
+    assert agent.get("/healthz", headers=no_key).json() == {"status": "ok"}
+    for method, path in (("GET", "/v1/state"), ("POST", "/v1/adapters/load"), ("POST", "/v1/adapters/unload"),
+                         ("POST", "/v1/adapters/pin")):
+        for headers in (no_key, wrong):
+            response = agent.request(method, path, headers=headers, json={})
+            assert response.status_code == 401, (method, path)
+            assert response.json()["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"lora_int_id": 0},
+        {"lora_name": "../etc"},
+        {"files": []},
+        {"files": [{"name": "../x", "s3_key": "k", "sha256": "a" * 64, "size": 1}]},
+        {"files": [{"name": "x", "s3_key": "k", "sha256": "XYZ", "size": 1}]},
+    ],
+)
+def test_invalid_load_bodies(agent: TestClient, change: dict[str, Any], settings: NodeSettings) -> None:
+    body = {"lora_name": "acme--x", "lora_int_id": 1,
+            "files": [{"name": "adapter_config.json", "s3_key": "k", "sha256": "a" * 64, "size": 1}], **change}
+
+    response = agent.post("/v1/adapters/load", json=body)
+
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_request")
+    assert not (settings.cache_dir.parent / "etc").exists()
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    received: list[tuple[str, str, dict[str, Any]]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Recorder.received.append((self.path, self.headers.get("Authorization", ""), body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+def test_heartbeat_posts_state_with_the_node_key(settings: NodeSettings) -> None:
+    _Recorder.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    control = "http://127.0.0.1:%d" % server.server_address[1]
+    try:
+        with TestClient(create_app(replace(settings, control_url=control, heartbeat_seconds=0.2))):
+            deadline = time.monotonic() + 15
+            while len(_Recorder.received) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        server.shutdown()
+
+    assert len(_Recorder.received) >= 2
+    path, auth, body = _Recorder.received[0]
+    assert path == "/internal/v1/nodes/heartbeat"
+    assert auth == "Bearer %s" % settings.node_key
+    assert body["node"] == "node-test" and body["healthy"] is True and body["adapters"] == []
+
+
+def test_unreachable_control_plane_and_engine_are_not_fatal(settings: NodeSettings) -> None:
+    dead = "http://127.0.0.1:%d" % free_port()
+    app = create_app(replace(settings, control_url=dead, heartbeat_seconds=0.1, engine_url=dead))
+    with TestClient(app) as client:
+        time.sleep(0.5)  # several failed heartbeats
+        health = client.get("/healthz")
+        state = client.get("/v1/state", headers={"Authorization": "Bearer %s" % settings.node_key})
+
+    assert (health.status_code, health.json()["code"]) == (503, "engine_unavailable")
+    assert state.status_code == 200
+    assert state.json()["healthy"] is False
+    assert state.json()["kv_cache_usage_perc"] is None and state.json()["num_requests_running"] is None
