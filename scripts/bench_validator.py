@@ -26,8 +26,13 @@ from adapters_app.validation import BaseModelFacts, PoolLimits, validate_adapter
 from adapters_app.validation.synthetic import RawTensor, peft_config, write_adapter  # noqa: E402
 
 LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
 }
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -64,7 +69,10 @@ class _PeakRss:
 
 
 def _tensors(base: BaseModelFacts, size_mb: int) -> tuple[dict[str, RawTensor], int]:
-    per_rank = sum(2 * (base.modules[m].in_features + base.modules[m].out_features) for m in MODULES) * base.num_hidden_layers
+    per_rank = (
+        sum(2 * (base.modules[m].in_features + base.modules[m].out_features) for m in MODULES)
+        * base.num_hidden_layers
+    )
     r = max(1, round(size_mb * 2**20 / per_rank))
     out: dict[str, RawTensor] = {}
     for i in range(base.num_hidden_layers):
@@ -89,8 +97,11 @@ def main() -> int:
     try:
         tensors, r = _tensors(base, args.size_mb)
         t0 = time.perf_counter()
-        root = write_adapter(workdir / "adapter", peft_config(base.base_model_name, r=r, lora_alpha=2 * r,
-                                                             target_modules=list(MODULES)), tensors)
+        root = write_adapter(
+            workdir / "adapter",
+            peft_config(base.base_model_name, r=r, lora_alpha=2 * r, target_modules=list(MODULES)),
+            tensors,
+        )
         size = (root / "adapter_model.safetensors").stat().st_size
         print(f"generated r={r} adapter: {size / 2**20:.0f} MB in {time.perf_counter() - t0:.1f} s")
         limits = PoolLimits(max_lora_rank=max(r, 16), max_adapter_bytes=2 * size)
@@ -101,9 +112,11 @@ def main() -> int:
             elapsed = time.perf_counter() - t0
         mbps = size / 2**20 / elapsed
         growth = peak.peak - rss0
-        print(f"validated in {elapsed:.2f} s: {mbps:.0f} MB/s, RSS {rss0:.0f} MB, peak {peak.peak:.0f} MB "
-              f"(growth {growth:.1f} MB), "
-              f"ok={report.ok} codes={sorted(set(report.codes))}")
+        print(
+            f"validated in {elapsed:.2f} s: {mbps:.0f} MB/s, RSS {rss0:.0f} MB, peak {peak.peak:.0f} MB "
+            f"(growth {growth:.1f} MB), "
+            f"ok={report.ok} codes={sorted(set(report.codes))}"
+        )
         goals = mbps >= 500 and growth <= 64 and report.ok
         print("goals (>= 500 MB/s, <= 64 MB RSS growth, accepted):", "met" if goals else "MISSED")
         return 0 if goals else 1

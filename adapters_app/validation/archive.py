@@ -12,6 +12,7 @@ we never call ``extract``).
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import lzma
@@ -23,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from adapters_app.validation.intake import CONFIG_NAME, folder_problems, is_junk
 from adapters_app.validation.problems import Problem, UploadRejected, error
@@ -33,7 +34,15 @@ logger = logging.getLogger(__name__)
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # local file header, empty-archive EOCD
 _COMPRESSED_TAR_MAGICS = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")  # gzip, bzip2, xz
 _ZIP_METHODS = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA})
-_READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError, ValueError)
+_READ_ERRORS = (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    EOFError,
+    OSError,
+    zlib.error,
+    lzma.LZMAError,
+    ValueError,
+)
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _ARCHIVE_HINT = "Upload a .zip or .tar.gz of the single adapter folder written by PEFT `save_pretrained`."
 
@@ -87,7 +96,7 @@ class _Budget:
 class _CountingReader(io.RawIOBase):
     """Reader that enforces a member's declared size and the archive budget."""
 
-    def __init__(self, raw: BinaryIO, name: str, declared: int, budget: _Budget) -> None:
+    def __init__(self, raw: IO[bytes], name: str, declared: int, budget: _Budget) -> None:
         self._raw = raw
         self._name = name
         self._declared = declared
@@ -173,7 +182,9 @@ def iter_archive(path: Path, *, max_members: int, max_total_bytes: int) -> Itera
             for name, entry in _plan(entries):
                 info = entry.handle
                 assert isinstance(info, zipfile.ZipInfo)
-                yield ArchiveMember(name, entry.size, _opener_for(lambda i=info: zf.open(i), name, entry.size, budget))
+                yield ArchiveMember(
+                    name, entry.size, _opener_for(functools.partial(zf.open, info), name, entry.size, budget)
+                )
     else:
         try:
             tf = tarfile.open(path, "r:*")
@@ -185,7 +196,9 @@ def iter_archive(path: Path, *, max_members: int, max_total_bytes: int) -> Itera
                 ti = entry.handle
                 assert isinstance(ti, tarfile.TarInfo)
                 yield ArchiveMember(
-                    name, entry.size, _opener_for(lambda t=ti: _tar_open(tf, t), name, entry.size, budget)
+                    name,
+                    entry.size,
+                    _opener_for(functools.partial(_tar_open, tf, ti), name, entry.size, budget),
                 )
 
 
@@ -363,9 +376,7 @@ def _plan(entries: list[_Entry]) -> list[tuple[str, _Entry]]:
     if problems:
         raise UploadRejected(problems)
     if not files:
-        raise UploadRejected(
-            [error("archive_empty", None, "The archive contains no files.", _ARCHIVE_HINT)]
-        )
+        raise UploadRejected([error("archive_empty", None, "The archive contains no files.", _ARCHIVE_HINT)])
     tops = {parts[0] for parts, _ in files}
     if all(len(parts) > 1 for parts, _ in files):
         if len(tops) > 1:
@@ -381,7 +392,9 @@ def _plan(entries: list[_Entry]) -> list[tuple[str, _Entry]]:
             )
         files = [(parts[1:], entry) for parts, entry in files]
     names = ["/".join(parts) for parts, _ in files]
-    config_dirs = sorted({n.rsplit("/", 1)[0] if "/" in n else "." for n in names if n.rsplit("/", 1)[-1] == CONFIG_NAME})
+    config_dirs = sorted(
+        {n.rsplit("/", 1)[0] if "/" in n else "." for n in names if n.rsplit("/", 1)[-1] == CONFIG_NAME}
+    )
     if len(config_dirs) > 1:
         problems.append(
             error(
@@ -426,7 +439,7 @@ def _normalise(raw: str) -> tuple[tuple[str, ...], Problem | None]:
 
 
 def _opener_for(
-    raw_open: Callable[[], BinaryIO], name: str, declared: int, budget: _Budget
+    raw_open: Callable[[], IO[bytes]], name: str, declared: int, budget: _Budget
 ) -> Callable[[], BinaryIO]:
     def opener() -> BinaryIO:
         try:

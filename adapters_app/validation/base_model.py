@@ -18,8 +18,12 @@ LLAMA_STYLE_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 )
 
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 #: Module name -> the decoder-layer block that holds it, for Llama-style models.
 LLAMA_BLOCKS: Mapping[str, str] = {
@@ -111,7 +115,9 @@ class BaseModelFacts:
         heads = positive("num_attention_heads")
         kv_heads = positive("num_key_value_heads", heads)
         if hidden % heads and config.get("head_dim") is None:
-            raise ValueError("config field 'head_dim' is required when hidden_size is not divisible by num_attention_heads")
+            raise ValueError(
+                "config field 'head_dim' is required when hidden_size is not divisible by num_attention_heads"
+            )
         head_dim = positive("head_dim", hidden // heads)
         inter = positive("intermediate_size")
         q_out, kv_out = heads * head_dim, kv_heads * head_dim
@@ -155,7 +161,10 @@ class BaseModelFacts:
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,
             "vocab_size": self.vocab_size,
-            "modules": {k: {"in_features": v.in_features, "out_features": v.out_features} for k, v in self.modules.items()},
+            "modules": {
+                k: {"in_features": v.in_features, "out_features": v.out_features}
+                for k, v in self.modules.items()
+            },
             "blocks": dict(self.blocks),
         }
 
@@ -167,7 +176,9 @@ class BaseModelFacts:
             ValueError: Naming the missing or malformed key.
         """
         try:
-            modules = {k: ModuleShape(int(v["in_features"]), int(v["out_features"])) for k, v in d["modules"].items()}
+            modules = {
+                k: ModuleShape(int(v["in_features"]), int(v["out_features"])) for k, v in d["modules"].items()
+            }
             blocks = dict(d.get("blocks") or {k: LLAMA_BLOCKS.get(k, "") for k in modules})
             return cls(
                 base_model_name=str(d["base_model_name"]),

@@ -134,31 +134,65 @@ def parse_config(data: bytes) -> tuple[AdapterConfig | None, list[Problem], dict
     problems: list[Problem] = []
     facts: dict[str, Any] = {}
     if len(data) > MAX_CONFIG_BYTES:
-        return None, [_err("config_too_large", None, f"adapter_config.json is {len(data)} bytes; the limit is {MAX_CONFIG_BYTES}.",
-                           "Upload the adapter_config.json written by PEFT `save_pretrained`.")], facts
+        return (
+            None,
+            [
+                _err(
+                    "config_too_large",
+                    None,
+                    f"adapter_config.json is {len(data)} bytes; the limit is {MAX_CONFIG_BYTES}.",
+                    "Upload the adapter_config.json written by PEFT `save_pretrained`.",
+                )
+            ],
+            facts,
+        )
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return None, [_err("config_invalid_json", None, f"adapter_config.json is not valid UTF-8 JSON ({str(exc)[:120]}).",
-                           "Upload the adapter_config.json written by PEFT `save_pretrained`.")], facts
+        return (
+            None,
+            [
+                _err(
+                    "config_invalid_json",
+                    None,
+                    f"adapter_config.json is not valid UTF-8 JSON ({str(exc)[:120]}).",
+                    "Upload the adapter_config.json written by PEFT `save_pretrained`.",
+                )
+            ],
+            facts,
+        )
     if not isinstance(doc, dict):
-        return None, [_err("config_invalid_json", None, "adapter_config.json is JSON but not an object.",
-                           "Upload the adapter_config.json written by PEFT `save_pretrained`.")], facts
+        return (
+            None,
+            [
+                _err(
+                    "config_invalid_json",
+                    None,
+                    "adapter_config.json is JSON but not an object.",
+                    "Upload the adapter_config.json written by PEFT `save_pretrained`.",
+                )
+            ],
+            facts,
+        )
 
     if "peft_type" not in doc:
         return None, [_not_peft(doc)], facts
     peft_type = doc["peft_type"]
     facts["peft_type"] = peft_type
     if peft_type != "LORA":
-        return None, [
-            _err(
-                "config_peft_type_unsupported",
-                "peft_type",
-                f"peft_type is {str(peft_type)[:40]!r}; only LoRA adapters are served.",
-                "Train a LoRA adapter (PEFT `LoraConfig`); vLLM serves no other PEFT method "
-                "(vllm/lora/peft_helper.py).",
-            )
-        ], facts
+        return (
+            None,
+            [
+                _err(
+                    "config_peft_type_unsupported",
+                    "peft_type",
+                    f"peft_type is {str(peft_type)[:40]!r}; only LoRA adapters are served.",
+                    "Train a LoRA adapter (PEFT `LoraConfig`); vLLM serves no other PEFT method "
+                    "(vllm/lora/peft_helper.py).",
+                )
+            ],
+            facts,
+        )
     facts["schema"] = "peft-legacy" if _LEGACY_KEYS & set(doc) else "peft"
     facts["peft_version"] = doc.get("peft_version")
 
@@ -171,10 +205,15 @@ def parse_config(data: bytes) -> tuple[AdapterConfig | None, list[Problem], dict
     alpha_pattern = _pattern(doc, "alpha_pattern", float, problems)
     layers = _layers(doc, problems)
     if layers is not None and isinstance(target_modules, str):
-        problems.append(_err("config_invalid_field", "layers_to_transform",
-                             "layers_to_transform is set while target_modules is a regex string; PEFT refuses this "
-                             "combination when loading the adapter.",
-                             "Put the layer restriction into the target_modules regex, or list target_modules by name."))
+        problems.append(
+            _err(
+                "config_invalid_field",
+                "layers_to_transform",
+                "layers_to_transform is set while target_modules is a regex string; PEFT refuses this "
+                "combination when loading the adapter.",
+                "Put the layer restriction into the target_modules regex, or list target_modules by name.",
+            )
+        )
     use_rslora = _flag(doc, "use_rslora", problems)
     fan_in_fan_out = _flag(doc, "fan_in_fan_out", problems)
     problems += _unsupported_features(doc)
@@ -226,15 +265,19 @@ def _not_peft(doc: dict[str, Any]) -> Problem:
     keys = set(doc)
     if keys & {"lora_parameters", "fine_tune_type"}:
         origin = "an MLX-LM LoRA config (lora_parameters / fine_tune_type)"
-        hint = ("MLX adapters (adapters.safetensors) use other tensor names and no PEFT config; fuse with `mlx_lm.fuse` "
-                "or convert to a PEFT LoRA adapter, then upload PEFT's adapter_config.json and adapter_model.safetensors.")
+        hint = (
+            "MLX adapters (adapters.safetensors) use other tensor names and no PEFT config; fuse with `mlx_lm.fuse` "
+            "or convert to a PEFT LoRA adapter, then upload PEFT's adapter_config.json and adapter_model.safetensors."
+        )
     elif "lora_rank" in keys or "jax" in str(doc.get("framework", "")).lower():
         origin = "a JAX LoRA config (lora_rank, einsum module names)"
-        hint = ("Export the adapter to PEFT format (LoraConfig with r, lora_alpha, target_modules and tensors named "
-                "base_model.model.model.layers.N.*.lora_A.weight) before uploading.")
+        hint = (
+            "Export the adapter to PEFT format (LoraConfig with r, lora_alpha, target_modules and tensors named "
+            "base_model.model.model.layers.N.*.lora_A.weight) before uploading."
+        )
     else:
         origin = "not a PEFT adapter config"
-        hint = "Upload the adapter_config.json written by PEFT `save_pretrained`; it has peft_type \"LORA\"."
+        hint = 'Upload the adapter_config.json written by PEFT `save_pretrained`; it has peft_type "LORA".'
     return _err(
         "config_not_peft",
         "peft_type",
@@ -253,7 +296,7 @@ def _task_type(task: Any, facts: dict[str, Any]) -> list[Problem]:
                 "config_task_type_unsupported",
                 "task_type",
                 f"task_type is {task}; Quiver serves text generation with causal language models (CAUSAL_LM).",
-                "Train the adapter with task_type=\"CAUSAL_LM\" on the registered base model; classification, "
+                'Train the adapter with task_type="CAUSAL_LM" on the registered base model; classification, '
                 "seq2seq and feature-extraction adapters cannot be served by the generation engine.",
             )
         ]
@@ -262,7 +305,7 @@ def _task_type(task: Any, facts: dict[str, Any]) -> list[Problem]:
             "config_task_type_unknown",
             "task_type",
             f"task_type {str(task)[:40]!r} is not a PEFT task type.",
-            "Set task_type to \"CAUSAL_LM\" (or remove it).",
+            'Set task_type to "CAUSAL_LM" (or remove it).',
         )
     ]
 
@@ -270,13 +313,25 @@ def _task_type(task: Any, facts: dict[str, Any]) -> list[Problem]:
 def _positive_int(doc: dict[str, Any], key: str, problems: list[Problem], *, required: bool) -> int | None:
     if key not in doc or doc[key] is None:
         if required:
-            problems.append(_err("config_missing_field", key, f"adapter_config.json has no {key!r}.",
-                                 f"Add {key!r} as PEFT writes it; the engine requires it."))
+            problems.append(
+                _err(
+                    "config_missing_field",
+                    key,
+                    f"adapter_config.json has no {key!r}.",
+                    f"Add {key!r} as PEFT writes it; the engine requires it.",
+                )
+            )
         return None
     value = doc[key]
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        problems.append(_err("config_invalid_field", key, f"{key} must be a positive integer, got {str(value)[:40]!r}.",
-                             f"Set {key} to the rank the adapter was trained with."))
+        problems.append(
+            _err(
+                "config_invalid_field",
+                key,
+                f"{key} must be a positive integer, got {str(value)[:40]!r}.",
+                f"Set {key} to the rank the adapter was trained with.",
+            )
+        )
         return None
     return value
 
@@ -296,9 +351,20 @@ def _lora_alpha(doc: dict[str, Any], problems: list[Problem]) -> float | None:
         )
         return None
     value = doc["lora_alpha"]
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        problems.append(_err("config_invalid_field", "lora_alpha", f"lora_alpha must be a positive number, got {str(value)[:40]!r}.",
-                             "Set lora_alpha to the value used in training."))
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        problems.append(
+            _err(
+                "config_invalid_field",
+                "lora_alpha",
+                f"lora_alpha must be a positive number, got {str(value)[:40]!r}.",
+                "Set lora_alpha to the value used in training.",
+            )
+        )
         return None
     return float(value)
 
@@ -306,21 +372,39 @@ def _lora_alpha(doc: dict[str, Any], problems: list[Problem]) -> float | None:
 def _target_modules(doc: dict[str, Any], problems: list[Problem]) -> list[str] | str | None:
     tm = doc.get("target_modules")
     if tm is None:
-        problems.append(_err("config_missing_field", "target_modules", "adapter_config.json has no target_modules.",
-                             "Save the adapter with PEFT `save_pretrained`, which writes the resolved target_modules."))
+        problems.append(
+            _err(
+                "config_missing_field",
+                "target_modules",
+                "adapter_config.json has no target_modules.",
+                "Save the adapter with PEFT `save_pretrained`, which writes the resolved target_modules.",
+            )
+        )
         return None
     if isinstance(tm, str):
         try:
             re.compile(tm)
         except re.error as exc:
-            problems.append(_err("config_invalid_field", "target_modules", f"target_modules is not a valid regex ({exc}).",
-                                 "Use a list of module names or a valid Python regex."))
+            problems.append(
+                _err(
+                    "config_invalid_field",
+                    "target_modules",
+                    f"target_modules is not a valid regex ({exc}).",
+                    "Use a list of module names or a valid Python regex.",
+                )
+            )
             return None
         return tm
     if isinstance(tm, list) and tm and all(isinstance(t, str) and t for t in tm):
         return list(dict.fromkeys(tm))  # duplicates tolerated, order kept
-    problems.append(_err("config_invalid_field", "target_modules", "target_modules must be a non-empty list of names or a regex string.",
-                         "List the module names LoRA was applied to, e.g. [\"q_proj\", \"v_proj\"]."))
+    problems.append(
+        _err(
+            "config_invalid_field",
+            "target_modules",
+            "target_modules must be a non-empty list of names or a regex string.",
+            'List the module names LoRA was applied to, e.g. ["q_proj", "v_proj"].',
+        )
+    )
     return None
 
 
@@ -332,21 +416,40 @@ def _exclude_modules(doc: dict[str, Any], problems: list[Problem]) -> list[str] 
         try:
             re.compile(ex)
         except re.error as exc:
-            problems.append(_err("config_invalid_field", "exclude_modules", f"exclude_modules is not a valid regex ({exc}).",
-                                 "Use a list of module names or a valid Python regex."))
+            problems.append(
+                _err(
+                    "config_invalid_field",
+                    "exclude_modules",
+                    f"exclude_modules is not a valid regex ({exc}).",
+                    "Use a list of module names or a valid Python regex.",
+                )
+            )
             return None
         return ex
     if isinstance(ex, list) and all(isinstance(e, str) for e in ex):
         return ex
-    problems.append(_err("config_invalid_field", "exclude_modules", "exclude_modules must be a list of names or a regex string.",
-                         "Fix exclude_modules or remove it."))
+    problems.append(
+        _err(
+            "config_invalid_field",
+            "exclude_modules",
+            "exclude_modules must be a list of names or a regex string.",
+            "Fix exclude_modules or remove it.",
+        )
+    )
     return None
 
 
 def _pattern(doc: dict[str, Any], key: str, kind: type, problems: list[Problem]) -> dict[str, Any]:
     value = doc.get(key) or {}
     if not isinstance(value, dict):
-        problems.append(_err("config_invalid_field", key, f"{key} must be an object of pattern -> value.", f"Fix {key} or remove it."))
+        problems.append(
+            _err(
+                "config_invalid_field",
+                key,
+                f"{key} must be an object of pattern -> value.",
+                f"Fix {key} or remove it.",
+            )
+        )
         return {}
     out: dict[str, Any] = {}
     for pat, v in value.items():
@@ -358,9 +461,15 @@ def _pattern(doc: dict[str, Any], key: str, kind: type, problems: list[Problem])
         except re.error:
             ok_num = False
         if not ok_num:
-            problems.append(_err("config_invalid_field", key, f"{key}[{pat[:80]!r}] = {str(v)[:20]!r} is not a valid pattern and positive value.",
-                                 f"Each {key} key must be a module-name regex and each value a positive "
-                                 f"{'integer' if kind is int else 'number'}."))
+            problems.append(
+                _err(
+                    "config_invalid_field",
+                    key,
+                    f"{key}[{pat[:80]!r}] = {str(v)[:20]!r} is not a valid pattern and positive value.",
+                    f"Each {key} key must be a module-name regex and each value a positive "
+                    f"{'integer' if kind is int else 'number'}.",
+                )
+            )
             continue
         out[pat] = kind(v)
     return out
@@ -374,8 +483,14 @@ def _layers(doc: dict[str, Any], problems: list[Problem]) -> list[int] | None:
         return [lt]
     if isinstance(lt, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in lt):
         return sorted(set(lt))
-    problems.append(_err("config_invalid_field", "layers_to_transform", "layers_to_transform must be a layer index or a list of them.",
-                         "Fix layers_to_transform or remove it."))
+    problems.append(
+        _err(
+            "config_invalid_field",
+            "layers_to_transform",
+            "layers_to_transform must be a layer index or a list of them.",
+            "Fix layers_to_transform or remove it.",
+        )
+    )
     return None
 
 
@@ -384,7 +499,14 @@ def _flag(doc: dict[str, Any], key: str, problems: list[Problem]) -> bool:
     if v is None:
         return False
     if not isinstance(v, bool):
-        problems.append(_err("config_invalid_field", key, f"{key} must be true or false, got {str(v)[:20]!r}.", f"Set {key} to true or false."))
+        problems.append(
+            _err(
+                "config_invalid_field",
+                key,
+                f"{key} must be true or false, got {str(v)[:20]!r}.",
+                f"Set {key} to true or false.",
+            )
+        )
         return False
     return v
 
@@ -397,33 +519,54 @@ def _unsupported_features(doc: dict[str, Any]) -> list[Problem]:
         out.append(_err(code, key, what, hint))
 
     if doc.get("use_dora"):
-        refuse("config_dora_unsupported", "use_dora", "use_dora is true: DoRA adapters are not supported by the engine (vLLM refuses DoRA).",
-               "Train a plain LoRA adapter (use_dora=false), or merge the DoRA adapter into a full model.")
+        refuse(
+            "config_dora_unsupported",
+            "use_dora",
+            "use_dora is true: DoRA adapters are not supported by the engine (vLLM refuses DoRA).",
+            "Train a plain LoRA adapter (use_dora=false), or merge the DoRA adapter into a full model.",
+        )
     bias = doc.get("bias", "none")
     if bias not in (None, "none"):
-        refuse("config_bias_unsupported", "bias", f"bias is {str(bias)[:20]!r}: trained biases are not supported by the engine (vLLM: 'Adapter bias is not supported').",
-               "Train with bias=\"none\".")
+        refuse(
+            "config_bias_unsupported",
+            "bias",
+            f"bias is {str(bias)[:20]!r}: trained biases are not supported by the engine (vLLM: 'Adapter bias is not supported').",
+            'Train with bias="none".',
+        )
     if doc.get("lora_bias"):
-        refuse("config_bias_unsupported", "lora_bias", "lora_bias is true: LoRA-B biases are not supported by the engine.",
-               "Train with lora_bias=false.")
+        refuse(
+            "config_bias_unsupported",
+            "lora_bias",
+            "lora_bias is true: LoRA-B biases are not supported by the engine.",
+            "Train with lora_bias=false.",
+        )
     mts = doc.get("modules_to_save")
     if mts:
         names = ", ".join(str(m) for m in mts) if isinstance(mts, list) else str(mts)
-        refuse("config_modules_to_save_unsupported", "modules_to_save",
-               f"modules_to_save lists {names[:120]}: full copies of modules are not served by the engine (vLLM accepts "
-               "them only for classification heads of pooling models).",
-               "Train without modules_to_save (for new tokens, use a base model that already has them).")
+        refuse(
+            "config_modules_to_save_unsupported",
+            "modules_to_save",
+            f"modules_to_save lists {names[:120]}: full copies of modules are not served by the engine (vLLM accepts "
+            "them only for classification heads of pooling models).",
+            "Train without modules_to_save (for new tokens, use a base model that already has them).",
+        )
     if doc.get("trainable_token_indices"):
-        refuse("config_trainable_tokens_unsupported", "trainable_token_indices",
-               "trainable_token_indices is set: trained token embeddings are not applied by the engine, which would "
-               "serve the base embeddings instead.",
-               "Train without trainable_token_indices.")
+        refuse(
+            "config_trainable_tokens_unsupported",
+            "trainable_token_indices",
+            "trainable_token_indices is set: trained token embeddings are not applied by the engine, which would "
+            "serve the base embeddings instead.",
+            "Train without trainable_token_indices.",
+        )
     init = doc.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower() not in _PLAIN_INITS:
-        refuse("config_init_unsupported", "init_lora_weights",
-               f"init_lora_weights is {init[:40]!r}: this init (PiSSA, OLoRA, CorDA, LoftQ) modifies the base model "
-               "weights, which the shared base model does not have.",
-               "Convert it to a plain LoRA adapter with PEFT's path_initial_model_for_weight_conversion.")
+        refuse(
+            "config_init_unsupported",
+            "init_lora_weights",
+            f"init_lora_weights is {init[:40]!r}: this init (PiSSA, OLoRA, CorDA, LoftQ) modifies the base model "
+            "weights, which the shared base model does not have.",
+            "Convert it to a plain LoRA adapter with PEFT's path_initial_model_for_weight_conversion.",
+        )
     for key, what in (
         ("alora_invocation_tokens", "Activated LoRA (aLoRA)"),
         ("layer_replication", "layer_replication"),
@@ -432,12 +575,19 @@ def _unsupported_features(doc: dict[str, Any]) -> list[Problem]:
         ("target_parameters", "LoRA on raw parameters (target_parameters)"),
     ):
         if doc.get(key):
-            refuse("config_feature_unsupported", key, f"{key} is set: {what} is not supported by the engine.",
-                   f"Train without {key}.")
+            refuse(
+                "config_feature_unsupported",
+                key,
+                f"{key} is set: {what} is not supported by the engine.",
+                f"Train without {key}.",
+            )
     enable = doc.get("enable_lora")
     if enable is not None and not (isinstance(enable, list) and all(enable)):
-        refuse("config_feature_unsupported", "enable_lora",
-               "enable_lora (PEFT < 0.3 MergedLinear) applies LoRA to only part of a fused projection, which the engine "
-               "cannot represent.",
-               "Re-train or convert with a current PEFT version.")
+        refuse(
+            "config_feature_unsupported",
+            "enable_lora",
+            "enable_lora (PEFT < 0.3 MergedLinear) applies LoRA to only part of a fused projection, which the engine "
+            "cannot represent.",
+            "Re-train or convert with a current PEFT version.",
+        )
     return out

@@ -16,9 +16,39 @@ import numpy as np
 from adapters_app.validation.synthetic import RawTensor
 
 _ODD_VALUES: list[Any] = [
-    -1, 0, 1, 2**63, 2**64 + 1, 10**400, 1.5, True, None, "8", [], {}, [1, 2, 3], float("nan"), "F32", "A" * 300,
+    -1,
+    0,
+    1,
+    2**63,
+    2**64 + 1,
+    10**400,
+    1.5,
+    True,
+    None,
+    "8",
+    [],
+    {},
+    [1, 2, 3],
+    float("nan"),
+    "F32",
+    "A" * 300,
 ]
-_DTYPES = ["F16", "BF16", "F32", "F64", "I8", "U8", "BOOL", "F4", "F6_E2M3", "F8_E4M3", "C64", "X99", "", "f32"]
+_DTYPES = [
+    "F16",
+    "BF16",
+    "F32",
+    "F64",
+    "I8",
+    "U8",
+    "BOOL",
+    "F4",
+    "F6_E2M3",
+    "F8_E4M3",
+    "C64",
+    "X99",
+    "",
+    "f32",
+]
 
 
 def seed_file(rng: random.Random, *, max_tensors: int = 6) -> bytes:
@@ -28,7 +58,8 @@ def seed_file(rng: random.Random, *, max_tensors: int = 6) -> bytes:
         dtype = rng.choice(["F16", "BF16", "F32"])
         shape = tuple(rng.randint(0, 5) for _ in range(rng.randint(0, 3)))
         tensors[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_{'AB'[i % 2]}.weight"] = RawTensor(
-            dtype, shape, fill=rng.randint(0, 255))
+            dtype, shape, fill=rng.randint(0, 255)
+        )
     return _render(tensors, {"format": "pt"} if rng.random() < 0.5 else None)
 
 
@@ -37,7 +68,11 @@ def _render(tensors: dict[str, Any], metadata: dict[str, str] | None) -> bytes:
     data = bytearray()
     for name, t in tensors.items():
         size = int(np.prod(t.shape, dtype=np.int64)) * (2 if t.dtype in ("F16", "BF16") else 4)
-        header[name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [len(data), len(data) + size]}
+        header[name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [len(data), len(data) + size],
+        }
         data += bytes([t.fill]) * size
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
@@ -60,11 +95,13 @@ def _edit_json(data: bytes, rng: random.Random) -> bytes:
         doc = json.loads(raw)
     except ValueError:
         return data
+    if not isinstance(doc, dict):
+        return data
     names = [k for k in doc if k != "__metadata__"]
     if not names:
         return data
     entry = doc[rng.choice(names)]
-    if not isinstance(doc, dict) or not isinstance(entry, dict):
+    if not isinstance(entry, dict):
         return data
     try:
         _apply_edit(doc, names, entry, rng)
@@ -81,7 +118,9 @@ def _apply_edit(doc: dict[str, Any], names: list[str], entry: dict[str, Any], rn
     elif op == 1 and entry.get("shape"):
         entry["shape"][rng.randrange(len(entry["shape"]))] = rng.choice(_ODD_VALUES)
     elif op == 2:
-        entry["data_offsets"][rng.randrange(2)] = rng.choice([*_ODD_VALUES, entry["data_offsets"][0] + rng.randint(-9, 9)])
+        entry["data_offsets"][rng.randrange(2)] = rng.choice(
+            [*_ODD_VALUES, entry["data_offsets"][0] + rng.randint(-9, 9)]
+        )
     elif op == 3:
         entry[rng.choice(["extra", "dtype", "shape"])] = rng.choice(_ODD_VALUES)
     elif op == 4:
@@ -111,7 +150,21 @@ def _whitespace(data: bytes, rng: random.Random) -> bytes:
 
 def _length(data: bytes, rng: random.Random) -> bytes:
     n, _, _ = _split(data)
-    new = rng.choice([0, 1, n - 1, n + 1, n + 8, len(data), len(data) - 7, 2**63, 2**64 - 1, 100_000_001, rng.randrange(2**64)])
+    new = rng.choice(
+        [
+            0,
+            1,
+            n - 1,
+            n + 1,
+            n + 8,
+            len(data),
+            len(data) - 7,
+            2**63,
+            2**64 - 1,
+            100_000_001,
+            rng.randrange(2**64),
+        ]
+    )
     return (new % 2**64).to_bytes(8, "little") + data[8:]
 
 
@@ -133,7 +186,18 @@ def _append(data: bytes, rng: random.Random) -> bytes:
 
 def _splice_text(data: bytes, rng: random.Random) -> bytes:
     _, raw, _ = _split(data)
-    snippets = [b"NaN", b"Infinity", b"1e999", b"-0", b"[[[[[[[[", b"\\ud800", b'"\x00"', b"\xff\xfe", b"{}", b"9" * 5000]
+    snippets = [
+        b"NaN",
+        b"Infinity",
+        b"1e999",
+        b"-0",
+        b"[[[[[[[[",
+        b"\\ud800",
+        b'"\x00"',
+        b"\xff\xfe",
+        b"{}",
+        b"9" * 5000,
+    ]
     if not raw:
         return data
     i = rng.randrange(len(raw))
@@ -141,7 +205,14 @@ def _splice_text(data: bytes, rng: random.Random) -> bytes:
 
 
 MUTATIONS: list[Callable[[bytes, random.Random], bytes]] = [
-    _edit_json, _duplicate_key, _whitespace, _length, _flip, _truncate, _append, _splice_text,
+    _edit_json,
+    _duplicate_key,
+    _whitespace,
+    _length,
+    _flip,
+    _truncate,
+    _append,
+    _splice_text,
 ]
 
 

@@ -118,7 +118,13 @@ def check_upload_names(names: Iterable[str]) -> None:
     clean: list[str] = []
     seen: set[str] = set()
     for name in names:
-        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or _has_control(name):
+        if (
+            not isinstance(name, str)
+            or name in ("", ".", "..")
+            or "/" in name
+            or "\\" in name
+            or _has_control(name)
+        ):
             problems.append(
                 error(
                     "upload_bad_filename",

@@ -52,4 +52,6 @@ class ValidationReport:
         """
         if d.get("schema") != REPORT_SCHEMA:
             raise ValueError(f"report schema {d.get('schema')!r} is not supported (expected {REPORT_SCHEMA})")
-        return cls(problems=[Problem.from_dict(p) for p in d.get("problems", [])], facts=dict(d.get("facts", {})))
+        return cls(
+            problems=[Problem.from_dict(p) for p in d.get("problems", [])], facts=dict(d.get("facts", {}))
+        )

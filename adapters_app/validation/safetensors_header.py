@@ -40,6 +40,7 @@ from adapters_app.validation.problems import Problem, error
 MAX_HEADER_BYTES = 100_000_000
 MAX_TENSORS = 100_000
 MAX_NDIM = 16
+_U64_MAX = 2**64 - 1
 
 #: safetensors dtype name -> bits per element (huggingface/safetensors ``Dtype``).
 DTYPE_BITS: Mapping[str, int] = {
@@ -125,9 +126,9 @@ class _HeaderError(Exception):
         self.problem = problem
 
 
-def parse_header(f: BinaryIO, file_size: int, *, name: str = "adapter_model.safetensors") -> tuple[
-    SafetensorsHeader | None, list[Problem]
-]:
+def parse_header(
+    f: BinaryIO, file_size: int, *, name: str = "adapter_model.safetensors"
+) -> tuple[SafetensorsHeader | None, list[Problem]]:
     """Read and check a safetensors header without trusting it.
 
     Reads at most ``8 + min(N, file_size - 8)`` bytes: O(header), never the data.
@@ -190,7 +191,9 @@ def _parse(f: BinaryIO, file_size: int, name: str) -> SafetensorsHeader:
         )
     raw = f.read(n)
     if len(raw) != n:
-        raise _fail("safetensors_truncated", name, f"{name} ended inside its header.", "Upload the complete file.")
+        raise _fail(
+            "safetensors_truncated", name, f"{name} ended inside its header.", "Upload the complete file."
+        )
     try:
         text = raw.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:
@@ -218,15 +221,20 @@ def _load_json(body: str, name: str) -> dict[str, Any]:
             for text in (k, v) if isinstance(v, str) else (k,):
                 if not _valid_unicode(text):
                     # Python's json accepts lone-surrogate escapes ("\ud800"); serde_json (the reference) does not.
-                    raise _fail("safetensors_header_not_json", name,
-                                f"{name}'s header has a string with an invalid \\u escape (lone surrogate).")
+                    raise _fail(
+                        "safetensors_header_not_json",
+                        name,
+                        f"{name}'s header has a string with an invalid \\u escape (lone surrogate).",
+                    )
             if k in d:
                 raise _fail("safetensors_bad_entry", name, f"{name}'s header has the key {k[:200]!r} twice.")
             d[k] = v
         return d
 
     def no_constants(c: str) -> Any:
-        raise _fail("safetensors_header_not_json", name, f"{name}'s header contains the non-JSON literal {c}.")
+        raise _fail(
+            "safetensors_header_not_json", name, f"{name}'s header contains the non-JSON literal {c}."
+        )
 
     try:
         doc = json.loads(body, object_pairs_hook=pairs, parse_constant=no_constants)
@@ -259,7 +267,9 @@ def _check_doc(doc: dict[str, Any], n: int, file_size: int, name: str) -> Safete
     if metadata is None:
         metadata = {}
     elif not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _fail("safetensors_bad_metadata", name, f"{name}'s __metadata__ is not a map of strings to strings.")
+        raise _fail(
+            "safetensors_bad_metadata", name, f"{name}'s __metadata__ is not a map of strings to strings."
+        )
     if len(doc) > MAX_TENSORS:
         raise _fail(
             "safetensors_too_many_tensors",
@@ -295,7 +305,10 @@ def _check_entry(key: str, entry: Any) -> tuple[TensorInfo | None, Problem | Non
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         return None, error(
-            "safetensors_unknown_dtype", short, f"Tensor {short!r} has unknown dtype {str(dtype)[:40]!r}.", _HINT_RESAVE
+            "safetensors_unknown_dtype",
+            short,
+            f"Tensor {short!r} has unknown dtype {str(dtype)[:40]!r}.",
+            _HINT_RESAVE,
         )
     if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(d) and d >= 0 for d in shape):
         return None, error(
@@ -316,7 +329,14 @@ def _check_entry(key: str, entry: Any) -> tuple[TensorInfo | None, Problem | Non
             f"Tensor {short!r} has data_offsets {str(offsets)[:80]}; expected [begin, end] with 0 <= begin <= end.",
             _HINT_RESAVE,
         )
-    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    bits = _checked_bits(shape, DTYPE_BITS[dtype])
+    if bits is None or offsets[1] > _U64_MAX:
+        return None, error(
+            "safetensors_bad_shape",
+            short,
+            f"Tensor {short!r} has a shape or offsets beyond 64-bit sizes.",
+            _HINT_RESAVE,
+        )
     if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
         return None, error(
             "safetensors_size_mismatch",
@@ -328,11 +348,27 @@ def _check_entry(key: str, entry: Any) -> tuple[TensorInfo | None, Problem | Non
     return TensorInfo(key, dtype, tuple(shape), offsets[0], offsets[1]), None
 
 
+def _checked_bits(shape: list[int], bits_per_item: int) -> int | None:
+    """Size in bits, or None on 64-bit overflow, folding left like the reference
+    (``shape.iter().try_fold(1usize, usize::checked_mul)``), so ``[2**40, 2**40, 0]`` overflows before the 0."""
+    n = 1
+    for d in shape:
+        n *= d
+        if n > _U64_MAX or d > _U64_MAX:
+            return None
+    n *= bits_per_item
+    return None if n > _U64_MAX else n
+
+
 def _check_layout(tensors: list[TensorInfo], data_len: int, name: str) -> None:
     expected = 0
     for t in tensors:
         if t.begin < expected:
-            raise _fail("safetensors_overlap", t.name[:200], f"Tensor {t.name[:200]!r} overlaps the previous tensor's data.")
+            raise _fail(
+                "safetensors_overlap",
+                t.name[:200],
+                f"Tensor {t.name[:200]!r} overlaps the previous tensor's data.",
+            )
         if t.begin > expected:
             raise _fail(
                 "safetensors_gap",

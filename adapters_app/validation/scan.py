@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Protocol
 
 import numpy as np
 
@@ -27,6 +27,14 @@ _FLOAT_BITS: dict[str, tuple[type[np.unsignedinteger], int, int]] = {
     "F64": (np.uint64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF),
 }
 DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+class SeekableReader(Protocol):
+    """A binary file that supports ``seek`` and ``readinto`` (``open(path, "rb")`` in any buffering mode)."""
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,11 @@ class TensorStats:
 
 
 def scan_tensors(
-    f: BinaryIO, data_start: int, tensors: Iterable[TensorInfo], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    f: SeekableReader,
+    data_start: int,
+    tensors: Iterable[TensorInfo],
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> list[TensorStats]:
     """Scan float tensors' values, streaming.
 

@@ -19,8 +19,16 @@ import numpy as np
 from adapters_app.validation.base_model import BaseModelFacts
 
 #: dtype name -> numpy storage type (BF16 stored as raw uint16 words).
-_NP: Mapping[str, Any] = {"F16": np.float16, "F32": np.float32, "BF16": np.uint16, "F64": np.float64,
-                          "I8": np.int8, "U8": np.uint8, "I32": np.int32, "I64": np.int64}
+_NP: Mapping[str, Any] = {
+    "F16": np.float16,
+    "F32": np.float32,
+    "BF16": np.uint16,
+    "F64": np.float64,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "I32": np.int32,
+    "I64": np.int64,
+}
 TINY_LLAMA_HF_CONFIG: Mapping[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -65,8 +73,13 @@ def _describe(t: np.ndarray | RawTensor) -> tuple[str, tuple[int, ...], int]:
     return rev[t.dtype], tuple(t.shape), t.nbytes
 
 
-def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray | RawTensor],
-                      metadata: Mapping[str, str] | None = None, *, chunk_bytes: int = 8 << 20) -> int:
+def write_safetensors(
+    path: Path,
+    tensors: Mapping[str, np.ndarray | RawTensor],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    chunk_bytes: int = 8 << 20,
+) -> int:
     """Write a safetensors file, streaming each tensor's data.
 
     Args:
@@ -107,9 +120,17 @@ def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray | RawTensor],
     return 8 + len(raw) + offset
 
 
-def lora_tensors(base: BaseModelFacts, *, r: int = 8, modules: Iterable[str] = ("q_proj", "v_proj"),
-                 layers: Iterable[int] | None = None, dtype: str = "F32", seed: int = 0,
-                 rank_for: Mapping[str, int] | None = None, prefix: str = "base_model.model.") -> dict[str, np.ndarray | RawTensor]:
+def lora_tensors(
+    base: BaseModelFacts,
+    *,
+    r: int = 8,
+    modules: Iterable[str] = ("q_proj", "v_proj"),
+    layers: Iterable[int] | None = None,
+    dtype: str = "F32",
+    seed: int = 0,
+    rank_for: Mapping[str, int] | None = None,
+    prefix: str = "base_model.model.",
+) -> dict[str, np.ndarray | RawTensor]:
     """Random LoRA pairs shaped for ``base``, named as PEFT ``save_pretrained`` names them.
 
     Args:
@@ -135,26 +156,56 @@ def lora_tensors(base: BaseModelFacts, *, r: int = 8, modules: Iterable[str] = (
             a = rng.standard_normal((rank, shape.in_features), dtype=np.float32) * 0.3
             b = rng.standard_normal((shape.out_features, rank), dtype=np.float32) * 0.3
             for name, arr in ((f"{path}.lora_A.weight", a), (f"{path}.lora_B.weight", b)):
-                out[name] = to_bf16(arr) if dtype == "BF16" else arr.astype(np.float16 if dtype == "F16" else np.float32)
+                out[name] = (
+                    to_bf16(arr)
+                    if dtype == "BF16"
+                    else arr.astype(np.float16 if dtype == "F16" else np.float32)
+                )
     return out
 
 
-def peft_config(base_model: str | None, *, r: int = 8, lora_alpha: float = 16,
-                target_modules: list[str] | str = ("q_proj", "v_proj"), **extra: Any) -> dict[str, Any]:  # type: ignore[assignment]
+def peft_config(
+    base_model: str | None,
+    *,
+    r: int = 8,
+    lora_alpha: float = 16,
+    target_modules: list[str] | tuple[str, ...] | str | None = ("q_proj", "v_proj"),
+    **extra: Any,
+) -> dict[str, Any]:
     """An ``adapter_config.json`` dict as PEFT 0.18 writes it, with overrides."""
     cfg: dict[str, Any] = {
-        "alpha_pattern": {}, "auto_mapping": None, "base_model_name_or_path": base_model, "bias": "none",
-        "exclude_modules": None, "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
-        "layers_pattern": None, "layers_to_transform": None, "lora_alpha": lora_alpha, "lora_bias": False,
-        "lora_dropout": 0.0, "modules_to_save": None, "peft_type": "LORA", "r": r, "rank_pattern": {},
-        "target_modules": target_modules if isinstance(target_modules, str) else list(target_modules),
-        "task_type": "CAUSAL_LM", "trainable_token_indices": None, "use_dora": False, "use_rslora": False,
+        "alpha_pattern": {},
+        "auto_mapping": None,
+        "base_model_name_or_path": base_model,
+        "bias": "none",
+        "exclude_modules": None,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "layers_pattern": None,
+        "layers_to_transform": None,
+        "lora_alpha": lora_alpha,
+        "lora_bias": False,
+        "lora_dropout": 0.0,
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "r": r,
+        "rank_pattern": {},
+        "target_modules": target_modules
+        if target_modules is None or isinstance(target_modules, str)
+        else list(target_modules),
+        "task_type": "CAUSAL_LM",
+        "trainable_token_indices": None,
+        "use_dora": False,
+        "use_rslora": False,
     }
     cfg.update(extra)
     return cfg
 
 
-def write_adapter(root: Path, config: Mapping[str, Any] | bytes, tensors: Mapping[str, np.ndarray | RawTensor]) -> Path:
+def write_adapter(
+    root: Path, config: Mapping[str, Any] | bytes, tensors: Mapping[str, np.ndarray | RawTensor]
+) -> Path:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``root`` (created)."""
     root.mkdir(parents=True, exist_ok=True)
     data = config if isinstance(config, bytes) else json.dumps(config).encode()

@@ -23,8 +23,12 @@ from adapters_app.validation.safetensors_header import TensorInfo
 ALLOWED_DTYPES = frozenset({"F16", "BF16", "F32"})
 #: Fused projection names used by other architectures (Phi-3 ``qkv_proj``/``gate_up_proj``,
 #: GPT-NeoX/GLM ``query_key_value``, Phi-1.5 ``Wqkv``, GPT-2 ``c_attn``, Falcon/NeoX ``dense_h_to_4h``).
-FUSED_NAMES = frozenset({"qkv_proj", "gate_up_proj", "query_key_value", "Wqkv", "c_attn", "dense_h_to_4h", "W_pack"})
-_RETRAIN = "Train the adapter on the registered base model ({base}) with PEFT, targeting its modules ({mods})."
+FUSED_NAMES = frozenset(
+    {"qkv_proj", "gate_up_proj", "query_key_value", "Wqkv", "c_attn", "dense_h_to_4h", "W_pack"}
+)
+_RETRAIN = (
+    "Train the adapter on the registered base model ({base}) with PEFT, targeting its modules ({mods})."
+)
 
 
 @dataclass
@@ -80,26 +84,44 @@ def check_tensors(
     for t in tensors:
         dtypes.add(t.dtype)
         if t.dtype not in ALLOWED_DTYPES:
-            out.add(error("tensor_dtype_not_allowed", t.name, f"Tensor {t.name} has dtype {t.dtype}; allowed: F16, BF16, F32.",
-                          "Save the adapter in float16, bfloat16 or float32 (quantised adapter weights are not served)."))
+            out.add(
+                error(
+                    "tensor_dtype_not_allowed",
+                    t.name,
+                    f"Tensor {t.name} has dtype {t.dtype}; allowed: F16, BF16, F32.",
+                    "Save the adapter in float16, bfloat16 or float32 (quantised adapter weights are not served).",
+                )
+            )
         n = parse_tensor_name(t.name)
         if not _mapped(n, t, base, config, out):
             continue
         assert n.module_path is not None
         slot = halves.setdefault(n.module_path, {})
         if n.kind in slot:
-            out.add(error("tensor_duplicate", t.name, f"Tensors {slot[n.kind][0].name} and {t.name} both give {n.kind} of {n.module_path}.",
-                          "Keep one spelling of each tensor name."))
+            out.add(
+                error(
+                    "tensor_duplicate",
+                    t.name,
+                    f"Tensors {slot[n.kind][0].name} and {t.name} both give {n.kind} of {n.module_path}.",
+                    "Keep one spelling of each tensor name.",
+                )
+            )
             continue
         slot[n.kind] = (t, n)
 
     ranks: dict[str, set[int]] = {}
     for path, slot in sorted(halves.items()):
         if set(slot) != {"lora_A", "lora_B"}:
-            (t, _), = slot.values()
+            ((t, _),) = slot.values()
             missing = "lora_B" if "lora_A" in slot else "lora_A"
-            out.add(error("tensor_unpaired", t.name, f"{t.name} has no matching {missing} tensor for {path}.",
-                          "Upload the complete adapter file as written by PEFT `save_pretrained`."))
+            out.add(
+                error(
+                    "tensor_unpaired",
+                    t.name,
+                    f"{t.name} has no matching {missing} tensor for {path}.",
+                    "Upload the complete adapter file as written by PEFT `save_pretrained`.",
+                )
+            )
             continue
         (a, na), (b, _) = slot["lora_A"], slot["lora_B"]
         if _pair_ok(path, a, b, na, base, config, out):
@@ -126,63 +148,125 @@ def check_tensors(
     return result
 
 
-def _mapped(n: TensorName, t: TensorInfo, base: BaseModelFacts, config: AdapterConfig | None, out: ProblemCollector) -> bool:
+def _mapped(
+    n: TensorName, t: TensorInfo, base: BaseModelFacts, config: AdapterConfig | None, out: ProblemCollector
+) -> bool:
     """Report why a tensor does not map to a LoRA half of a base module; True if it does."""
     mods = ", ".join(base.modules)
     retrain = _RETRAIN.format(base=base.base_model_name, mods=mods)
     if n.kind == "unknown":
-        out.add(error("tensor_unmapped", t.name, f"Tensor {t.name} is not a LoRA weight (no lora_A/lora_B in its name).", retrain))
+        out.add(
+            error(
+                "tensor_unmapped",
+                t.name,
+                f"Tensor {t.name} is not a LoRA weight (no lora_A/lora_B in its name).",
+                retrain,
+            )
+        )
         return False
     if n.kind == "lora_bias":
-        out.add(error("tensor_lora_bias", t.name, f"Tensor {t.name} is a LoRA bias; the engine does not apply LoRA biases.",
-                      "Train with lora_bias=false and bias=\"none\"."))
+        out.add(
+            error(
+                "tensor_lora_bias",
+                t.name,
+                f"Tensor {t.name} is a LoRA bias; the engine does not apply LoRA biases.",
+                'Train with lora_bias=false and bias="none".',
+            )
+        )
         return False
     if n.kind == "dora_magnitude":
-        out.add(error("tensor_dora_magnitude", t.name, f"Tensor {t.name} is a DoRA magnitude vector; the engine does not support DoRA.",
-                      "Train a plain LoRA adapter (use_dora=false)."))
+        out.add(
+            error(
+                "tensor_dora_magnitude",
+                t.name,
+                f"Tensor {t.name} is a DoRA magnitude vector; the engine does not support DoRA.",
+                "Train a plain LoRA adapter (use_dora=false).",
+            )
+        )
         return False
     if n.kind == "full":
         out.add(_full_weight(n, t, base))
         return False
     if n.module_path is None:
-        out.add(error("tensor_unmapped", t.name, f"Tensor {t.name} targets {n.module!r}, which is not a module of {base.base_model_name}.", retrain))
+        out.add(
+            error(
+                "tensor_unmapped",
+                t.name,
+                f"Tensor {t.name} targets {n.module!r}, which is not a module of {base.base_model_name}.",
+                retrain,
+            )
+        )
         return False
     if n.layer is not None:
         if n.module not in base.modules:
             if n.module in FUSED_NAMES:
-                out.add(error("tensor_fused_module", t.name,
-                              f"Tensor {t.name} targets the fused projection {n.module!r}, but {base.base_model_name} has separate "
-                              f"projections ({mods}); the adapter was trained on another architecture.", retrain))
+                out.add(
+                    error(
+                        "tensor_fused_module",
+                        t.name,
+                        f"Tensor {t.name} targets the fused projection {n.module!r}, but {base.base_model_name} has separate "
+                        f"projections ({mods}); the adapter was trained on another architecture.",
+                        retrain,
+                    )
+                )
             else:
-                out.add(error("tensor_unmapped", t.name,
-                              f"Tensor {t.name} targets {n.module!r}, which {base.base_model_name} does not have "
-                              f"(its layers have {mods}); the engine would silently ignore it.", retrain))
+                out.add(
+                    error(
+                        "tensor_unmapped",
+                        t.name,
+                        f"Tensor {t.name} targets {n.module!r}, which {base.base_model_name} does not have "
+                        f"(its layers have {mods}); the engine would silently ignore it.",
+                        retrain,
+                    )
+                )
             return False
-        if n.block != base.blocks.get(n.module):
-            out.add(error("tensor_unmapped", t.name,
-                          f"Tensor {t.name} puts {n.module} under {n.block!r}; in {base.base_model_name} it is under "
-                          f"{base.blocks.get(n.module)!r}, so the engine would never find it.", retrain))
+        if n.block != base.blocks.get(n.module or ""):
+            out.add(
+                error(
+                    "tensor_unmapped",
+                    t.name,
+                    f"Tensor {t.name} puts {n.module} under {n.block!r}; in {base.base_model_name} it is under "
+                    f"{base.blocks.get(n.module or '')!r}, so the engine would never find it.",
+                    retrain,
+                )
+            )
             return False
         if n.layer >= base.num_hidden_layers:
-            out.add(error("tensor_layer_out_of_range", t.name,
-                          f"Tensor {t.name} is for layer {n.layer}, but {base.base_model_name} has {base.num_hidden_layers} layers.",
-                          retrain))
+            out.add(
+                error(
+                    "tensor_layer_out_of_range",
+                    t.name,
+                    f"Tensor {t.name} is for layer {n.layer}, but {base.base_model_name} has {base.num_hidden_layers} layers.",
+                    retrain,
+                )
+            )
             return False
     if config is not None and not config.targets(n.module_path, n.layer):
-        out.add(error("tensor_not_targeted", t.name,
-                      f"Tensor {t.name} is for {n.module_path}, which target_modules/layers_to_transform/exclude_modules do "
-                      "not select: PEFT would drop it when loading, while the engine would apply it.",
-                      "Make target_modules (and layers_to_transform/exclude_modules) match the tensors, or remove the stray tensors."))
+        out.add(
+            error(
+                "tensor_not_targeted",
+                t.name,
+                f"Tensor {t.name} is for {n.module_path}, which target_modules/layers_to_transform/exclude_modules do "
+                "not select: PEFT would drop it when loading, while the engine would apply it.",
+                "Make target_modules (and layers_to_transform/exclude_modules) match the tensors, or remove the stray tensors.",
+            )
+        )
         return False
     return True
 
 
 def _variant_problem(t: TensorInfo, n: TensorName) -> Problem:
-    why = ("its '.default'-style adapter-name segment makes the engine reject the file"
-           if n.variant == "adapter_name"
-           else "its module prefix is not the base model's, so the engine would silently ignore it")
-    return error("tensor_name_variant", t.name, f"Tensor {t.name} means {n.canonical}, but {why}.",
-                 f"Rename it to {n.canonical} (PEFT `save_pretrained` writes that form).")
+    why = (
+        "its '.default'-style adapter-name segment makes the engine reject the file"
+        if n.variant == "adapter_name"
+        else "its module prefix is not the base model's, so the engine would silently ignore it"
+    )
+    return error(
+        "tensor_name_variant",
+        t.name,
+        f"Tensor {t.name} means {n.canonical}, but {why}.",
+        f"Rename it to {n.canonical} (PEFT `save_pretrained` writes that form).",
+    )
 
 
 def _full_weight(n: TensorName, t: TensorInfo, base: BaseModelFacts) -> Problem:
@@ -194,47 +278,85 @@ def _full_weight(n: TensorName, t: TensorInfo, base: BaseModelFacts) -> Problem:
             extra = f" It has {rows} rows; the base vocabulary has {base.vocab_size}" + (
                 " (tokens were added during training)." if rows > base.vocab_size else "."
             )
-    return error("tensor_full_weight", t.name,
-                 f"Tensor {t.name} is a full weight of {what} (modules_to_save / resized embeddings), not a LoRA pair; "
-                 f"the engine serves only LoRA deltas on the shared base.{extra}",
-                 "Train without modules_to_save and without adding tokens, so the adapter holds only lora_A/lora_B tensors.")
+    return error(
+        "tensor_full_weight",
+        t.name,
+        f"Tensor {t.name} is a full weight of {what} (modules_to_save / resized embeddings), not a LoRA pair; "
+        f"the engine serves only LoRA deltas on the shared base.{extra}",
+        "Train without modules_to_save and without adding tokens, so the adapter holds only lora_A/lora_B tensors.",
+    )
 
 
-def _pair_ok(path: str, a: TensorInfo, b: TensorInfo, na: TensorName, base: BaseModelFacts,
-             config: AdapterConfig | None, out: ProblemCollector) -> bool:
+def _pair_ok(
+    path: str,
+    a: TensorInfo,
+    b: TensorInfo,
+    na: TensorName,
+    base: BaseModelFacts,
+    config: AdapterConfig | None,
+    out: ProblemCollector,
+) -> bool:
     if len(a.shape) != 2 or len(b.shape) != 2:
-        out.add(error("tensor_shape_mismatch", a.name, f"LoRA tensors of {path} must be 2-D; got {list(a.shape)} and {list(b.shape)}.",
-                      "Upload the adapter as written by PEFT `save_pretrained`."))
+        out.add(
+            error(
+                "tensor_shape_mismatch",
+                a.name,
+                f"LoRA tensors of {path} must be 2-D; got {list(a.shape)} and {list(b.shape)}.",
+                "Upload the adapter as written by PEFT `save_pretrained`.",
+            )
+        )
         return False
     if na.embedding:
         want_in, want_out = base.vocab_size, base.hidden_size
     elif path == "lm_head":
         want_in, want_out = base.hidden_size, base.vocab_size
     elif path == "model.embed_tokens":
-        out.add(error("tensor_unmapped", a.name, f"{a.name}: embed_tokens LoRA must use lora_embedding_A/B, not lora_A/B.",
-                      "Save the adapter with PEFT `save_pretrained`."))
+        out.add(
+            error(
+                "tensor_unmapped",
+                a.name,
+                f"{a.name}: embed_tokens LoRA must use lora_embedding_A/B, not lora_A/B.",
+                "Save the adapter with PEFT `save_pretrained`.",
+            )
+        )
         return False
     else:
         shape = base.modules[na.module or ""]
         want_in, want_out = shape.in_features, shape.out_features
     rank = a.shape[0]
     if b.shape[1] != rank:
-        out.add(error("tensor_rank_mismatch", b.name, f"{a.name} has rank {rank} but {b.name} has rank {b.shape[1]}.",
-                      "Upload the adapter as written by PEFT `save_pretrained`; the two halves come from different adapters."))
+        out.add(
+            error(
+                "tensor_rank_mismatch",
+                b.name,
+                f"{a.name} has rank {rank} but {b.name} has rank {b.shape[1]}.",
+                "Upload the adapter as written by PEFT `save_pretrained`; the two halves come from different adapters.",
+            )
+        )
         return False
     if config is not None:
         want_rank, _ = config.rank_and_alpha(path)
         if rank != want_rank:
-            out.add(error("tensor_rank_mismatch", a.name,
-                          f"{path} has rank {rank} in the tensors but the config gives {want_rank} (r / rank_pattern).",
-                          "Upload the adapter_config.json that was saved with these weights; the engine scales by the config's rank."))
+            out.add(
+                error(
+                    "tensor_rank_mismatch",
+                    a.name,
+                    f"{path} has rank {rank} in the tensors but the config gives {want_rank} (r / rank_pattern).",
+                    "Upload the adapter_config.json that was saved with these weights; the engine scales by the config's rank.",
+                )
+            )
             return False
     if a.shape[1] != want_in or b.shape[0] != want_out:
         a_want, b_want = [rank, want_in], [want_out, rank]
         module = a.name.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
-        out.add(error("tensor_shape_mismatch", a.name,
-                      f"{module}: lora_A is {list(a.shape)} and lora_B {list(b.shape)}, but {base.base_model_name} needs "
-                      f"{a_want} and {b_want}: the adapter was trained for a different base model.",
-                      f"Train the adapter on {base.base_model_name}, or register the base model it was trained on."))
+        out.add(
+            error(
+                "tensor_shape_mismatch",
+                a.name,
+                f"{module}: lora_A is {list(a.shape)} and lora_B {list(b.shape)}, but {base.base_model_name} needs "
+                f"{a_want} and {b_want}: the adapter was trained for a different base model.",
+                f"Train the adapter on {base.base_model_name}, or register the base model it was trained on.",
+            )
+        )
         return False
     return True

@@ -62,10 +62,15 @@ def validate_adapter_dir(root: Path, *, base: BaseModelFacts, limits: PoolLimits
         tensors = check_tensors(header.tensors, base=base, config=config, out=out)
         facts.update(tensors.facts)
         if not tensors.pairs and tensors.shape_mismatches == 0 and tensors.variant_pairs == 0:
-            out.add(error("adapter_maps_to_nothing", WEIGHTS_NAME,
-                          f"No tensor of the adapter maps to a LoRA pair on {base.base_model_name}: it would serve as the "
-                          "plain base model.",
-                          f"Train the adapter on {base.base_model_name} with PEFT and upload its save_pretrained output."))
+            out.add(
+                error(
+                    "adapter_maps_to_nothing",
+                    WEIGHTS_NAME,
+                    f"No tensor of the adapter maps to a LoRA pair on {base.base_model_name}: it would serve as the "
+                    "plain base model.",
+                    f"Train the adapter on {base.base_model_name} with PEFT and upload its save_pretrained output.",
+                )
+            )
     if config is not None:
         problems, target_facts = resolve_targets(config, base, limits)
         out.extend(problems)
@@ -77,7 +82,11 @@ def validate_adapter_dir(root: Path, *, base: BaseModelFacts, limits: PoolLimits
     report = ValidationReport(problems=out.finish(), facts=facts)
     logger.info(
         "adapter.validated",
-        extra={"ok": report.ok, "codes": sorted(set(report.codes)), "seconds": round(time.monotonic() - started, 3)},
+        extra={
+            "ok": report.ok,
+            "codes": sorted(set(report.codes)),
+            "seconds": round(time.monotonic() - started, 3),
+        },
     )
     return report
 
@@ -93,17 +102,24 @@ def _read_config(path: Path, out: ProblemCollector, facts: dict[str, Any]) -> Ad
     return config
 
 
-def _read_header(path: Path, limits: PoolLimits, out: ProblemCollector, facts: dict[str, Any]) -> SafetensorsHeader | None:
+def _read_header(
+    path: Path, limits: PoolLimits, out: ProblemCollector, facts: dict[str, Any]
+) -> SafetensorsHeader | None:
     if not path.is_file():
         return None
     size = path.stat().st_size
     facts["weights_bytes"] = size
     if size > limits.max_adapter_bytes:
-        out.add(error("adapter_too_large", WEIGHTS_NAME,
-                      f"adapter_model.safetensors is {size} bytes, above this node pool's per-adapter budget "
-                      f"max_adapter_bytes of {limits.max_adapter_bytes}.",
-                      "Lower r or the number of target_modules, or ask an operator to raise the pool setting "
-                      "`max_adapter_bytes`."))
+        out.add(
+            error(
+                "adapter_too_large",
+                WEIGHTS_NAME,
+                f"adapter_model.safetensors is {size} bytes, above this node pool's per-adapter budget "
+                f"max_adapter_bytes of {limits.max_adapter_bytes}.",
+                "Lower r or the number of target_modules, or ask an operator to raise the pool setting "
+                "`max_adapter_bytes`.",
+            )
+        )
     with open(path, "rb") as f:
         problem = sniff_weights(f.read(SNIFF_BYTES), size, WEIGHTS_NAME)
         if problem is not None:
@@ -117,8 +133,9 @@ def _read_header(path: Path, limits: PoolLimits, out: ProblemCollector, facts: d
     return header
 
 
-def _decide_base(facts: dict[str, Any], tensors: TensorCheckResult | None,
-                 base: BaseModelFacts, out: ProblemCollector) -> None:
+def _decide_base(
+    facts: dict[str, Any], tensors: TensorCheckResult | None, base: BaseModelFacts, out: ProblemCollector
+) -> None:
     """Decide base-model fit by tensor shapes and say so when the config's name disagrees."""
     if tensors is None:
         decision = "undecided: the weights could not be read"
@@ -136,43 +153,89 @@ def _decide_base(facts: dict[str, Any], tensors: TensorCheckResult | None,
         return
     fix = f"Set base_model_name_or_path to {base.base_model_name!r} to silence this warning."
     if named is None:
-        out.add(warning("base_model_name_missing", "base_model_name_or_path",
-                        f"base_model_name_or_path is empty; decided by the tensor shapes instead: {decision}.", fix))
+        out.add(
+            warning(
+                "base_model_name_missing",
+                "base_model_name_or_path",
+                f"base_model_name_or_path is empty; decided by the tensor shapes instead: {decision}.",
+                fix,
+            )
+        )
     elif _LOCAL_PATH.match(named):
-        out.add(warning("base_model_name_local_path", "base_model_name_or_path",
-                        f"base_model_name_or_path is a local path ({named[:120]}); decided by the tensor shapes "
-                        f"instead: {decision}.", fix))
+        out.add(
+            warning(
+                "base_model_name_local_path",
+                "base_model_name_or_path",
+                f"base_model_name_or_path is a local path ({named[:120]}); decided by the tensor shapes "
+                f"instead: {decision}.",
+                fix,
+            )
+        )
     else:
-        out.add(warning("base_model_name_mismatch", "base_model_name_or_path",
-                        f"base_model_name_or_path names {named[:120]}, not {base.base_model_name}; decided by the tensor "
-                        f"shapes instead: {decision}.", fix))
+        out.add(
+            warning(
+                "base_model_name_mismatch",
+                "base_model_name_or_path",
+                f"base_model_name_or_path names {named[:120]}, not {base.base_model_name}; decided by the tensor "
+                f"shapes instead: {decision}.",
+                fix,
+            )
+        )
 
 
-def _scan(path: Path, header: SafetensorsHeader, tensors: TensorCheckResult, out: ProblemCollector,
-          facts: dict[str, Any]) -> None:
+def _scan(
+    path: Path,
+    header: SafetensorsHeader,
+    tensors: TensorCheckResult,
+    out: ProblemCollector,
+    facts: dict[str, Any],
+) -> None:
     float_tensors = [t for t in header.tensors if t.dtype in ALLOWED_DTYPES]
     started = time.monotonic()
     try:
         with open(path, "rb", buffering=0) as f:
-            stats = scan_tensors(f, header.data_start, float_tensors)  # type: ignore[arg-type]
+            stats = scan_tensors(f, header.data_start, float_tensors)
     except (OSError, EOFError) as exc:
-        out.add(error("weights_unreadable", WEIGHTS_NAME, f"adapter_model.safetensors could not be read ({exc}).",
-                      "Upload the file again."))
+        out.add(
+            error(
+                "weights_unreadable",
+                WEIGHTS_NAME,
+                f"adapter_model.safetensors could not be read ({exc}).",
+                "Upload the file again.",
+            )
+        )
         return
     facts["scan_seconds"] = round(time.monotonic() - started, 3)
     b_names = set(tensors.b_tensors)
     zero_b = []
     for s in stats:
         if s.non_finite:
-            out.add(error("tensor_non_finite", s.name, f"Tensor {s.name} contains {s.non_finite} NaN or Inf values.",
-                          "Training diverged or the export failed; re-train (e.g. lower the learning rate) or re-export."))
+            out.add(
+                error(
+                    "tensor_non_finite",
+                    s.name,
+                    f"Tensor {s.name} contains {s.non_finite} NaN or Inf values.",
+                    "Training diverged or the export failed; re-train (e.g. lower the learning rate) or re-export.",
+                )
+            )
         if s.name in b_names and s.all_zero:
             zero_b.append(s.name)
     if b_names and len(zero_b) == len(b_names):
-        out.add(warning("adapter_untrained", WEIGHTS_NAME,
-                        "Every lora_B tensor is all zeros: the adapter is untrained and behaves exactly like the base model.",
-                        "Upload the adapter saved after training, not the freshly initialised one."))
+        out.add(
+            warning(
+                "adapter_untrained",
+                WEIGHTS_NAME,
+                "Every lora_B tensor is all zeros: the adapter is untrained and behaves exactly like the base model.",
+                "Upload the adapter saved after training, not the freshly initialised one.",
+            )
+        )
     else:
         for name in zero_b:
-            out.add(warning("tensor_all_zero_b", name, f"{name} is all zeros, so LoRA on this module does nothing.",
-                            "Check that this module was trained; an all-zero lora_B is PEFT's initial value."))
+            out.add(
+                warning(
+                    "tensor_all_zero_b",
+                    name,
+                    f"{name} is all zeros, so LoRA on this module does nothing.",
+                    "Check that this module was trained; an all-zero lora_B is PEFT's initial value.",
+                )
+            )

@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
 import boto3
@@ -84,6 +84,29 @@ def make_s3_client(settings: NodeSettings) -> Any:
     )
 
 
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def require_node_key(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """FastAPI dependency: the request must carry `Authorization: Bearer <QUIVER_NODE_KEY>`.
+
+    Raises:
+        AgentError: 401 `unauthorized`.
+    """
+    token = credentials.credentials if credentials else ""
+    digest = hashlib.sha256(token.encode("utf-8")).digest()
+    if not token or not hmac.compare_digest(digest, request.app.state.node_key_digest):
+        raise AgentError(401, "unauthorized", "A valid node key is required.")
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    location = ".".join(str(part) for part in err.get("loc", ()))
+    return f"{location}: {err.get('msg')}"
+
+
 def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=headers)
 
@@ -99,8 +122,6 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
         The FastAPI app. Its lifespan opens the engine HTTP client and starts the heartbeat task when
         `settings.control_url` is set; `app.state.agent` is the `NodeAgent` once started.
     """
-    key_digest = hashlib.sha256(settings.node_key.encode("utf-8")).digest()
-    bearer = HTTPBearer(auto_error=False)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -115,12 +136,20 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
             if settings.control_url:
                 task = asyncio.create_task(
                     heartbeat_loop(
-                        control_http, settings.control_url, settings.node_key, agent.state, settings.heartbeat_seconds
+                        control_http,
+                        settings.control_url,
+                        settings.node_key,
+                        agent.state,
+                        settings.heartbeat_seconds,
                     )
                 )
             logger.info(
                 "agent.started",
-                extra={"node": settings.node_name, "engine_url": settings.engine_url, "heartbeat": bool(task)},
+                extra={
+                    "node": settings.node_name,
+                    "engine_url": settings.engine_url,
+                    "heartbeat": bool(task),
+                },
             )
             try:
                 yield
@@ -130,18 +159,13 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
 
-    app = FastAPI(title="Quiver node agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-
-    async def require_node_key(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> None:
-        token = credentials.credentials if credentials else ""
-        digest = hashlib.sha256(token.encode("utf-8")).digest()
-        if not token or not hmac.compare_digest(digest, key_digest):
-            raise AgentError(401, "unauthorized", "A valid node key is required.")
+    app = FastAPI(
+        title="Quiver node agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.node_key_digest = hashlib.sha256(settings.node_key.encode("utf-8")).digest()
 
     def agent_of(request: Request) -> NodeAgent:
-        return request.app.state.agent  # type: ignore[no-any-return]
+        return request.app.state.agent
 
     auth = [Depends(require_node_key)]
 
@@ -152,7 +176,7 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = ["%s: %s" % (".".join(str(p) for p in err.get("loc", ())), err.get("msg")) for err in exc.errors()]
+        parts = [_describe(err) for err in exc.errors()]
         return _error(400, "invalid_request", "; ".join(parts) or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)

@@ -99,7 +99,7 @@ def validate_files(lora_name: str, files: Sequence[FileSpec]) -> None:
             duplicate file names or an empty list.
     """
     if not LORA_NAME_RE.match(lora_name):
-        raise CacheError("invalid_request", 400, "unsafe lora_name %r" % lora_name)
+        raise CacheError("invalid_request", 400, f"unsafe lora_name {lora_name!r}")
     if not files:
         raise CacheError("invalid_request", 400, "files must not be empty")
     names = [f.name for f in files]
@@ -107,11 +107,11 @@ def validate_files(lora_name: str, files: Sequence[FileSpec]) -> None:
         raise CacheError("invalid_request", 400, "duplicate file names")
     for spec in files:
         if not FILE_NAME_RE.match(spec.name) or spec.name == COMPLETE_MARKER:
-            raise CacheError("invalid_request", 400, "unsafe file name %r" % spec.name)
+            raise CacheError("invalid_request", 400, f"unsafe file name {spec.name!r}")
         if not SHA256_RE.match(spec.sha256):
-            raise CacheError("invalid_request", 400, "sha256 of %r must be 64 lowercase hex" % spec.name)
+            raise CacheError("invalid_request", 400, f"sha256 of {spec.name!r} must be 64 lowercase hex")
         if spec.size < 0:
-            raise CacheError("invalid_request", 400, "size of %r must be >= 0" % spec.name)
+            raise CacheError("invalid_request", 400, f"size of {spec.name!r} must be >= 0")
 
 
 def sha256_of(path: Path) -> str:
@@ -194,7 +194,7 @@ class AdapterCache:
         return StagedAdapter(path=folder, downloaded_bytes=downloaded, download_ms=elapsed_ms)
 
     def _download(self, spec: FileSpec, target: Path) -> int:
-        tmp = target.with_name(".%s.tmp-%s" % (spec.name, uuid.uuid4().hex))
+        tmp = target.with_name(f".{spec.name}.tmp-{uuid.uuid4().hex}")
         digest = hashlib.sha256()
         size = 0
         try:
@@ -203,10 +203,12 @@ class AdapterCache:
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
                 if code in ("NoSuchKey", "404", "NotFound"):
-                    raise CacheError("s3_object_missing", 404, "s3 object %r is missing" % spec.s3_key) from exc
-                raise CacheError("s3_error", 502, "s3 get %r failed: %s" % (spec.s3_key, code)) from exc
+                    raise CacheError(
+                        "s3_object_missing", 404, f"s3 object {spec.s3_key!r} is missing"
+                    ) from exc
+                raise CacheError("s3_error", 502, f"s3 get {spec.s3_key!r} failed: {code}") from exc
             except BotoCoreError as exc:
-                raise CacheError("s3_error", 502, "s3 get %r failed: %s" % (spec.s3_key, exc)) from exc
+                raise CacheError("s3_error", 502, f"s3 get {spec.s3_key!r} failed: {exc}") from exc
             with tmp.open("wb") as handle:
                 for chunk in response["Body"].iter_chunks(_CHUNK):
                     digest.update(chunk)
@@ -215,14 +217,12 @@ class AdapterCache:
                 handle.flush()
                 os.fsync(handle.fileno())
             if size != spec.size:
-                raise CacheError(
-                    "size_mismatch", 422, "%s: expected %d bytes, got %d" % (spec.name, spec.size, size)
-                )
+                raise CacheError("size_mismatch", 422, f"{spec.name}: expected {spec.size} bytes, got {size}")
             if digest.hexdigest() != spec.sha256:
                 raise CacheError(
                     "sha256_mismatch",
                     422,
-                    "%s: expected sha256 %s, got %s" % (spec.name, spec.sha256, digest.hexdigest()),
+                    f"{spec.name}: expected sha256 {spec.sha256}, got {digest.hexdigest()}",
                 )
             os.replace(tmp, target)
         finally:

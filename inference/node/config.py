@@ -101,9 +101,9 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         value = int(raw)
     except ValueError as exc:
-        raise ConfigError("%s must be an integer, got %r" % (name, raw)) from exc
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from exc
     if value < 1:
-        raise ConfigError("%s must be >= 1, got %d" % (name, value))
+        raise ConfigError(f"{name} must be >= 1, got {value}")
     return value
 
 
@@ -114,7 +114,7 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError as exc:
-        raise ConfigError("%s must be a number, got %r" % (name, raw)) from exc
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from exc
     if value <= 0:
-        raise ConfigError("%s must be > 0, got %s" % (name, raw))
+        raise ConfigError(f"{name} must be > 0, got {raw}")
     return value

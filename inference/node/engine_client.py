@@ -34,13 +34,13 @@ class EngineHTTPClient:
 
     def __init__(self, http: httpx.AsyncClient, api_key: str) -> None:
         self.http = http
-        self._headers = {"Authorization": "Bearer %s" % api_key}
+        self._headers = {"Authorization": f"Bearer {api_key}"}
 
     async def _request(self, method: str, path: str, json: dict[str, Any] | None = None) -> httpx.Response:
         try:
             return await self.http.request(method, path, json=json, headers=self._headers)
         except httpx.HTTPError as exc:
-            raise EngineError(503, "engine_unavailable", "engine unreachable: %s" % exc) from exc
+            raise EngineError(503, "engine_unavailable", f"engine unreachable: {exc}") from exc
 
     async def _json(self, method: str, path: str, json: dict[str, Any] | None = None) -> dict[str, Any]:
         response = await self._request(method, path, json)
@@ -66,7 +66,9 @@ class EngineHTTPClient:
             return False
         return response.status_code == 200
 
-    async def add_lora(self, lora_name: str, lora_int_id: int, lora_path: str, *, pin: bool) -> dict[str, Any]:
+    async def add_lora(
+        self, lora_name: str, lora_int_id: int, lora_path: str, *, pin: bool
+    ) -> dict[str, Any]:
         """`POST /quiver/v1/add_lora`; returns the extension's JSON (see `engine_ext.add_lora`).
 
         Raises:
@@ -96,5 +98,7 @@ class EngineHTTPClient:
         """
         response = await self._request("GET", "/metrics")
         if response.status_code != 200:
-            raise EngineError(response.status_code, "engine_error", "metrics answered %d" % response.status_code)
+            raise EngineError(
+                response.status_code, "engine_error", f"metrics answered {response.status_code}"
+            )
         return response.text

@@ -68,7 +68,7 @@ def _pinned(state: Any) -> set[int]:
 def _require_str(body: dict[str, Any], key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str) or not value:
-        raise ExtensionError(400, "invalid_request", "'%s' must be a non-empty string" % key)
+        raise ExtensionError(400, "invalid_request", f"'{key}' must be a non-empty string")
     return value
 
 
@@ -103,7 +103,7 @@ async def add_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     models = state.openai_serving_models
     engine = state.engine_client
     if models.is_base_model(lora_name):
-        raise ExtensionError(409, "lora_name_is_base_model", "'%s' is a served base model" % lora_name)
+        raise ExtensionError(409, "lora_name_is_base_model", f"'{lora_name}' is a served base model")
 
     async with models.lora_resolver_lock[lora_name]:
         existing = models.lora_requests.get(lora_name)
@@ -111,14 +111,14 @@ async def add_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
             raise ExtensionError(
                 409,
                 "lora_name_conflict",
-                "'%s' is already served with lora_int_id %d" % (lora_name, existing.lora_int_id),
+                f"'{lora_name}' is already served with lora_int_id {existing.lora_int_id}",
             )
         for other in models.lora_requests.values():
             if other.lora_int_id == lora_int_id and other.lora_name != lora_name:
                 raise ExtensionError(
                     409,
                     "lora_int_id_conflict",
-                    "lora_int_id %d is already used by '%s'" % (lora_int_id, other.lora_name),
+                    f"lora_int_id {lora_int_id} is already used by '{other.lora_name}'",
                 )
         request = LoRARequest(lora_name=lora_name, lora_int_id=lora_int_id, lora_path=lora_path)
         try:
@@ -152,7 +152,7 @@ async def _pin(state: Any, lora_name: str, lora_int_id: int) -> None:
     except Exception as exc:  # e.g. every CPU slot already pinned
         raise ExtensionError(409, "pin_failed", str(exc)) from exc
     if not ok:
-        raise ExtensionError(409, "pin_failed", "engine refused to pin '%s'" % lora_name)
+        raise ExtensionError(409, "pin_failed", f"engine refused to pin '{lora_name}'")
     _pinned(state).add(lora_int_id)
 
 
@@ -174,7 +174,7 @@ async def pin_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     async with models.lora_resolver_lock[lora_name]:
         existing = models.lora_requests.get(lora_name)
         if existing is None:
-            raise ExtensionError(404, "lora_not_found", "'%s' is not loaded" % lora_name)
+            raise ExtensionError(404, "lora_not_found", f"'{lora_name}' is not loaded")
         # pin_lora only works on an adapter in the CPU cache; re-add in case LRU evicted it.
         await state.engine_client.add_lora(existing)
         await _pin(state, lora_name, existing.lora_int_id)
@@ -202,7 +202,7 @@ async def remove_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     async with models.lora_resolver_lock[lora_name]:
         existing = models.lora_requests.pop(lora_name, None)
         if existing is None:
-            raise ExtensionError(404, "lora_not_found", "'%s' is not loaded" % lora_name)
+            raise ExtensionError(404, "lora_not_found", f"'{lora_name}' is not loaded")
         _pinned(state).discard(existing.lora_int_id)
         await state.engine_client.remove_lora(existing.lora_int_id)
     logger.info("engine_ext.remove_lora", extra={"lora_name": lora_name, "lora_int_id": existing.lora_int_id})
@@ -271,7 +271,7 @@ class QuiverEngineExtension:
             await self.app(scope, receive, send)
             return
         response = await self._handle(scope, receive)
-        await response(scope, receive, send)  # type: ignore[arg-type]
+        await response(scope, receive, send)
 
     async def _handle(self, scope: Scope, receive: Receive) -> JSONResponse:
         if not self._authorized(Headers(scope=scope)):

@@ -32,7 +32,7 @@ async def send_heartbeat(
         response = await http.post(
             control_url + HEARTBEAT_PATH,
             json=state,
-            headers={"Authorization": "Bearer %s" % node_key},
+            headers={"Authorization": f"Bearer {node_key}"},
         )
     except httpx.HTTPError as exc:
         logger.warning("heartbeat.failed", extra={"control_url": control_url, "error": str(exc)})

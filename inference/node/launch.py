@@ -58,7 +58,7 @@ class EngineConfig:
     @property
     def url(self) -> str:
         """Base URL of the engine, e.g. `http://127.0.0.1:8011`."""
-        return "http://%s:%d" % (self.host, self.port)
+        return f"http://{self.host}:{self.port}"
 
 
 def engine_argv(config: EngineConfig, python: str | None = None) -> list[str]:

@@ -79,7 +79,9 @@ class NodeAgent:
         # One in-flight operation per lora_name: concurrent loads of one adapter must not race on disk.
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    async def load(self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool) -> LoadResult:
+    async def load(
+        self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool
+    ) -> LoadResult:
         """Stage the files, then `add_lora` with `lora_int_id` (and `pin_lora` if asked).
 
         Idempotent: an adapter already served under the same id answers 200 again. If `lora_name` is
@@ -145,7 +147,9 @@ class NodeAgent:
                     raise AgentError(exc.status, exc.code, exc.detail) from exc
                 staged = await asyncio.to_thread(self.cache.staged)
                 if not any(e.lora_name == lora_name for e in staged):
-                    raise AgentError(404, "lora_not_found", "'%s' is neither loaded nor staged" % lora_name) from exc
+                    raise AgentError(
+                        404, "lora_not_found", f"'{lora_name}' is neither loaded nor staged"
+                    ) from exc
         logger.info("agent.unloaded", extra={"lora_name": lora_name})
         return {"lora_name": lora_name, "tier": "staged"}
 
@@ -161,7 +165,12 @@ class NodeAgent:
             except EngineError as exc:
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
         logger.info("agent.pinned", extra={"lora_name": lora_name})
-        return {"lora_name": lora_name, "lora_int_id": result.get("lora_int_id"), "tier": "warm", "pinned": True}
+        return {
+            "lora_name": lora_name,
+            "lora_int_id": result.get("lora_int_id"),
+            "tier": "warm",
+            "pinned": True,
+        }
 
     async def _metrics(self) -> EngineMetrics | None:
         try:
@@ -206,7 +215,12 @@ class NodeAgent:
         for entry in staged:
             if (entry.lora_name, entry.lora_int_id) not in served_keys:
                 adapters.append(
-                    {"lora_name": entry.lora_name, "lora_int_id": entry.lora_int_id, "tier": "staged", "pinned": False}
+                    {
+                        "lora_name": entry.lora_name,
+                        "lora_int_id": entry.lora_int_id,
+                        "tier": "staged",
+                        "pinned": False,
+                    }
                 )
         adapters.sort(key=lambda a: (a["lora_name"], a["lora_int_id"]))
         s = self.settings

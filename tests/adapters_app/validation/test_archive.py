@@ -11,7 +11,10 @@ import pytest
 
 from adapters_app.validation import UploadRejected, extract_archive, iter_archive
 
-GOOD = {"adapter_config.json": b'{"peft_type": "LORA"}', "adapter_model.safetensors": b"\x08" + b"\x00" * 7 + b"{}      "}
+GOOD = {
+    "adapter_config.json": b'{"peft_type": "LORA"}',
+    "adapter_model.safetensors": b"\x08" + b"\x00" * 7 + b"{}      ",
+}
 CAPS = {"max_members": 50, "max_total_bytes": 1 << 20}
 
 

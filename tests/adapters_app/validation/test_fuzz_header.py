@@ -42,7 +42,9 @@ def _check_accepted(data: bytes) -> None:
         ref = deserialize(data)
     except SafetensorError as exc:  # pragma: no cover - a failure here is a finding
         raise AssertionError(f"we accepted a file the reference rejects: {exc}") from exc
-    assert {n: (d["dtype"], list(d["shape"])) for n, d in ref} == {t.name: (t.dtype, list(t.shape)) for t in header.tensors}
+    assert {n: (d["dtype"], list(d["shape"])) for n, d in ref} == {
+        t.name: (t.dtype, list(t.shape)) for t in header.tensors
+    }
 
 
 @FUZZ
@@ -59,19 +61,32 @@ def test_mutated_valid_files(seed: int, rounds: int) -> None:
 
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
-_entry = st.fixed_dictionaries(
-    {"dtype": st.sampled_from(["F16", "BF16", "F32", "I8", "F4", "BOOL", "Q4"]),
-     "shape": st.lists(st.integers(-2, 6), max_size=3),
-     "data_offsets": st.lists(st.integers(-2, 300), min_size=0, max_size=3)}
-) | _json
+_entry = (
+    st.fixed_dictionaries(
+        {
+            "dtype": st.sampled_from(["F16", "BF16", "F32", "I8", "F4", "BOOL", "Q4"]),
+            "shape": st.lists(st.integers(-2, 6), max_size=3),
+            "data_offsets": st.lists(st.integers(-2, 300), min_size=0, max_size=3),
+        }
+    )
+    | _json
+)
 
 
 @FUZZ
-@given(st.dictionaries(st.text(min_size=1, max_size=12), _entry, max_size=5), st.binary(max_size=300), st.sampled_from([b"", b" " * 3, b"\n"]))
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=12), _entry, max_size=5),
+    st.binary(max_size=300),
+    st.sampled_from([b"", b" " * 3, b"\n"]),
+)
 def test_structured_headers(doc: dict, data: bytes, pad: bytes) -> None:
     raw = json.dumps(doc).encode() + pad
     _check_accepted(len(raw).to_bytes(8, "little") + raw + data)
@@ -83,5 +98,37 @@ def test_leading_whitespace_decision_documented() -> None:
     assert deserialize(data) == []
     header, problems = parse_header(io.BytesIO(data), len(data))
     assert header is None and [p.code for p in problems] == ["safetensors_header_whitespace"]
-    padded = b"\x08" + b"\x00" * 7 + b"{}      "  # trailing spaces: allowed by the spec, written by the reference writer
+    padded = (
+        b"\x08" + b"\x00" * 7 + b"{}      "
+    )  # trailing spaces: allowed by the spec, written by the reference writer
     assert parse_header(io.BytesIO(padded), len(padded))[0] is not None
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.integers(0, 2**32))
+def test_gate_never_raises_on_mutated_weights(tmp_path_factory, seed: int) -> None:
+    """The whole gate turns any mutated weights file into problems, never an exception."""
+    from adapters_app.validation import BaseModelFacts, PoolLimits, validate_adapter_dir
+    from adapters_app.validation.synthetic import (
+        TINY_LLAMA_HF_CONFIG,
+        lora_tensors,
+        peft_config,
+        write_adapter,
+    )
+
+    rng = random.Random(seed)
+    base = BaseModelFacts.from_hf_config("quiver/tiny-llama", TINY_LLAMA_HF_CONFIG)
+    root = write_adapter(
+        tmp_path_factory.mktemp("g"), peft_config("quiver/tiny-llama"), lora_tensors(base, layers=[0])
+    )
+    weights = root / "adapter_model.safetensors"
+    weights.write_bytes(mutate(weights.read_bytes(), rng))
+    report = validate_adapter_dir(root, base=base, limits=PoolLimits(16, 1 << 20))
+    assert all(p.message and p.hint for p in report.problems)
+    if report.ok:  # only mutations that kept a well-formed adapter (e.g. a metadata edit) may pass
+        assert report.facts["lora_pairs"] == 2
+    json.dumps(report.to_dict())

@@ -14,7 +14,9 @@ from adapters_app.validation.synthetic import lora_tensors, peft_config, write_a
 BASE_NAME = "quiver/tiny-llama"
 
 
-def _validate(tmp_path: Path, base: BaseModelFacts, limits: PoolLimits, cfg=None, tensors=None) -> ValidationReport:
+def _validate(
+    tmp_path: Path, base: BaseModelFacts, limits: PoolLimits, cfg=None, tensors=None
+) -> ValidationReport:
     cfg = peft_config(BASE_NAME) if cfg is None else cfg
     tensors = lora_tensors(base) if tensors is None else tensors
     return validate_adapter_dir(write_adapter(tmp_path / "a", cfg, tensors), base=base, limits=limits)
@@ -54,11 +56,23 @@ def test_rank_pattern_counts_for_the_limit(tmp_path: Path, base: BaseModelFacts)
     assert p.field == "rank_pattern"
 
 
-def test_shapes_from_other_model_rejected_and_name_mismatch_warned(tmp_path: Path, limits: PoolLimits, base) -> None:
-    other = BaseModelFacts.from_hf_config("other", {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 128, "intermediate_size": 256,
-        "num_hidden_layers": 4, "num_attention_heads": 4})
-    report = _validate(tmp_path, base, limits, cfg=peft_config("meta-llama/Llama-3.1-8B"), tensors=lora_tensors(other))
+def test_shapes_from_other_model_rejected_and_name_mismatch_warned(
+    tmp_path: Path, limits: PoolLimits, base
+) -> None:
+    other = BaseModelFacts.from_hf_config(
+        "other",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": 1024,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+        },
+    )
+    report = _validate(
+        tmp_path, base, limits, cfg=peft_config("meta-llama/Llama-3.1-8B"), tensors=lora_tensors(other)
+    )
     assert not report.ok
     assert report.codes.count("tensor_shape_mismatch") == 8
     (w,) = [p for p in report.problems if p.code == "base_model_name_mismatch"]
@@ -68,10 +82,15 @@ def test_shapes_from_other_model_rejected_and_name_mismatch_warned(tmp_path: Pat
 def test_name_mismatch_with_matching_shapes_is_only_a_warning(tmp_path: Path, base, limits) -> None:
     report = _validate(tmp_path, base, limits, cfg=peft_config("unsloth/tiny-llama-bnb-4bit"))
     assert report.ok and report.codes == ["base_model_name_mismatch"]
-    assert "decided by the tensor shapes" in report.problems[0].message and "match" in report.problems[0].message
+    assert (
+        "decided by the tensor shapes" in report.problems[0].message and "match" in report.problems[0].message
+    )
 
 
-@pytest.mark.parametrize(("named", "code"), [(None, "base_model_name_missing"), ("/root/models/llama", "base_model_name_local_path")])
+@pytest.mark.parametrize(
+    ("named", "code"),
+    [(None, "base_model_name_missing"), ("/root/models/llama", "base_model_name_local_path")],
+)
 def test_null_or_local_base_name(tmp_path: Path, base, limits, named, code) -> None:
     report = _validate(tmp_path, base, limits, cfg=peft_config(named))
     assert report.ok and report.codes == [code]
@@ -126,7 +145,9 @@ def test_from_hf_config_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="architectures"):
         BaseModelFacts.from_hf_config("x", {"architectures": ["GPT2LMHeadModel"]})
     with pytest.raises(ValueError, match="intermediate_size"):
-        BaseModelFacts.from_hf_config("x", {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 2})
+        BaseModelFacts.from_hf_config(
+            "x", {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 2}
+        )
 
 
 def test_base_facts_round_trip(base: BaseModelFacts) -> None:

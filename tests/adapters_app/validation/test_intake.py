@@ -18,7 +18,9 @@ def test_plain_adapter_accepted() -> None:
     check_upload_names(["adapter_config.json", "adapter_model.safetensors", "README.md", ".DS_Store"])
 
 
-@pytest.mark.parametrize("bad", ["../adapter_model.safetensors", "a/adapter_config.json", "a\\b", "..", "", "x\x00y"])
+@pytest.mark.parametrize(
+    "bad", ["../adapter_model.safetensors", "a/adapter_config.json", "a\\b", "..", "", "x\x00y"]
+)
 def test_path_like_names_rejected(bad: str) -> None:
     codes = _codes(["adapter_config.json", "adapter_model.safetensors", bad])
     assert codes == ["upload_bad_filename"]
@@ -35,7 +37,9 @@ def test_pickle_rejected_with_conversion_hint(pickle_name: str) -> None:
 
 
 def test_pickle_next_to_safetensors_still_rejected() -> None:
-    assert _codes(["adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"]) == ["pickle_weights"]
+    assert _codes(["adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"]) == [
+        "pickle_weights"
+    ]
 
 
 def test_missing_files_each_named() -> None:

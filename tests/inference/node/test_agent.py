@@ -49,7 +49,7 @@ def settings(clean_vllm_engine: RunningEngine, s3_server: S3Server, tmp_path: Pa
 @pytest.fixture
 def agent(settings: NodeSettings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as client:
-        client.headers["Authorization"] = "Bearer %s" % settings.node_key
+        client.headers["Authorization"] = f"Bearer {settings.node_key}"
         yield client
 
 
@@ -59,13 +59,18 @@ def upload(s3_server: S3Server) -> Upload:
     client = s3_server.client()
 
     def do(folder: Path) -> list[dict[str, Any]]:
-        prefix = "adapters/test-%s/" % uuid.uuid4().hex
+        prefix = f"adapters/test-{uuid.uuid4().hex}/"
         files = []
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             data = (folder / name).read_bytes()
             client.put_object(Bucket=s3_server.bucket, Key=prefix + name, Body=data)
             files.append(
-                {"name": name, "s3_key": prefix + name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                {
+                    "name": name,
+                    "s3_key": prefix + name,
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "size": len(data),
+                }
             )
         return files
 
@@ -79,17 +84,25 @@ def _state_adapters(agent: TestClient) -> list[dict[str, Any]]:
 
 
 def test_load_stages_verified_files_and_serves_the_adapter(
-    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], settings: NodeSettings,
+    agent: TestClient,
+    upload: Upload,
+    tiny_adapters: dict[str, Path],
+    settings: NodeSettings,
     clean_vllm_engine: RunningEngine,
 ) -> None:
     files = upload(tiny_adapters["qv-r8"])
 
-    response = agent.post("/v1/adapters/load", json={"lora_name": "acme--bot", "lora_int_id": 31, "files": files})
+    response = agent.post(
+        "/v1/adapters/load", json={"lora_name": "acme--bot", "lora_int_id": 31, "files": files}
+    )
 
     assert response.status_code == 200, response.text
     body = response.json()
     assert {k: body[k] for k in ("lora_name", "lora_int_id", "tier", "pinned")} == {
-        "lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False,
+        "lora_name": "acme--bot",
+        "lora_int_id": 31,
+        "tier": "warm",
+        "pinned": False,
     }
     assert body["download_ms"] > 0 and body["load_ms"] > 0
     staged = settings.cache_dir / "acme--bot" / "31"
@@ -101,7 +114,9 @@ def test_load_stages_verified_files_and_serves_the_adapter(
         headers=clean_vllm_engine.headers,
     )
     assert completion.status_code == 200
-    assert _state_adapters(agent) == [{"lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False}]
+    assert _state_adapters(agent) == [
+        {"lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False}
+    ]
 
 
 def test_load_is_idempotent_and_reuses_the_disk_copy(
@@ -118,7 +133,9 @@ def test_load_is_idempotent_and_reuses_the_disk_copy(
     assert first.status_code == 200 and second.status_code == 200, second.text
     assert set(second.json()) == {"lora_name", "lora_int_id", "tier", "pinned", "download_ms", "load_ms"}
     assert second.json()["pinned"] is True
-    assert _state_adapters(agent) == [{"lora_name": "acme--idem", "lora_int_id": 32, "tier": "warm", "pinned": True}]
+    assert _state_adapters(agent) == [
+        {"lora_name": "acme--idem", "lora_int_id": 32, "tier": "warm", "pinned": True}
+    ]
 
 
 def test_sha256_mismatch_deletes_the_download_and_loads_nothing(
@@ -127,7 +144,9 @@ def test_sha256_mismatch_deletes_the_download_and_loads_nothing(
     files = upload(tiny_adapters["qv-r8"])
     files[1]["sha256"] = "0" * 64
 
-    response = agent.post("/v1/adapters/load", json={"lora_name": "acme--bad", "lora_int_id": 33, "files": files})
+    response = agent.post(
+        "/v1/adapters/load", json={"lora_name": "acme--bad", "lora_int_id": 33, "files": files}
+    )
 
     assert response.status_code == 422
     assert response.json()["code"] == "sha256_mismatch"
@@ -140,7 +159,9 @@ def test_missing_s3_object(agent: TestClient, upload: Upload, tiny_adapters: dic
     files = upload(tiny_adapters["qv-r8"])
     files[0]["s3_key"] = "adapters/does-not-exist/adapter_config.json"
 
-    response = agent.post("/v1/adapters/load", json={"lora_name": "acme--miss", "lora_int_id": 34, "files": files})
+    response = agent.post(
+        "/v1/adapters/load", json={"lora_name": "acme--miss", "lora_int_id": 34, "files": files}
+    )
 
     assert (response.status_code, response.json()["code"]) == (404, "s3_object_missing")
 
@@ -153,7 +174,9 @@ def test_engine_rejection_is_engine_load_failed(
     folder = tmp_path / "too-big"
     folder.mkdir()
     (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 32}))
-    (folder / "adapter_model.safetensors").write_bytes((tiny_adapters["qv-r8"] / "adapter_model.safetensors").read_bytes())
+    (folder / "adapter_model.safetensors").write_bytes(
+        (tiny_adapters["qv-r8"] / "adapter_model.safetensors").read_bytes()
+    )
 
     response = agent.post(
         "/v1/adapters/load", json={"lora_name": "acme--big", "lora_int_id": 35, "files": upload(folder)}
@@ -166,7 +189,12 @@ def test_unload_keeps_the_disk_copy_and_pin(
     agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], settings: NodeSettings
 ) -> None:
     files = upload(tiny_adapters["all-r16"])
-    assert agent.post("/v1/adapters/load", json={"lora_name": "acme--u", "lora_int_id": 36, "files": files}).status_code == 200
+    assert (
+        agent.post(
+            "/v1/adapters/load", json={"lora_name": "acme--u", "lora_int_id": 36, "files": files}
+        ).status_code
+        == 200
+    )
     pinned = agent.post("/v1/adapters/pin", json={"lora_name": "acme--u"})
     assert pinned.status_code == 200 and pinned.json()["pinned"] is True
     assert _state_adapters(agent)[0]["pinned"] is True
@@ -174,7 +202,9 @@ def test_unload_keeps_the_disk_copy_and_pin(
     unloaded = agent.post("/v1/adapters/unload", json={"lora_name": "acme--u"})
 
     assert unloaded.status_code == 200 and unloaded.json() == {"lora_name": "acme--u", "tier": "staged"}
-    assert _state_adapters(agent) == [{"lora_name": "acme--u", "lora_int_id": 36, "tier": "staged", "pinned": False}]
+    assert _state_adapters(agent) == [
+        {"lora_name": "acme--u", "lora_int_id": 36, "tier": "staged", "pinned": False}
+    ]
     assert (settings.cache_dir / "acme--u" / "36" / "adapter_model.safetensors").exists()
     assert agent.post("/v1/adapters/unload", json={"lora_name": "acme--u"}).status_code == 200  # idempotent
     unknown = agent.post("/v1/adapters/unload", json={"lora_name": "acme--never"})
@@ -187,7 +217,12 @@ def test_new_version_under_the_same_name_swaps_ids(
 ) -> None:
     v1 = upload(tiny_adapters["qv-r8"])
     v2 = upload(tiny_adapters["all-r16"])
-    assert agent.post("/v1/adapters/load", json={"lora_name": "acme--v", "lora_int_id": 41, "files": v1}).status_code == 200
+    assert (
+        agent.post(
+            "/v1/adapters/load", json={"lora_name": "acme--v", "lora_int_id": 41, "files": v1}
+        ).status_code
+        == 200
+    )
 
     swapped = agent.post("/v1/adapters/load", json={"lora_name": "acme--v", "lora_int_id": 42, "files": v2})
 
@@ -202,7 +237,12 @@ def test_state_reports_node_and_engine_figures_and_hot_adapters(
     agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
 ) -> None:
     files = upload(tiny_adapters["qv-r8"])
-    assert agent.post("/v1/adapters/load", json={"lora_name": "acme--hot", "lora_int_id": 51, "files": files}).status_code == 200
+    assert (
+        agent.post(
+            "/v1/adapters/load", json={"lora_name": "acme--hot", "lora_int_id": 51, "files": files}
+        ).status_code
+        == 200
+    )
     # A long request keeps the adapter in the running batch while we poll the state.
     long_request = threading.Thread(
         target=httpx.post,
@@ -243,8 +283,12 @@ def test_every_route_but_healthz_needs_the_node_key(agent: TestClient) -> None:
     wrong = {"Authorization": "Bearer wrong"}
 
     assert agent.get("/healthz", headers=no_key).json() == {"status": "ok"}
-    for method, path in (("GET", "/v1/state"), ("POST", "/v1/adapters/load"), ("POST", "/v1/adapters/unload"),
-                         ("POST", "/v1/adapters/pin")):
+    for method, path in (
+        ("GET", "/v1/state"),
+        ("POST", "/v1/adapters/load"),
+        ("POST", "/v1/adapters/unload"),
+        ("POST", "/v1/adapters/pin"),
+    ):
         for headers in (no_key, wrong):
             response = agent.request(method, path, headers=headers, json={})
             assert response.status_code == 401, (method, path)
@@ -262,8 +306,12 @@ def test_every_route_but_healthz_needs_the_node_key(agent: TestClient) -> None:
     ],
 )
 def test_invalid_load_bodies(agent: TestClient, change: dict[str, Any], settings: NodeSettings) -> None:
-    body = {"lora_name": "acme--x", "lora_int_id": 1,
-            "files": [{"name": "adapter_config.json", "s3_key": "k", "sha256": "a" * 64, "size": 1}], **change}
+    body = {
+        "lora_name": "acme--x",
+        "lora_int_id": 1,
+        "files": [{"name": "adapter_config.json", "s3_key": "k", "sha256": "a" * 64, "size": 1}],
+        **change,
+    }
 
     response = agent.post("/v1/adapters/load", json=body)
 
@@ -288,7 +336,7 @@ def test_heartbeat_posts_state_with_the_node_key(settings: NodeSettings) -> None
     _Recorder.received = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    control = "http://127.0.0.1:%d" % server.server_address[1]
+    control = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with TestClient(create_app(replace(settings, control_url=control, heartbeat_seconds=0.2))):
             deadline = time.monotonic() + 15
@@ -300,17 +348,17 @@ def test_heartbeat_posts_state_with_the_node_key(settings: NodeSettings) -> None
     assert len(_Recorder.received) >= 2
     path, auth, body = _Recorder.received[0]
     assert path == "/internal/v1/nodes/heartbeat"
-    assert auth == "Bearer %s" % settings.node_key
+    assert auth == f"Bearer {settings.node_key}"
     assert body["node"] == "node-test" and body["healthy"] is True and body["adapters"] == []
 
 
 def test_unreachable_control_plane_and_engine_are_not_fatal(settings: NodeSettings) -> None:
-    dead = "http://127.0.0.1:%d" % free_port()
+    dead = f"http://127.0.0.1:{free_port()}"
     app = create_app(replace(settings, control_url=dead, heartbeat_seconds=0.1, engine_url=dead))
     with TestClient(app) as client:
         time.sleep(0.5)  # several failed heartbeats
         health = client.get("/healthz")
-        state = client.get("/v1/state", headers={"Authorization": "Bearer %s" % settings.node_key})
+        state = client.get("/v1/state", headers={"Authorization": f"Bearer {settings.node_key}"})
 
     assert (health.status_code, health.json()["code"]) == (503, "engine_unavailable")
     assert state.status_code == 200

