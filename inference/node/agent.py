@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from inference.node.cache import AdapterCache, FileSpec
-from inference.node.config import NodeSettings
+from inference.node.config import ConfigError, NodeSettings
 from inference.node.engine_client import EngineHTTPClient
 from inference.node.heartbeat import heartbeat_loop
 from inference.node.service import AgentError, NodeAgent
@@ -223,7 +223,15 @@ class _AppFromEnv:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
-            self._app = create_app(NodeSettings.from_env(os.environ))
+            try:
+                self._app = create_app(NodeSettings.from_env(os.environ))
+            except ConfigError as exc:
+                if scope["type"] != "lifespan":
+                    raise
+                # Fail the server start (uvicorn exits) instead of uvicorn's "lifespan unsupported" fallback.
+                await receive()
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
         await self._app(scope, receive, send)
 
 

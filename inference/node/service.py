@@ -1,8 +1,9 @@
 """The node agent's operations: stage + load, unload, pin, and the state report.
 
-Residency words (shared/notes/conventions.md, Vocabulary): `staged` = complete on this node's disk only;
-`warm` = served by the engine (`add_lora` done, in its table); `hot` = warm with a request in flight
-(named in `vllm:lora_requests_info`).
+Residency words (shared/notes/conventions.md, Vocabulary): `staged` = complete on this node's disk but not
+in the engine's CPU cache (never loaded, unloaded, or evicted by the engine's LRU); `warm` = in the engine's
+CPU cache (`add_lora` done, id in `list_loras`); `hot` = served with a request in flight (named in
+`vllm:lora_requests_info`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ class LoadResult:
             "download_ms": round(self.download_ms, 3),
             "load_ms": round(self.load_ms, 3),
         }
+
+
+def _tier(lora: dict[str, Any], hot: set[str]) -> str:
+    """Residency of a served adapter.
+
+    `hot` if a request is in flight; `warm` if in the engine's CPU cache; else `staged`: the engine's LRU
+    (`max_cpu_loras`, `LRUCacheWorkerLoRAManager.add_adapter` in `vllm/lora/worker_manager.py`) evicted
+    it, and the name stays served, but its next request reloads it from disk.
+    """
+    if lora["lora_name"] in hot:
+        return "hot"
+    return "warm" if lora["in_engine"] else "staged"
 
 
 class NodeAgent:
@@ -207,7 +220,7 @@ class NodeAgent:
                 {
                     "lora_name": lora["lora_name"],
                     "lora_int_id": int(lora["lora_int_id"]),
-                    "tier": "hot" if lora["lora_name"] in hot else "warm",
+                    "tier": _tier(lora, hot),
                     "pinned": bool(lora["pinned"]),
                 }
             )

@@ -364,3 +364,25 @@ def test_unreachable_control_plane_and_engine_are_not_fatal(settings: NodeSettin
     assert state.status_code == 200
     assert state.json()["healthy"] is False
     assert state.json()["kv_cache_usage_perc"] is None and state.json()["num_requests_running"] is None
+
+
+def test_lru_eviction_past_max_cpu_loras_reports_staged(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
+) -> None:
+    files = upload(tiny_adapters["qv-r8"])
+    count = clean_vllm_engine.max_cpu_loras + 1
+    for i in range(count):
+        body = {"lora_name": f"acme--lru{i}", "lora_int_id": 70 + i, "files": files}
+        assert agent.post("/v1/adapters/load", json=body).status_code == 200
+
+    tiers = {a["lora_name"]: a["tier"] for a in _state_adapters(agent)}
+
+    # The oldest fell out of the engine's CPU cache (LRU); the others are resident.
+    assert tiers == {f"acme--lru{i}": ("staged" if i == 0 else "warm") for i in range(count)}
+    # Still served: a request reloads it from its staged path.
+    completion = httpx.post(
+        clean_vllm_engine.url + "/v1/completions",
+        json={"model": "acme--lru0", "prompt": "the", "max_tokens": 2},
+        headers=clean_vllm_engine.headers,
+    )
+    assert completion.status_code == 200

@@ -1,0 +1,71 @@
+"""The S3 -> disk adapter cache against a real S3 server (no engine)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+
+import pytest
+
+from inference.node.cache import COMPLETE_MARKER, AdapterCache, CacheError, FileSpec
+from tests.fixtures.s3 import S3Server
+
+
+@pytest.fixture
+def cache(s3_server: S3Server, tmp_path: Path) -> AdapterCache:
+    return AdapterCache(tmp_path / "cache", s3_server.client(), s3_server.bucket)
+
+
+def _put(s3_server: S3Server, data: bytes, name: str = "adapter_config.json") -> FileSpec:
+    key = f"adapters/cache-{uuid.uuid4().hex}/{name}"
+    s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=data)
+    return FileSpec(name=name, s3_key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def test_stage_downloads_then_reuses(cache: AdapterCache, s3_server: S3Server) -> None:
+    spec = _put(s3_server, b'{"r": 8}')
+
+    first = cache.stage("acme--a", 7, [spec])
+    second = cache.stage("acme--a", 7, [spec])
+
+    assert first.path == cache.root / "acme--a" / "7"
+    assert (first.path / "adapter_config.json").read_bytes() == b'{"r": 8}'
+    assert (first.downloaded_bytes, second.downloaded_bytes) == (8, 0)
+    assert [(e.lora_name, e.lora_int_id) for e in cache.staged()] == [("acme--a", 7)]
+
+
+def test_corrupted_local_copy_is_replaced(cache: AdapterCache, s3_server: S3Server) -> None:
+    spec = _put(s3_server, b"good bytes")
+    staged = cache.stage("acme--b", 8, [spec])
+    (staged.path / spec.name).write_bytes(b"evil bytes")
+
+    again = cache.stage("acme--b", 8, [spec])
+
+    assert again.downloaded_bytes == len(b"good bytes")
+    assert (staged.path / spec.name).read_bytes() == b"good bytes"
+
+
+def test_size_mismatch_leaves_no_file_and_no_marker(cache: AdapterCache, s3_server: S3Server) -> None:
+    spec = _put(s3_server, b"12345")
+    wrong = FileSpec(spec.name, spec.s3_key, spec.sha256, size=4)
+
+    with pytest.raises(CacheError) as info:
+        cache.stage("acme--c", 9, [wrong])
+
+    assert (info.value.code, info.value.status) == ("size_mismatch", 422)
+    folder = cache.root / "acme--c" / "9"
+    assert list(folder.iterdir()) == []
+    assert not (folder / COMPLETE_MARKER).exists()
+    assert cache.staged() == []
+
+
+def test_remove_deletes_one_version_or_all(cache: AdapterCache, s3_server: S3Server) -> None:
+    spec = _put(s3_server, b"x")
+    cache.stage("acme--d", 1, [spec])
+    cache.stage("acme--d", 2, [spec])
+
+    cache.remove("acme--d", 1)
+    assert [e.lora_int_id for e in cache.staged()] == [2]
+    cache.remove("acme--d")
+    assert cache.staged() == []
