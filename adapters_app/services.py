@@ -27,6 +27,7 @@ from adapters_app.validation import (
     validate_adapter_dir,
 )
 from config.exceptions import QuiverError
+from inference.gateway.models import Node
 from tenants.models import Tenant
 from workers.tasks import adapter_version_validate_task
 
@@ -60,6 +61,8 @@ def base_model_register(
             "max_adapter_bytes": max_adapter_bytes,
         },
     )
+    # Nodes that already heartbeat this model (registered after them) can serve it at once.
+    Node.objects.filter(base_model__isnull=True, state__base_model=base_model_name).update(base_model=base)
     return base
 
 

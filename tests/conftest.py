@@ -11,7 +11,6 @@ from rest_framework.test import APIClient
 
 from adapters_app.models import BaseModel
 from adapters_app.services import base_model_register
-from demo.assets import DemoAssets, ensure_demo_assets
 from tenants.models import Tenant
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
@@ -39,8 +38,3 @@ def make_client() -> Callable[..., tuple[APIClient, Tenant, str]]:
 
 pytest_plugins = ["tests.fixtures.vllm", "tests.fixtures.stack"]
 
-
-@pytest.fixture(scope="session")
-def demo_assets() -> DemoAssets:
-    """The README demo's tiny model and trained adapters (cached under ``.cache/demo-assets``)."""
-    return ensure_demo_assets()

@@ -47,15 +47,20 @@ async def relay_sse(
     """Relay an engine SSE stream, rewriting each chunk's ``model`` and capturing the final ``usage``.
 
     The gateway always asks the engine for ``stream_options.include_usage`` (to meter); ``keep_usage`` says whether
-    the client asked for it too, else the usage-only chunk is dropped. ``on_done(usage)`` runs once at the end.
+    the client asked for it too, else the usage-only chunk is dropped. ``on_done(usage)`` runs once: before
+    ``[DONE]`` is relayed, or at the end if the stream stops early.
     """
     usage: dict[str, Any] | None = None
+    recorded = False
     try:
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue
             payload = line[5:].strip()
             if payload == "[DONE]":
+                # Meter before the client sees the end, so usage is visible once the stream is read.
+                recorded = True
+                await on_done(usage)
                 yield b"data: [DONE]\n\n"
                 continue
             try:
@@ -75,4 +80,5 @@ async def relay_sse(
     finally:
         await response.aclose()
         await client.aclose()
-        await on_done(usage)
+        if not recorded:  # client went away or the engine ended without [DONE]
+            await on_done(usage)

@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from demo.assets import DemoAssets
+from demo.tiny_model import load_base
 from inference.gateway.models import Placement, UsageRecord
 from tenants.services import api_key_create, api_key_revoke
 from tests.factories import TenantFactory
+from tests.fixtures.reference import greedy_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,12 +45,8 @@ def _wait_ready(api: httpx.Client, name: str, number: int) -> dict:
 
 
 def _hf_greedy_ids(base_dir: Path, prompt: str, n: int) -> list[int]:
-    tok = AutoTokenizer.from_pretrained(base_dir)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32).eval()
-    ids = tok(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
-    return out[0, ids.shape[1]:].tolist()
+    model, tok = load_base(base_dir)
+    return greedy_ids(model.eval(), tok, prompt, n)
 
 
 def _stream_chat(client: openai.OpenAI, model: str, content: str) -> str:
@@ -60,7 +56,7 @@ def _stream_chat(client: openai.OpenAI, model: str, content: str) -> str:
 
 
 def test_upload_validate_warm_and_serve_two_adapters_and_the_base(
-    demo_assets: DemoAssets, base_model, gateway_server: str, celery_worker: None, node_agent  # type: ignore[no-untyped-def]
+    demo_assets: DemoAssets, base_model, gateway_server: str, celery_worker: None, live_node  # type: ignore[no-untyped-def]
 ) -> None:
     tenant = TenantFactory(slug="acme")
     _, key = api_key_create(tenant, name="app")

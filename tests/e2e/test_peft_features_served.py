@@ -16,6 +16,7 @@ from demo.assets import DemoAssets
 from demo.tiny_model import load_base, one_torch_thread, save_adapter
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
+from tests.fixtures.reference import greedy_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,18 +45,12 @@ def _make(base_dir: Path, out: Path, config: LoraConfig, seed: int) -> tuple[Pat
                     param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
         save_adapter(peft_model, out, served_name="tiny-llama")
         reference = PeftModel.from_pretrained(load_base(base_dir)[0], out).eval()
-        expected = {}
-        for prompt in PROMPTS:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            with torch.no_grad():
-                gen_ids = reference.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                             do_sample=False)
-            expected[prompt] = gen_ids[0, ids.shape[1]:].tolist()
+        expected = {prompt: greedy_ids(reference, tok, prompt, NEW_TOKENS) for prompt in PROMPTS}
     return out, expected
 
 
 def test_supported_peft_features_are_accepted_and_served_exactly(
-    demo_assets: DemoAssets, base_model, gateway_server: str, celery_worker: None, node_agent,  # type: ignore[no-untyped-def]
+    demo_assets: DemoAssets, base_model, gateway_server: str, celery_worker: None, live_node,  # type: ignore[no-untyped-def]
     tmp_path: Path,
 ) -> None:
     _, key = api_key_create(TenantFactory(slug="features"), name="k")

@@ -10,10 +10,15 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload, adapter_version_validate
-from inference.gateway.models import Node, Placement
-from inference.gateway.placement import node_heartbeat, node_mark_stale, node_select_for_warm, placement_request_warm
-from inference.gateway.routing import Target, node_for, target_resolve
 from inference.gateway.errors import GatewayError
+from inference.gateway.models import Node, Placement
+from inference.gateway.placement import (
+    node_heartbeat,
+    node_mark_stale,
+    node_select_for_warm,
+    placement_request_warm,
+)
+from inference.gateway.routing import Target, node_for, target_resolve
 
 pytestmark = pytest.mark.django_db
 
@@ -23,6 +28,12 @@ def _state(name: str, adapters: list[dict] | None = None, **extra: object) -> di
             "agent_url": f"http://{name}:8100", "max_loras": 2, "max_cpu_loras": 4, "max_lora_rank": 16,
             "adapters": adapters or [], "kv_cache_usage_perc": 0.1, "num_requests_running": 0,
             "num_requests_waiting": 0, **extra}
+
+
+@pytest.fixture(autouse=True)
+def _no_other_nodes() -> None:
+    """Start from no nodes (rolled back after the test), whatever a reused database holds."""
+    Node.objects.all().delete()
 
 
 @pytest.fixture
@@ -56,7 +67,8 @@ def test_routing_prefers_hot_then_short_queue_and_skips_stale_nodes(ready_versio
     assert node_for(target).name == "b"
     Node.objects.filter(name="b").update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
     assert node_for(target).name == "a"
-    assert node_mark_stale() == 1 and not Node.objects.get(name="b").healthy
+    assert node_mark_stale() == 1
+    assert not Node.objects.get(name="b").healthy and Node.objects.get(name="a").healthy
 
 
 def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
