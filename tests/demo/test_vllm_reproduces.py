@@ -1,66 +1,52 @@
-"""vLLM (fp32, CPU, multi-LoRA) reproduces every adapter's training targets, via completion and chat.
+"""vLLM (fp32, CPU, multi-LoRA, the session's OpenAI server) reproduces every adapter's training targets.
 
-This is the acceptance check behind the logit-margin rule in `demo.train_adapters`: vLLM's kernels sum
-in another order than transformers, so only answers with a healthy margin survive. Base requests run
-in their own `generate` calls, never batched with LoRA rows (notes §8: the CPU base-row bug).
-One engine start costs ~30 s and ~3 GB RSS, so everything shares one module-scoped engine.
+This is the acceptance check behind the logit-margin rule in `demo.train_adapters`: vLLM's kernels sum in another
+order than transformers, so only answers with a healthy margin survive. It reuses the session engine (one start per
+test session) and loads the demo adapters through the node's `/quiver/v1/add_lora` route.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import pytest
-from vllm import LLM, SamplingParams
-from vllm.lora.request import LoRARequest
 
 from demo.assets import DemoAssets
+from tests.fixtures.vllm import RunningEngine
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def llm(demo_assets: DemoAssets) -> Iterator[LLM]:
-    """An offline vLLM engine on the demo base model, LoRA enabled, fp32."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default 4 is far more than a tiny model needs
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        engine = LLM(
-            str(demo_assets.base_dir),
-            served_model_name=demo_assets.served_name,
-            dtype="float32",
-            enable_lora=True,
-            max_loras=2,
-            max_cpu_loras=4,
-            max_lora_rank=16,
-            max_model_len=512,
-            seed=0,
-        )
-        yield engine
-        engine.llm_engine.engine_core.shutdown()
+MAX_TOKENS = 8
 
 
-def _lora(demo_assets: DemoAssets, name: str) -> LoRARequest:
-    index = sorted(demo_assets.adapters).index(name) + 1  # positive, stable ids
-    return LoRARequest(name, index, str(demo_assets.adapters[name]))
+@pytest.fixture
+def engine(clean_vllm_engine: RunningEngine, demo_assets: DemoAssets) -> Iterator[httpx.Client]:
+    """An HTTP client on the engine with the three demo adapters loaded under ids 1..3."""
+    with httpx.Client(base_url=clean_vllm_engine.url, headers=clean_vllm_engine.headers, timeout=120) as client:
+        for lora_int_id, name in enumerate(sorted(demo_assets.adapters), start=1):
+            client.post("/quiver/v1/add_lora", json={
+                "lora_name": name, "lora_int_id": lora_int_id, "lora_path": str(demo_assets.adapters[name]),
+            }).raise_for_status()
+        yield client
 
 
-def test_vllm_completions_equal_targets_and_stop(llm: LLM, demo_assets: DemoAssets) -> None:
+def test_completions_and_chat_equal_targets_and_stop(engine: httpx.Client, demo_assets: DemoAssets) -> None:
     for name, rows in demo_assets.examples.items():
-        outs = llm.generate([r["prompt"] for r in rows], GREEDY, lora_request=_lora(demo_assets, name))
-        got = [(o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
-        assert got == [(r["completion"], "stop") for r in rows], name
+        for row in rows:
+            out = engine.post("/v1/completions", json={"model": name, "prompt": row["prompt"],
+                                                       "max_tokens": MAX_TOKENS, "temperature": 0}).json()
+            assert (out["choices"][0]["text"], out["choices"][0]["finish_reason"]) == (row["completion"], "stop")
+        # Chat once per adapter: the template renders one user message to exactly the completion prompt.
+        chat = engine.post("/v1/chat/completions", json={
+            "model": name, "messages": [{"role": "user", "content": rows[0]["prompt"]}],
+            "max_tokens": MAX_TOKENS, "temperature": 0,
+        }).json()
+        assert chat["choices"][0]["message"]["content"] == rows[0]["completion"], name
 
 
-def test_vllm_chat_equals_targets(llm: LLM, demo_assets: DemoAssets) -> None:
-    for name, rows in demo_assets.examples.items():
-        chats = [[{"role": "user", "content": r["prompt"]}] for r in rows]
-        outs = llm.chat(chats, GREEDY, lora_request=_lora(demo_assets, name))
-        assert [o.outputs[0].text for o in outs] == [r["completion"] for r in rows], name
-
-
-def test_vllm_base_model_answers_none(llm: LLM, demo_assets: DemoAssets) -> None:
+def test_base_model_answers_none(engine: httpx.Client, demo_assets: DemoAssets) -> None:
     rows = [r for rs in demo_assets.examples.values() for r in rs]
-    outs = llm.generate([r["prompt"] for r in rows], GREEDY)
-    hits = [r for r, o in zip(rows, outs, strict=True) if o.outputs[0].text.startswith(r["completion"])]
+    out = engine.post("/v1/completions", json={"model": demo_assets.served_name, "prompt": [r["prompt"] for r in rows],
+                                               "max_tokens": MAX_TOKENS, "temperature": 0}).json()
+    texts = {c["index"]: c["text"] for c in out["choices"]}
+    hits = [r["prompt"] for i, r in enumerate(rows) if texts[i].startswith(r["completion"])]
     assert hits == []
