@@ -7,12 +7,14 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
 from adapters_app.views import AdapterVersionViewSet, AdapterViewSet, BaseModelViewSet
+from inference.gateway.api import UsageViewSet
 from tenants.views import ApiKeyViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("adapters", AdapterViewSet, basename="adapter")
 router.register("base-models", BaseModelViewSet, basename="base-model")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
+router.register("usage", UsageViewSet, basename="usage")
 router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersionViewSet, basename="adapter-version")
 
 

@@ -270,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{example['prompt']!r:<16} {example['completion']!r:<14} {answers[0]!r:<14} "
                     f"{answers[1][:16]!r:<18} {'yes' if ok else 'NO'}"
                 )
-        usage = client.completions.create(model=sorted(assets.adapters)[0], prompt="x", max_tokens=1).usage
-        _say(
-            f"{total - failures}/{total} answers match; last usage record: {usage}; "
-            f"total {time.monotonic() - started:.0f} s"
-        )
+        print("\n== usage metered by the gateway (GET /api/v1/usage) ==")
+        for row in api.get("/api/v1/usage").json():
+            print(f"{row['model']:<12} v{row['version'] or '-':<3} requests={row['requests']:<3} "
+                  f"prompt_tokens={row['prompt_tokens']:<4} completion_tokens={row['completion_tokens']}")
+        _say(f"{total - failures}/{total} answers match; total {time.monotonic() - started:.0f} s")
         return 0 if failures == 0 else 1
 
 

@@ -95,6 +95,9 @@ def test_upload_validate_warm_and_serve_two_adapters_and_the_base(
     assert usage.count() >= 3
     assert all(u.prompt_tokens > 0 and u.completion_tokens > 0 for u in usage)
     assert UsageRecord.objects.filter(tenant=tenant, adapter_version__isnull=True, completion_tokens=8).exists()
+    summary = {row["model"]: row for row in api.get("/api/v1/usage").json()}
+    assert summary["capitals"]["requests"] == 2 and summary["sums"]["requests"] == 1
+    assert summary["tiny-llama"]["completion_tokens"] == 8 and summary["tiny-llama"]["version"] is None
 
     # Tenant isolation and key revocation on the gateway.
     other = TenantFactory(slug="other")
