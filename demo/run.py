@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,17 +25,13 @@ import httpx
 from openai import OpenAI
 
 from demo.assets import ensure_demo_assets
+from devtools.proc import free_port
 from devtools.services import start_seaweedfs
 from inference.node.launch import EngineConfig, engine_argv, engine_env
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _say(msg: str) -> None:
@@ -126,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         s3 = start_seaweedfs(args.workdir / "s3", bucket="quiver")
         stack.callback(s3.stop)
         node_key = os.urandom(16).hex()
-        web_port, agent_port, engine_port = _free_port(), _free_port(), _free_port()
+        web_port, agent_port, engine_port = free_port(), free_port(), free_port()
         web_url = f"http://127.0.0.1:{web_port}"
         env = {
             **os.environ,
