@@ -6,6 +6,8 @@ never ``hash()``: vllm-project/vllm ``vllm/lora/request.py`` requires a positive
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 from tenants.models import Tenant, slug_validator
@@ -83,8 +85,24 @@ class AdapterVersion(models.Model):
         ]
         indexes = [models.Index(fields=["adapter", "status"])]
 
+    # Written once at upload; a changed artifact is a new version (vllm-project/vllm#30931: reusing a name for new
+    # weights serves stale prefix-cache blocks).
+    IMMUTABLE_FIELDS = frozenset({"tenant", "adapter", "number", "sha256", "size_bytes", "s3_prefix", "files"})
+
     def __str__(self) -> str:
         return f"{self.adapter_id}@{self.number}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save; updates must name ``update_fields`` outside the immutable artifact fields.
+
+        Raises:
+            ValueError: an update without ``update_fields`` or touching ``IMMUTABLE_FIELDS``.
+        """
+        if self.pk is not None and not self._state.adding:
+            fields = kwargs.get("update_fields")
+            if fields is None or self.IMMUTABLE_FIELDS & set(fields):
+                raise ValueError("AdapterVersion artifacts are immutable: upload a new version instead.")
+        super().save(*args, **kwargs)
 
     @property
     def lora_int_id(self) -> int:

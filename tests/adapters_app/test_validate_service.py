@@ -61,3 +61,16 @@ def test_report_is_returned_by_the_api(make_client, base_model, tiny_adapters) -
     body = client.get(f"/api/v1/adapters/shown/versions/{version.number}").json()
     assert body["status"] == "ready"
     assert body["validation_report"]["ok"] is True and "facts" in body["validation_report"]
+
+
+def test_versions_are_immutable(make_client, base_model, tiny_adapters) -> None:  # type: ignore[no-untyped-def]
+    _, tenant, _ = make_client()
+    version = _upload(tenant, tiny_adapters["qv-r8"])
+    version.sha256 = "0" * 64
+    with pytest.raises(ValueError, match="immutable"):
+        version.save()
+    with pytest.raises(ValueError, match="immutable"):
+        version.save(update_fields=["sha256"])
+    version.refresh_from_db()
+    version.status = AdapterVersion.Status.VALIDATING
+    version.save(update_fields=["status"])
