@@ -6,6 +6,7 @@ Runs on PostgreSQL, Redis, SeaweedFS, a real Celery worker, one vLLM engine per 
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -14,10 +15,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from django.conf import settings
 
+from adapters_app.models import AdapterVersion
+from adapters_app.storage import delete_keys, s3_client
 from demo.assets import DemoAssets
 from demo.tiny_model import load_base
 from inference.gateway.models import Placement, UsageRecord
+from inference.gateway.node_client import node_call
 from tenants.services import api_key_create, api_key_revoke
 from tests.factories import TenantFactory
 from tests.fixtures.reference import greedy_ids
@@ -123,3 +128,38 @@ def test_unknown_model_and_bad_requests_are_openai_shaped(gateway_server: str, b
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json"
     resp = httpx.post(f"{gateway_server}/v1/completions", json={"model": "tiny-llama", "prompt": "x"})
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
+
+
+def test_failed_warm_is_reported_then_retried(
+    demo_assets: DemoAssets, base_model, gateway_server: str, celery_worker: None, node_agent, live_node  # type: ignore[no-untyped-def]
+) -> None:
+    tenant = TenantFactory(slug="flaky")
+    _, key = api_key_create(tenant, name="app")
+    api = httpx.Client(base_url=gateway_server, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    number = _upload(api, "upper", demo_assets.adapters["upper"])
+    assert _wait_ready(api, "upper", number)["status"] == "ready"
+    version = AdapterVersion.objects.get(adapter__tenant=tenant, adapter__name="upper")
+    deadline = time.monotonic() + 60
+    while not Placement.objects.filter(adapter_version=version, tier__in=["warm", "hot"]).exists():
+        assert time.monotonic() < deadline, "the warm after validation never finished"
+        time.sleep(0.2)
+    # Take it off the node (engine and disk) and out of S3, so the next warm must fail.
+    node_call(live_node.agent_url, "/v1/adapters/unload", {"lora_name": version.served_name})
+    shutil.rmtree(node_agent.cache_dir / version.served_name)
+    Placement.objects.filter(adapter_version=version).delete()
+    bucket = settings.AWS_STORAGE_BUCKET_NAME
+    stash = {f["s3_key"]: s3_client().get_object(Bucket=bucket, Key=f["s3_key"])["Body"].read() for f in version.files}
+    delete_keys(stash)
+
+    body = {"model": "upper", "prompt": "upper cat:", "max_tokens": 4, "temperature": 0}
+    failed = api.post("/v1/completions", json=body)
+    assert failed.status_code == 503, failed.text
+    assert failed.json()["error"]["code"] == "adapter_load_failed"
+    assert "s3_object_missing" in failed.json()["error"]["message"]
+    assert Placement.objects.get(adapter_version=version).tier == "errored"
+
+    for s3_key, data in stash.items():
+        s3_client().put_object(Bucket=bucket, Key=s3_key, Body=data)
+    retried = api.post("/v1/completions", json=body)
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["choices"][0]["text"] == " CAT"
