@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -27,9 +28,9 @@ from adapters_app.validation import (
     validate_adapter_dir,
 )
 from config.exceptions import QuiverError
-from inference.gateway.models import Node
+from inference.gateway.models import Node, Placement
 from tenants.models import Tenant
-from workers.tasks import adapter_version_validate_task
+from workers.tasks import adapter_version_validate_task, node_unload_task
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,12 @@ def base_model_register(
     """Register (or update the limits of) a base model from its HF ``config.json``.
 
     Raises:
-        ValueError: the architecture is not one the validator can describe (message names the config field).
+        ValueError: the architecture is not one the validator can describe (message names the config field), or the
+            name is already a tenant adapter's name.
     """
+    if Adapter.objects.filter(name=base_model_name).exists():
+        raise ValueError(f"base_model_name {base_model_name!r} is already an adapter's name; the gateway would route "
+                         "that tenant's traffic to the base model. Choose another served name.")
     facts = BaseModelFacts.from_hf_config(base_model_name, hf_config)
     base, _ = BaseModel.objects.update_or_create(
         base_model_name=base_model_name,
@@ -70,17 +75,20 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
     """Create a tenant adapter, within the tenant's ``max_adapters`` quota.
 
     Raises:
-        QuiverError: ``base_model_not_found`` (400), ``adapter_exists`` (409), ``quota_exceeded`` (403),
-            ``invalid`` (400, bad name).
+        QuiverError: ``base_model_not_found`` (400), ``adapter_exists`` (409), ``adapter_name_reserved`` (409: a base
+            model's name, which the gateway would route to the base model), ``quota_exceeded`` (403),
+            ``invalid`` (400, bad name or description).
     """
     base = BaseModel.objects.filter(base_model_name=base_model_name).first()
     if base is None:
         known = list(BaseModel.objects.values_list("base_model_name", flat=True))
         raise QuiverError(
-            f"Unknown base_model '{base_model_name}'. Registered base models: {known}.", code="base_model_not_found"
+            f"Unknown base_model '{base_model_name}'. Registered base models: {known}.", code="base_model_not_found",
+            fields={"base_model": [f"Use one of {known}."]},
         )
-    if Adapter.objects.filter(tenant=tenant, name=name).exists():
-        raise QuiverError(f"Adapter '{name}' already exists.", code="adapter_exists", status_code=409)
+    if BaseModel.objects.filter(base_model_name=name).exists():
+        raise QuiverError(f"'{name}' is a base model's name; choose another adapter name.",
+                          code="adapter_name_reserved", status_code=409)
     if Adapter.objects.filter(tenant=tenant).count() >= tenant.max_adapters:
         raise QuiverError(
             f"Tenant quota of {tenant.max_adapters} adapters reached; delete one or ask an operator to raise max_adapters.",
@@ -89,11 +97,54 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
         )
     adapter = Adapter(tenant=tenant, name=name, base_model=base, description=description)
     try:
-        adapter.full_clean()
-    except Exception as exc:
-        raise QuiverError(f"Invalid adapter name '{name}': {exc}", code="invalid", fields={"name": [str(exc)]}) from exc
-    adapter.save()
+        adapter.full_clean(validate_unique=False)
+    except DjangoValidationError as exc:
+        fields = exc.message_dict
+        first = next(iter(fields))
+        raise QuiverError(f"Invalid {first} '{name}': {fields[first][0]}", code="invalid", fields=fields) from exc
+    try:
+        with transaction.atomic():
+            adapter.save()
+    except IntegrityError as exc:
+        raise QuiverError(f"Adapter '{name}' already exists.", code="adapter_exists", status_code=409) from exc
     return adapter
+
+
+def _adapter_for_upload(tenant: Tenant, *, name: str, base_model_name: str | None) -> Adapter:
+    """The tenant's adapter ``name``, created with ``base_model_name`` if missing (concurrent first uploads agree)."""
+    adapter = Adapter.objects.filter(tenant=tenant, name=name).first()
+    if adapter is not None:
+        return adapter
+    try:
+        return adapter_create(tenant, name=name, base_model_name=base_model_name or "")
+    except QuiverError as exc:
+        if exc.code != "adapter_exists":
+            raise
+        return Adapter.objects.get(tenant=tenant, name=name)
+
+
+def adapter_delete(adapter: Adapter) -> None:
+    """Delete an adapter with all its versions: rows now, then (on commit) its S3 objects and its engine copies.
+
+    Nodes unload through ``node_unload_task`` (placement queue); a node that is down drops it on restart anyway.
+    """
+    keys = [f["s3_key"] for v in adapter.versions.all() for f in v.files]
+    unloads = [
+        (p.node_id, p.adapter_version.served_name)
+        for p in Placement.objects.select_related("adapter_version__adapter__tenant").filter(
+            adapter_version__adapter=adapter
+        )
+    ]
+    with transaction.atomic():
+        adapter.delete()
+
+        def purge() -> None:
+            storage.delete_keys(keys)
+            for node_id, lora_name in unloads:
+                node_unload_task.delay(node_id, lora_name)
+
+        transaction.on_commit(purge)
+    logger.info("adapter.deleted", extra={"adapter_id": adapter.pk, "objects": len(keys), "unloads": len(unloads)})
 
 
 def _rejected(exc: UploadRejected) -> QuiverError:
@@ -191,8 +242,8 @@ def adapter_version_upload(
         files = [{"name": o.key[len(prefix) :], "size": o.size, "sha256": o.sha256, "s3_key": o.key} for o in stored]
         sha256 = _content_sha256(files)
         with transaction.atomic():
-            if adapter is None:
-                adapter = adapter_create(tenant, name=adapter_name, base_model_name=base_model_name or "")
+            adapter = _adapter_for_upload(tenant, name=adapter_name, base_model_name=base_model_name)
+            # The row lock serialises version numbering and duplicate detection per adapter.
             adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
             existing = adapter.versions.filter(sha256=sha256).first()
             if existing is None:
@@ -213,10 +264,6 @@ def adapter_version_upload(
             f"Upload exceeds {exc.limit} bytes; ask an operator to raise QUIVER_MAX_UPLOAD_BYTES or shrink the adapter.",
             code="upload_too_large", status_code=413,
         ) from exc
-    except IntegrityError:
-        # A concurrent identical upload won the race: answer with its version.
-        storage.delete_keys(o.key for o in stored)
-        return AdapterVersion.objects.get(adapter__tenant=tenant, adapter__name=adapter_name, sha256=sha256), False
     except BaseException:
         storage.delete_keys(o.key for o in stored)
         raise
@@ -250,19 +297,29 @@ def adapter_version_validate(version: AdapterVersion) -> AdapterVersion:
                 problems_io.append({"code": "artifact_corrupt", "severity": "error", "field": entry["name"],
                                     "message": f"{entry['name']} changed in storage since upload.",
                                     "hint": "Upload the adapter again."})
-        report = validate_adapter_dir(
-            root,
-            base=BaseModelFacts.from_dict(base.facts),
-            limits=PoolLimits(max_lora_rank=base.max_lora_rank, max_adapter_bytes=base.max_adapter_bytes),
-        ).to_dict()
+        try:
+            report = validate_adapter_dir(
+                root,
+                base=BaseModelFacts.from_dict(base.facts),
+                limits=PoolLimits(max_lora_rank=base.max_lora_rank, max_adapter_bytes=base.max_adapter_bytes),
+            ).to_dict()
+        except Exception:
+            # A validator bug must not strand the version in "validating": reject it, keep the traceback in logs.
+            logger.exception("adapter_version.validator_crashed", extra={"version_id": version.pk})
+            report = {"ok": False, "facts": {}, "schema": 1, "problems": [{
+                "code": "validator_internal_error", "severity": "error", "field": None,
+                "message": "The validator failed on this adapter; operators have the details in the logs.",
+                "hint": "Check adapter_config.json for unusual values, or contact support with the version number.",
+            }]}
     report["problems"] = problems_io + report.get("problems", [])
     ok = report.get("ok", False) and not problems_io
     report["ok"] = ok
     facts = report.get("facts", {})
     version.status = AdapterVersion.Status.READY if ok else AdapterVersion.Status.REJECTED
     version.validation_report = report
-    version.r = facts.get("r") if isinstance(facts.get("r"), int) else None
-    version.lora_alpha = facts.get("lora_alpha") if isinstance(facts.get("lora_alpha"), int | float) else None
+    version.r = facts.get("r") if isinstance(facts.get("r"), int) and 0 < facts["r"] < 2**31 else None
+    alpha = facts.get("lora_alpha")
+    version.lora_alpha = float(alpha) if isinstance(alpha, float) or (isinstance(alpha, int) and abs(alpha) < 2**53) else None
     version.target_modules = facts.get("target_modules")
     version.validated_at = timezone.now()
     version.save(update_fields=["status", "validation_report", "r", "lora_alpha", "target_modules", "validated_at"])

@@ -47,6 +47,9 @@ class AdapterViewSet(
         )
         return Response(AdapterOutputSerializer(adapter).data, status=status.HTTP_201_CREATED)
 
+    def perform_destroy(self, instance: Adapter) -> None:
+        services.adapter_delete(instance)
+
 
 class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     """Versions of one adapter: list, retrieve by number, upload (multipart ``files``, optional ``base_model``)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -43,6 +44,15 @@ def _first_code(codes: Any) -> str:
     return "error"
 
 
+def _first_message(detail: Any) -> str:
+    """The first human message inside DRF's nested error detail (lists of dicts of lists ...)."""
+    if isinstance(detail, dict):
+        return _first_message(next(iter(detail.values()), ""))
+    if isinstance(detail, list):
+        return _first_message(detail[0]) if detail else ""
+    return str(detail)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render every API exception as ``{"detail", "code"[, "fields"]}``.
 
@@ -53,6 +63,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -63,7 +75,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif isinstance(exc, exceptions.ValidationError):
         fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         first_field, first_msgs = next(iter(fields.items())) if fields else ("", [])
-        first_msg = first_msgs[0] if isinstance(first_msgs, list) and first_msgs else first_msgs
+        first_msg = _first_message(first_msgs)
         body = {
             "detail": f"Invalid input for '{first_field}': {first_msg}",
             "code": "invalid",

@@ -29,3 +29,8 @@ urlpatterns = [
     path("healthz", healthz),
     path("", include("inference.gateway.urls")),
 ]
+
+handler400 = "config.error_views.bad_request"
+handler403 = "config.error_views.permission_denied"
+handler404 = "config.error_views.not_found"
+handler500 = "config.error_views.server_error"

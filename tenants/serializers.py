@@ -11,7 +11,7 @@ from tenants.scopes import ALL_SCOPES
 class ApiKeyInputSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     scopes = serializers.ListField(
-        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, default=list(ALL_SCOPES)
+        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, default=list(ALL_SCOPES), allow_empty=False
     )
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 

@@ -54,6 +54,22 @@ def placement_evict_task(placement_id: int) -> None:
         placement_evict(placement)
 
 
+@shared_task(max_retries=3, default_retry_delay=10, retry_backoff=True, bind=True)
+def node_unload_task(self, node_id: int, lora_name: str) -> None:  # type: ignore[no-untyped-def]
+    """Remove a deleted version's ``lora_name`` from a node's engine (its rows are already gone)."""
+    from inference.gateway.models import Node
+    from inference.gateway.node_client import NodeCallFailed, node_call
+
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None:
+        return
+    try:
+        node_call(node.agent_url, "/v1/adapters/unload", {"lora_name": lora_name})
+    except NodeCallFailed as exc:
+        if exc.code != "lora_not_found":  # already gone is done
+            raise self.retry(exc=exc) from exc
+
+
 @shared_task(ignore_result=True)
 def node_mark_stale_task() -> None:
     """Periodic (beat): nodes without a fresh heartbeat become unhealthy."""

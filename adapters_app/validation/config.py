@@ -310,6 +310,20 @@ def _task_type(task: Any, facts: dict[str, Any]) -> list[Problem]:
     ]
 
 
+# Ranks are int32 in engines and in the database; JSON integers are unbounded.
+MAX_INT = 2**31 - 1
+
+
+def _finite_positive(value: Any) -> bool:
+    """A positive, finite JSON number that converts to a float (huge integers overflow ``float``)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value)) and value > 0
+    except OverflowError:
+        return False
+
+
 def _positive_int(doc: dict[str, Any], key: str, problems: list[Problem], *, required: bool) -> int | None:
     if key not in doc or doc[key] is None:
         if required:
@@ -323,12 +337,12 @@ def _positive_int(doc: dict[str, Any], key: str, problems: list[Problem], *, req
             )
         return None
     value = doc[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_INT:
         problems.append(
             _err(
                 "config_invalid_field",
                 key,
-                f"{key} must be a positive integer, got {str(value)[:40]!r}.",
+                f"{key} must be a positive integer up to {MAX_INT}, got {str(value)[:40]!r}.",
                 f"Set {key} to the rank the adapter was trained with.",
             )
         )
@@ -351,12 +365,7 @@ def _lora_alpha(doc: dict[str, Any], problems: list[Problem]) -> float | None:
         )
         return None
     value = doc["lora_alpha"]
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if not _finite_positive(value):
         problems.append(
             _err(
                 "config_invalid_field",
@@ -453,9 +462,9 @@ def _pattern(doc: dict[str, Any], key: str, kind: type, problems: list[Problem])
         return {}
     out: dict[str, Any] = {}
     for pat, v in value.items():
-        ok_num = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        ok_num = _finite_positive(v)
         if kind is int:
-            ok_num = ok_num and isinstance(v, int)
+            ok_num = ok_num and isinstance(v, int) and v <= MAX_INT
         try:
             re.compile(pat)
         except re.error:

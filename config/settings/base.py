@@ -73,7 +73,8 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 
 # Uploads above this stay on disk, never whole in memory (Django's TemporaryFileUploadHandler).
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
-DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+# Non-file bodies (long prompts to the gateway) up to 32 MiB; beyond that Django answers 400 (JSON via handler400).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 32 * 1024 * 1024
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
@@ -108,6 +109,7 @@ CELERY_TASK_ROUTES = {
     "workers.tasks.adapter_version_validate_task": {"queue": "validation"},
     "workers.tasks.placement_warm_task": {"queue": "placement"},
     "workers.tasks.placement_evict_task": {"queue": "placement"},
+    "workers.tasks.node_unload_task": {"queue": "placement"},
 }
 CELERY_BEAT_SCHEDULE = {
     "node-mark-stale": {"task": "workers.tasks.node_mark_stale_task", "schedule": 15.0},

@@ -189,3 +189,18 @@ async def models(request: HttpRequest) -> HttpResponse:
         return exc.response()
     data = await sync_to_async(_models_payload)(key.tenant)
     return JsonResponse({"object": "list", "data": data})
+
+
+@csrf_exempt
+async def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
+    """``GET /v1/models/{id}``: one entry of :func:`models`, or OpenAI's 404."""
+    try:
+        key = await _authenticate(request)
+    except GatewayError as exc:
+        return exc.response()
+    data = await sync_to_async(_models_payload)(key.tenant)
+    for entry in data:
+        if entry["id"] == model_id:
+            return JsonResponse(entry)
+    return GatewayError(404, f"The model `{model_id}` does not exist.", code="model_not_found",
+                        param="model").response()

@@ -140,3 +140,31 @@ def test_unknown_adapter_without_base_model_is_404_naming_the_fix(make_client, t
     assert resp.status_code == 404
     assert resp.json()["code"] == "adapter_not_found" and "base_model" in resp.json()["detail"]
 
+
+
+def test_deleting_an_adapter_removes_its_objects(make_client, base_model, tiny_adapters,
+                                                 django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    client.post("/api/v1/adapters/gone/versions", {"files": _files(tiny_adapters["qv-r8"]), "base_model": "tiny-llama"},
+                format="multipart")
+    assert len(_objects_under(tenant.pk)) == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        assert client.delete("/api/v1/adapters/gone").status_code == 204
+    assert _objects_under(tenant.pk) == [] and not AdapterVersion.objects.filter(adapter__tenant=tenant).exists()
+
+
+def test_adapter_names_cannot_shadow_a_base_model(make_client, base_model, tiny_adapters) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    resp = client.post("/api/v1/adapters/tiny-llama/versions",
+                       {"files": _files(tiny_adapters["qv-r8"]), "base_model": "tiny-llama"}, format="multipart")
+    assert resp.status_code == 409 and resp.json()["code"] == "adapter_name_reserved"
+    assert _objects_under(tenant.pk) == []
+
+
+def test_bad_adapter_name_is_a_clean_field_error(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client()
+    resp = client.post("/api/v1/adapters", {"name": "Bad Name!", "base_model": "tiny-llama"}, format="json")
+    assert resp.status_code == 400
+    body = resp.json()
+    assert body["code"] == "invalid" and "{" not in body["detail"]
+    assert body["fields"]["name"][0].startswith("Use 1-40 lowercase")

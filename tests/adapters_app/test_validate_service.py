@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,15 @@ def test_versions_are_immutable(make_client, base_model, tiny_adapters) -> None:
     version.refresh_from_db()
     version.status = AdapterVersion.Status.VALIDATING
     version.save(update_fields=["status"])
+
+
+@pytest.mark.parametrize("extra", [{"r": 2**31}, {"lora_alpha": 10**400}, {"rank_pattern": {"q_proj": 10**400}}])
+def test_out_of_range_numbers_are_rejected_not_stuck(make_client, base_model, tiny_adapters, tmp_path, extra) -> None:  # type: ignore[no-untyped-def]
+    _, tenant, _ = make_client()
+    config = {**json.loads((tiny_adapters["qv-r8"] / "adapter_config.json").read_text()), **extra}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "adapter_model.safetensors").write_bytes(
+        (tiny_adapters["qv-r8"] / "adapter_model.safetensors").read_bytes())
+    version = adapter_version_validate(_upload(tenant, tmp_path))
+    assert version.status == AdapterVersion.Status.REJECTED
+    assert "config_invalid_field" in {p["code"] for p in version.validation_report["problems"]}

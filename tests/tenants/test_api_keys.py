@@ -90,3 +90,22 @@ def test_unknown_scope_is_a_field_error(make_client) -> None:  # type: ignore[no
     resp = client.post("/api/v1/api-keys", {"name": "x", "scopes": ["root"]}, format="json")
     assert resp.status_code == 400
     assert "scopes" in resp.json()["fields"]
+    assert resp.json()["detail"] == "Invalid input for 'scopes': \"root\" is not a valid choice."
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"name": "x", "expires_at": "2000-01-01T00:00:00Z"}, "expires_at"),
+    ({"name": "x", "scopes": []}, "scopes"),
+])
+def test_bad_key_requests_are_json_field_errors(make_client, body, field) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client()
+    resp = client.post("/api/v1/api-keys", body, format="json")
+    assert resp.status_code == 400
+    assert field in resp.json()["fields"] and "ErrorDetail" not in resp.json()["detail"]
+
+
+def test_unknown_routes_answer_json() -> None:
+    api = APIClient().get("/api/v1/adapters/Upper/versions")
+    assert api.status_code == 404 and api.json()["code"] == "not_found"
+    gateway = APIClient().get("/v1/embeddings")
+    assert gateway.status_code == 404 and gateway.json()["error"]["code"] == "not_found"
