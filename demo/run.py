@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 from openai import OpenAI
+from transformers.utils import logging as transformers_logging
 
 from demo.assets import ensure_demo_assets
 from devtools.proc import free_port
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.monotonic()
+    transformers_logging.disable_progress_bar()  # keep the printed run readable
     _say("building the tiny base model and training the demo adapters (cached after the first run)")
     assets = ensure_demo_assets(args.assets)
     shutil.rmtree(args.workdir, ignore_errors=True)
