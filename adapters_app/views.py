@@ -75,7 +75,7 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
             self.tenant,
             adapter_name=adapter_name,
             upload_files=request.FILES.getlist("files"),
-            base_model_name=request.data.get("base_model") or None,
+            base_model_name=request.POST.get("base_model") or None,
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(AdapterVersionOutputSerializer(version).data, status=code)

@@ -25,7 +25,7 @@ class QuiverError(exceptions.APIException):
         fields: optional per-field messages, returned as ``fields``.
     """
 
-    status_code = status.HTTP_400_BAD_REQUEST
+    status_code: int = status.HTTP_400_BAD_REQUEST
 
     def __init__(self, detail: str, *, code: str, status_code: int = 400, fields: dict[str, Any] | None = None):
         super().__init__(detail=detail, code=code)

@@ -7,6 +7,7 @@ in the foreground as our child instead, so its PID is ours to stop and reap.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -105,7 +106,7 @@ def start_redis(data_dir: Path, *, timeout_s: float = READY_TIMEOUT_S) -> RedisS
                                 start_new_session=True)
         service = RedisService(port, data_dir, proc)
         try:
-            wait_until(lambda p=port: _ping(p), timeout_s=timeout_s, what="redis", proc=proc, log_path=log_path)
+            wait_until(functools.partial(_ping, port), timeout_s=timeout_s, what="redis", proc=proc, log_path=log_path)
         except ServiceStartError as exc:
             service.stop()
             last_error = exc

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -38,7 +38,7 @@ def tenant_create(*, slug: str, name: str, max_adapters: int = 100) -> Tenant:
     return tenant
 
 
-def membership_create(tenant: Tenant, *, user: AbstractBaseUser, role: str = Membership.Role.MEMBER) -> Membership:
+def membership_create(tenant: Tenant, *, user: User, role: str = Membership.Role.MEMBER) -> Membership:
     """Give ``user`` a ``role`` (owner/member/viewer) in ``tenant``.
 
     Raises:
@@ -60,7 +60,7 @@ def api_key_create(
     name: str,
     scopes: Sequence[str] = ALL_SCOPES,
     expires_at: datetime | None = None,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
 ) -> tuple[ApiKey, str]:
     """Mint an API key for ``tenant``.
 
@@ -91,7 +91,7 @@ def api_key_create(
     return key, f"{settings.QUIVER_API_KEY_PREFIX}_{key_id}.{secret}"
 
 
-def api_key_revoke(tenant: Tenant, *, key_id: str, actor: AbstractBaseUser | None = None) -> ApiKey:
+def api_key_revoke(tenant: Tenant, *, key_id: str, actor: User | None = None) -> ApiKey:
     """Disable a key for good. Idempotent.
 
     Raises:

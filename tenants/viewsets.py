@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import QuerySet
 from rest_framework import viewsets
@@ -39,7 +39,8 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
         return queryset
 
     def get_queryset(self) -> QuerySet:
-        assert self.queryset is not None, "set queryset on the viewset"
+        base = cast(QuerySet, type(self).queryset)
+        assert base is not None, "set queryset on the viewset"
         tenant = self.tenant  # authenticates even for shared catalogues
-        scoped = self.queryset.all() if self.tenant_field is None else self.queryset.filter(**{self.tenant_field: tenant})
+        scoped = base.all() if self.tenant_field is None else base.filter(**{self.tenant_field: tenant})
         return self.tenant_queryset(scoped)

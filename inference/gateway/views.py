@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from adapters_app.models import BaseModel
@@ -98,7 +99,7 @@ def _parse_body(request: HttpRequest) -> dict[str, Any]:
     return body
 
 
-async def _proxy(request: HttpRequest, endpoint: str) -> HttpResponse:
+async def _proxy(request: HttpRequest, endpoint: str) -> HttpResponseBase:
     started = time.monotonic()
     try:
         if request.method != "POST":
@@ -155,13 +156,13 @@ async def _proxy(request: HttpRequest, endpoint: str) -> HttpResponse:
 
 
 @csrf_exempt
-async def completions(request: HttpRequest) -> HttpResponse:
+async def completions(request: HttpRequest) -> HttpResponseBase:
     """``POST /v1/completions`` (OpenAI Completions API), streaming or not."""
     return await _proxy(request, "completions")
 
 
 @csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     """``POST /v1/chat/completions`` (OpenAI Chat Completions API), streaming or not."""
     return await _proxy(request, "chat/completions")
 
@@ -181,7 +182,7 @@ def _models_payload(tenant: Tenant) -> list[dict[str, Any]]:
 
 
 @csrf_exempt
-async def models(request: HttpRequest) -> HttpResponse:
+async def models(request: HttpRequest) -> HttpResponseBase:
     """``GET /v1/models``: the base models and the caller's adapters that have a ready version."""
     try:
         key = await _authenticate(request)
@@ -192,7 +193,7 @@ async def models(request: HttpRequest) -> HttpResponse:
 
 
 @csrf_exempt
-async def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
+async def model_detail(request: HttpRequest, model_id: str) -> HttpResponseBase:
     """``GET /v1/models/{id}``: one entry of :func:`models`, or OpenAI's 404."""
     try:
         key = await _authenticate(request)
