@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import tempfile
@@ -11,6 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.files.uploadedfile import UploadedFile
@@ -20,6 +22,8 @@ from django.utils import timezone
 from adapters_app import storage
 from adapters_app.models import Adapter, AdapterVersion, BaseModel
 from adapters_app.validation import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
     BaseModelFacts,
     PoolLimits,
     UploadRejected,
@@ -123,19 +127,22 @@ def _adapter_for_upload(tenant: Tenant, *, name: str, base_model_name: str | Non
         return Adapter.objects.get(tenant=tenant, name=name)
 
 
-def adapter_delete(adapter: Adapter) -> None:
-    """Delete an adapter with all its versions: rows now, then (on commit) its S3 objects and its engine copies.
+def adapter_delete(tenant: Tenant, *, adapter: Adapter) -> None:
+    """Delete a tenant's adapter with all its versions: rows now, then (on commit) its S3 objects and engine copies.
 
-    Nodes unload through ``node_unload_task`` (placement queue); a node that is down drops it on restart anyway.
+    The adapter row lock (the one uploads take) keeps a concurrent upload from adding a version whose objects would
+    be missed. Nodes unload through ``node_unload_task`` (placement queue).
     """
-    keys = [f["s3_key"] for v in adapter.versions.all() for f in v.files]
-    unloads = [
-        (p.node_id, p.adapter_version.served_name)
-        for p in Placement.objects.select_related("adapter_version__adapter__tenant").filter(
-            adapter_version__adapter=adapter
-        )
-    ]
+    adapter_id = adapter.pk
     with transaction.atomic():
+        adapter = Adapter.objects.select_for_update().get(pk=adapter_id, tenant=tenant)
+        keys = [f["s3_key"] for v in adapter.versions.all() for f in v.files]
+        unloads = [
+            (p.node_id, p.adapter_version.served_name)
+            for p in Placement.objects.select_related("adapter_version__adapter__tenant").filter(
+                adapter_version__adapter=adapter
+            )
+        ]
         adapter.delete()
 
         def purge() -> None:
@@ -144,7 +151,7 @@ def adapter_delete(adapter: Adapter) -> None:
                 node_unload_task.delay(node_id, lora_name)
 
         transaction.on_commit(purge)
-    logger.info("adapter.deleted", extra={"adapter_id": adapter.pk, "objects": len(keys), "unloads": len(unloads)})
+    logger.info("adapter.deleted", extra={"adapter_id": adapter_id, "objects": len(keys), "unloads": len(unloads)})
 
 
 def _rejected(exc: UploadRejected) -> QuiverError:
@@ -174,19 +181,26 @@ def _local_path(upload: UploadedFile) -> Iterator[Path]:
         yield Path(tmp.name)
 
 
+# The engine reads exactly these (vllm/lora/peft_helper.py, vllm/lora/models.py); other files (model cards, training
+# logs, junk) are not stored, so nodes stage only what they load.
+SERVED_FILES = (CONFIG_NAME, WEIGHTS_NAME)
+
+
 def _members(upload_files: Sequence[UploadedFile], stack: ExitStack) -> Iterator[tuple[str, IO[bytes]]]:
-    """``(relative name, stream)`` for each file of the upload: one archive, or loose files."""
+    """``(name, stream)`` for each served file of the upload (one archive, or loose files), after intake checks."""
     if len(upload_files) == 1 and _is_archive(upload_files[0]):
         path = stack.enter_context(_local_path(upload_files[0]))
         for member in iter_archive(
             path, max_members=settings.QUIVER_MAX_ARCHIVE_MEMBERS, max_total_bytes=settings.QUIVER_MAX_UPLOAD_BYTES
         ):
-            yield member.name, stack.enter_context(member.open())
+            if member.name in SERVED_FILES:
+                yield member.name, stack.enter_context(member.open())
         return
     check_upload_names([f.name or "" for f in upload_files])
     for f in upload_files:
-        f.seek(0)
-        yield f.name or "", f
+        if f.name in SERVED_FILES:
+            f.seek(0)
+            yield f.name, f
 
 
 def _content_sha256(files: Sequence[Mapping[str, Any]]) -> str:
@@ -264,14 +278,51 @@ def adapter_version_upload(
             f"Upload exceeds {exc.limit} bytes; ask an operator to raise QUIVER_MAX_UPLOAD_BYTES or shrink the adapter.",
             code="upload_too_large", status_code=413,
         ) from exc
+    except (BotoCoreError, ClientError) as exc:
+        logger.warning("adapter_version.storage_failed", extra={"tenant": tenant.slug, "error": str(exc)})
+        with contextlib.suppress(BotoCoreError, ClientError):
+            storage.delete_keys(o.key for o in stored)
+        raise QuiverError("Artifact storage is unavailable; nothing was stored. Retry the upload shortly.",
+                          code="storage_unavailable", status_code=503) from exc
     except BaseException:
         storage.delete_keys(o.key for o in stored)
         raise
     if existing is not None:
         storage.delete_keys(o.key for o in stored)
+        if existing.status == AdapterVersion.Status.REJECTED and existing.files:
+            existing = adapter_version_revalidate(existing)
         return existing, False
     logger.info("adapter_version.uploaded", extra={"version_id": version.pk, "sha256": sha256, "tenant": tenant.slug})
     return version, True
+
+
+def adapter_version_revalidate(version: AdapterVersion) -> AdapterVersion:
+    """Send a ``rejected`` version through validation again (an operator may have raised a limit since).
+
+    Returns:
+        The version, now ``uploaded`` with validation enqueued on commit; unchanged unless it was ``rejected``.
+    """
+    with transaction.atomic():
+        if AdapterVersion.objects.filter(pk=version.pk, status=AdapterVersion.Status.REJECTED).update(
+            status=AdapterVersion.Status.UPLOADED, validation_report=None, validated_at=None
+        ):
+            transaction.on_commit(lambda: adapter_version_validate_task.delay(version.pk))
+    version.refresh_from_db()
+    return version
+
+
+def adapter_version_fail(version: AdapterVersion, *, code: str, message: str, hint: str) -> AdapterVersion:
+    """End a version's validation as ``rejected`` for a reason outside the adapter (storage down, retries spent).
+
+    Re-uploading the same bytes validates it again (see :func:`adapter_version_upload`).
+    """
+    report = {"ok": False, "facts": {}, "schema": 1,
+              "problems": [{"code": code, "severity": "error", "field": None, "message": message, "hint": hint}]}
+    AdapterVersion.objects.filter(pk=version.pk, status__in=[AdapterVersion.Status.UPLOADED,
+                                                             AdapterVersion.Status.VALIDATING]).update(
+        status=AdapterVersion.Status.REJECTED, validation_report=report, validated_at=timezone.now())
+    version.refresh_from_db()
+    return version
 
 
 def adapter_version_validate(version: AdapterVersion) -> AdapterVersion:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -104,7 +105,7 @@ def download_to(key: str, path: Path) -> str:
     """Stream object ``key`` into ``path``; returns the hex sha256 of what was written."""
     body = s3_client().get_object(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["Body"]
     digest = hashlib.sha256()
-    with path.open("wb") as out:
+    with closing(body), path.open("wb") as out:
         for chunk in body.iter_chunks(CHUNK):
             digest.update(chunk)
             out.write(chunk)

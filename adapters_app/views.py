@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import Http404
 from rest_framework import mixins, status
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -16,6 +17,7 @@ from adapters_app.serializers import (
     AdapterVersionOutputSerializer,
     BaseModelOutputSerializer,
 )
+from config.exceptions import QuiverError
 from tenants.viewsets import TenantScopedViewSet
 
 
@@ -48,7 +50,7 @@ class AdapterViewSet(
         return Response(AdapterOutputSerializer(adapter).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: Adapter) -> None:
-        services.adapter_delete(instance)
+        services.adapter_delete(self.tenant, adapter=instance)
 
 
 class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
@@ -71,6 +73,12 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         return Response(self.get_serializer(self.get_object()).data)
 
     def create(self, request: Request, adapter_name: str) -> Response:
+        # Refuse oversized bodies before Django spools them to disk (multipart framing adds a few KiB).
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > settings.QUIVER_MAX_UPLOAD_BYTES + 64 * 1024:
+            raise QuiverError(
+                f"Upload of {declared} bytes exceeds QUIVER_MAX_UPLOAD_BYTES={settings.QUIVER_MAX_UPLOAD_BYTES}; shrink "
+                "the adapter or ask an operator to raise the limit.", code="upload_too_large", status_code=413)
         version, created = services.adapter_version_upload(
             self.tenant,
             adapter_name=adapter_name,

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             "QUIVER_NODE_KEY": node_key,
             "QUIVER_NODE_STALE_AFTER_S": "30",
         }
-        for d in ("broker", "broker-done"):
+        for d in ("broker", "broker-done", "broker-control"):
             (args.workdir / d).mkdir()
         _say("migrating the SQLite database and registering the base model")
         _manage(env, "migrate", "--noinput")

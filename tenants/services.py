@@ -61,6 +61,7 @@ def api_key_create(
     scopes: Sequence[str] = ALL_SCOPES,
     expires_at: datetime | None = None,
     actor: User | None = None,
+    granted_by: ApiKey | None = None,
 ) -> tuple[ApiKey, str]:
     """Mint an API key for ``tenant``.
 
@@ -68,11 +69,15 @@ def api_key_create(
         ``(key, plaintext)``; ``plaintext`` is ``<prefix>_<key_id>.<secret>`` and is never stored or shown again.
 
     Raises:
-        django.core.exceptions.ValidationError: unknown scope (field ``scopes``) or an expiry in the past (``expires_at``).
+        django.core.exceptions.ValidationError: unknown scope (field ``scopes``), a scope the granting key lacks (a key
+            cannot mint a stronger key), or an expiry in the past (``expires_at``).
     """
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:
         raise ValidationError({"scopes": f"Unknown scope(s) {unknown}; allowed: {list(ALL_SCOPES)}."})
+    if granted_by is not None and not set(scopes) <= set(granted_by.scopes):
+        extra = sorted(set(scopes) - set(granted_by.scopes))
+        raise ValidationError({"scopes": f"This key cannot grant {extra}; ask for at most {sorted(granted_by.scopes)}."})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "Expiry must be in the future."})
     key_id = secrets.token_hex(6)

@@ -13,7 +13,7 @@ from tenants.scopes import KEYS_MANAGE
 from tenants.serializers import ApiKeyInputSerializer, ApiKeyOutputSerializer
 from tenants.viewsets import TenantScopedViewSet
 
-KEYS_SCOPE_MAP = {m: KEYS_MANAGE for m in ("GET", "HEAD", "OPTIONS", "POST", "DELETE")}
+KEYS_SCOPE_MAP = {m: KEYS_MANAGE for m in ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")}
 
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -27,7 +27,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     def create(self, request: Request) -> Response:
         data = ApiKeyInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        key, plaintext = services.api_key_create(self.tenant, **data.validated_data)
+        key, plaintext = services.api_key_create(self.tenant, granted_by=request.auth, **data.validated_data)
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 

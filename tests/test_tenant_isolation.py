@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from tenants.services import api_key_create
 
@@ -51,3 +52,16 @@ def test_owner_sees_its_own_objects(make_client, base_model) -> None:  # type: i
     adapter_create(tenant, name="mine", base_model_name="tiny-llama")
     assert client.get("/api/v1/adapters/mine").status_code == 200
     assert client.get("/api/v1/adapters/mine/versions").status_code == 200
+
+
+def test_gateway_model_lookup_is_scoped(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client_b, tenant_b, _ = make_client(slug="tenant-b")
+    adapter = adapter_create(tenant_b, name="secret-bot", base_model_name="tiny-llama")
+    AdapterVersion.objects.create(tenant=tenant_b, adapter=adapter, number=1, sha256="0" * 64, size_bytes=1,
+                                  s3_prefix="x/", files=[], status="ready")
+    client_a, _, _ = make_client(slug="tenant-a")
+    assert client_b.get("/v1/models/secret-bot").json()["owned_by"] == "tenant-b"
+    resp = client_a.get("/v1/models/secret-bot")
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+    assert client_a.get("/v1/models/tiny-llama").status_code == 200
+    assert client_a.get("/api/v1/usage").json() == []

@@ -9,11 +9,20 @@ from celery import shared_task
 logger = logging.getLogger(__name__)
 
 
-@shared_task(bind=True, acks_late=True, max_retries=3, default_retry_delay=5, retry_backoff=True)
+VALIDATE_RETRIES = 5
+
+
+@shared_task(bind=True, acks_late=True, max_retries=VALIDATE_RETRIES)
 def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignore[no-untyped-def]
-    """Validate a version; on ``ready`` ask for a warm on a node. ``acks_late`` is safe: the status row guards reruns."""
+    """Validate a version; on ``ready`` ask for a warm on a node. ``acks_late`` is safe: the status row guards reruns.
+
+    Storage or disk trouble is retried with exponential backoff (5, 10, 20, 40, 80 s); once retries are spent the
+    version ends ``rejected`` with ``validation_unavailable`` rather than staying ``validating``.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from adapters_app.models import AdapterVersion
-    from adapters_app.services import adapter_version_validate
+    from adapters_app.services import adapter_version_fail, adapter_version_validate
     from inference.gateway.placement import placement_on_ready
 
     version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(pk=version_id).first()
@@ -21,8 +30,13 @@ def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignor
         return
     try:
         version = adapter_version_validate(version)
-    except OSError as exc:  # S3 or disk trouble: retry with backoff
-        raise self.retry(exc=exc) from exc
+    except (BotoCoreError, ClientError, OSError) as exc:
+        if self.request.retries >= VALIDATE_RETRIES:
+            adapter_version_fail(version, code="validation_unavailable",
+                                 message="The stored files could not be read for validation.",
+                                 hint="Upload the same files again to retry.")
+            return
+        raise self.retry(exc=exc, countdown=5 * 2**self.request.retries) from exc
     if version.status == AdapterVersion.Status.READY:
         placement_on_ready(version)
 

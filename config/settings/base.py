@@ -99,7 +99,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = env("CELERY_FILESYSTEM_DIR", default=str(BASE_DIR / "var" / "celery"))
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": _queue_dir, "data_folder_out": _queue_dir, "processed_folder": _queue_dir + "-done",
-        "store_processed": False, "polling_interval": 0.2,
+        "store_processed": False, "polling_interval": 0.2, "control_folder": _queue_dir + "-control",
     }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = 600

@@ -18,7 +18,8 @@ def usage_record_create(
     usage = usage or {}
     return UsageRecord.objects.create(
         tenant_id=api_key.tenant_id, api_key=api_key, adapter_version=target.version, base_model=target.base_model,
-        node=node, endpoint=endpoint, stream=stream, status_code=status_code,
+        node=node, model_name=target.requested, version_number=target.version.number if target.version else None,
+        endpoint=endpoint, stream=stream, status_code=status_code,
         prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or 0),
         latency_ms=latency_ms,
     )

@@ -74,6 +74,9 @@ class UsageRecord(models.Model):
     adapter_version = models.ForeignKey(AdapterVersion, null=True, on_delete=models.SET_NULL, related_name="usage")
     base_model = models.ForeignKey(BaseModel, null=True, on_delete=models.SET_NULL)
     node = models.ForeignKey(Node, null=True, on_delete=models.SET_NULL)
+    # Names at request time, so billing survives the adapter's deletion (the FK then becomes null).
+    model_name = models.CharField(max_length=200, default="")
+    version_number = models.PositiveIntegerField(null=True)
     endpoint = models.CharField(max_length=40)
     stream = models.BooleanField(default=False)
     status_code = models.PositiveSmallIntegerField()

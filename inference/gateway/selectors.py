@@ -11,7 +11,9 @@ from inference.gateway.models import UsageRecord
 
 
 def usage_summary(records: QuerySet[UsageRecord], *, since: datetime | None = None) -> list[dict[str, Any]]:
-    """Token totals per (adapter, version) over an already tenant-scoped ``records`` queryset.
+    """Token totals per (model, version) over an already tenant-scoped ``records`` queryset.
+
+    Names are those recorded at request time, so usage of a since-deleted adapter still counts under its name.
 
     Returns:
         ``[{"model", "adapter", "version", "requests", "prompt_tokens", "completion_tokens"}]``; ``adapter`` and
@@ -20,15 +22,15 @@ def usage_summary(records: QuerySet[UsageRecord], *, since: datetime | None = No
     if since is not None:
         records = records.filter(created_at__gte=since)
     rows = (
-        records.values("adapter_version__adapter__name", "adapter_version__number", "base_model__base_model_name")
+        records.values("model_name", "version_number")
         .annotate(requests=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"))
-        .order_by("adapter_version__adapter__name", "adapter_version__number")
+        .order_by("model_name", "version_number")
     )
     return [
         {
-            "model": r["adapter_version__adapter__name"] or r["base_model__base_model_name"],
-            "adapter": r["adapter_version__adapter__name"],
-            "version": r["adapter_version__number"],
+            "model": r["model_name"],
+            "adapter": r["model_name"] if r["version_number"] is not None else None,
+            "version": r["version_number"],
             "requests": r["requests"],
             "prompt_tokens": r["prompt_tokens"] or 0,
             "completion_tokens": r["completion_tokens"] or 0,

@@ -6,6 +6,6 @@ urlpatterns = [
     path("v1/completions", views.completions),
     path("v1/chat/completions", views.chat_completions),
     path("v1/models", views.models),
-    path("v1/models/<str:model_id>", views.model_detail),
+    path("v1/models/<path:model_id>", views.model_detail),
     path("internal/v1/nodes/heartbeat", internal_views.heartbeat),
 ]

@@ -53,11 +53,15 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
 
 
 def _placement_error(target: Target) -> str | None:
+    """The code of the latest failed warm of ``target`` (e.g. ``s3_object_missing``), or None.
+
+    Only the code reaches tenants; the detail (S3 keys, node paths) stays in ``Placement.last_error`` for operators.
+    """
     placement = (
         Placement.objects.filter(adapter_version=target.version, tier=Placement.Tier.ERRORED, warming_since=None)
         .order_by("-updated_at").first()
     )
-    return placement.last_error if placement else None
+    return placement.last_error.split(":", 1)[0] if placement else None
 
 
 async def _node_for(target: Target) -> Node:
@@ -80,7 +84,8 @@ async def _node_for(target: Target) -> Node:
             return node
         error = await sync_to_async(_placement_error)(target)
         if error:
-            raise GatewayError(503, f"Loading adapter `{target.requested}` failed: {error}",
+            raise GatewayError(503, f"Loading adapter `{target.requested}` onto a node failed ({error}); "
+                               "retry, and contact the operator if it persists.",
                                code="adapter_load_failed", type_="server_error")
     raise GatewayError(503, f"Adapter `{target.requested}` is still loading; retry shortly.",
                        code="adapter_warm_timeout", type_="server_error")
@@ -132,9 +137,16 @@ async def _proxy(request: HttpRequest, endpoint: str) -> HttpResponseBase:
                             type_="server_error").response()
 
     if upstream.status_code >= 400 or not stream:
-        raw = await upstream.aread()
-        await upstream.aclose()
-        await client.aclose()
+        try:
+            raw = await upstream.aread()
+        except httpx.HTTPError as exc:
+            logger.warning("gateway.upstream_failed", extra={"node": node.name, "error": str(exc)})
+            await record(504, None)
+            return GatewayError(504, "The inference node stopped answering; retry.", code="upstream_timeout",
+                                type_="server_error").response()
+        finally:
+            await upstream.aclose()
+            await client.aclose()
         text = proxy.rename_model(raw.decode("utf-8", "replace"), target.served_name, target.requested)
         try:
             data = json.loads(text)

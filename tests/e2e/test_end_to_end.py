@@ -155,7 +155,9 @@ def test_failed_warm_is_reported_then_retried(
     failed = api.post("/v1/completions", json=body)
     assert failed.status_code == 503, failed.text
     assert failed.json()["error"]["code"] == "adapter_load_failed"
-    assert "s3_object_missing" in failed.json()["error"]["message"]
+    message = failed.json()["error"]["message"]
+    assert "s3_object_missing" in message and "tenants/" not in message  # the cause's code, never the S3 key
+    assert "tenants/" in Placement.objects.get(adapter_version=version).last_error  # operators keep the detail
     assert Placement.objects.get(adapter_version=version).tier == "errored"
 
     for s3_key, data in stash.items():

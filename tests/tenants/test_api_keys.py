@@ -109,3 +109,11 @@ def test_unknown_routes_answer_json() -> None:
     assert api.status_code == 404 and api.json()["code"] == "not_found"
     gateway = APIClient().get("/v1/embeddings")
     assert gateway.status_code == 404 and gateway.json()["error"]["code"] == "not_found"
+
+
+def test_a_key_cannot_mint_a_stronger_key(make_client) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client(scopes=["keys:manage"])
+    resp = client.post("/api/v1/api-keys", {"name": "x", "scopes": ["inference"]}, format="json")
+    assert resp.status_code == 400 and "inference" in resp.json()["fields"]["scopes"][0]
+    ok = client.post("/api/v1/api-keys", {"name": "y", "scopes": ["keys:manage"]}, format="json")
+    assert ok.status_code == 201

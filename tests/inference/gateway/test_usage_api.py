@@ -26,9 +26,10 @@ def test_usage_is_summed_per_version_and_scoped(make_client, base_model) -> None
     mine, theirs = _version(tenant, "bot"), _version(other, "bot")
     for version, tokens in ((mine, 5), (mine, 7), (theirs, 100)):
         UsageRecord.objects.create(tenant=version.tenant, adapter_version=version, base_model=base_model,
-                                   endpoint="completions", status_code=200, prompt_tokens=2,
+                                   model_name="bot", version_number=1, endpoint="completions", status_code=200, prompt_tokens=2,
                                    completion_tokens=tokens, latency_ms=1.0)
-    UsageRecord.objects.create(tenant=tenant, base_model=base_model, endpoint="completions", status_code=200,
+    UsageRecord.objects.create(tenant=tenant, base_model=base_model, model_name="tiny-llama", endpoint="completions",
+                               status_code=200,
                                prompt_tokens=3, completion_tokens=4, latency_ms=1.0)
     rows = client.get("/api/v1/usage").json()
     assert rows == [
