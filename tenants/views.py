@@ -27,7 +27,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     def create(self, request: Request) -> Response:
         data = ApiKeyInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        key, plaintext = services.api_key_create(self.tenant, granted_by=request.auth, **data.validated_data)
+        key, plaintext = services.api_key_create(self.tenant, granted_by=self.api_key, **data.validated_data)
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 

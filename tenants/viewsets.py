@@ -9,7 +9,7 @@ from rest_framework import viewsets
 from rest_framework.exceptions import NotAuthenticated
 
 from tenants.authentication import TenantPrincipal
-from tenants.models import Tenant
+from tenants.models import ApiKey, Tenant
 
 
 class TenantScopedViewSet(viewsets.GenericViewSet):
@@ -33,6 +33,14 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
         if not isinstance(user, TenantPrincipal):
             raise NotAuthenticated()
         return user.tenant
+
+    @property
+    def api_key(self) -> ApiKey:
+        """The API key this request authenticated with."""
+        user = self.request.user
+        if not isinstance(user, TenantPrincipal):
+            raise NotAuthenticated()
+        return user.api_key
 
     def tenant_queryset(self, queryset: QuerySet) -> QuerySet:
         """Narrow the tenant's queryset further; the default keeps it."""
