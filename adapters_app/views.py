@@ -39,6 +39,7 @@ class AdapterViewSet(
     lookup_field = "name"
 
     def create(self, request: Request) -> Response:
+        """``POST /api/v1/adapters``: create an empty adapter (uploads may also create it). 201 or the service's error."""
         data = AdapterInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         adapter = services.adapter_create(
@@ -50,6 +51,7 @@ class AdapterViewSet(
         return Response(AdapterOutputSerializer(adapter).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: Adapter) -> None:
+        """``DELETE``: remove the adapter, its versions, S3 objects and engine copies (via ``adapter_delete``)."""
         services.adapter_delete(self.tenant, adapter=instance)
 
 
@@ -62,17 +64,21 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     lookup_field = "number"
 
     def tenant_queryset(self, queryset):  # type: ignore[no-untyped-def]
+        """Versions of the adapter named in the URL (already limited to the caller's tenant)."""
         return queryset.filter(adapter__name=self.kwargs["adapter_name"])
 
     def list(self, request: Request, adapter_name: str) -> Response:
+        """``GET .../versions``: newest first; 404 when the caller has no such adapter."""
         if not Adapter.objects.filter(tenant=self.tenant, name=adapter_name).exists():
             raise Http404
         return super().list(request)
 
     def retrieve(self, request: Request, adapter_name: str, number: str) -> Response:
+        """``GET .../versions/{number}``: one version with its validation report."""
         return Response(self.get_serializer(self.get_object()).data)
 
     def create(self, request: Request, adapter_name: str) -> Response:
+        """``POST .../versions``: upload (201 new, 200 identical bytes); 413 before parsing when the body is too large."""
         # Refuse oversized bodies before Django spools them to disk (multipart framing adds a few KiB).
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > settings.QUIVER_MAX_UPLOAD_BYTES + 64 * 1024:

@@ -19,6 +19,7 @@ router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersio
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
+    """Liveness probe for load balancers and tests: ``{"ok": true}``."""
     return JsonResponse({"ok": True})
 
 

@@ -47,12 +47,14 @@ class Processes:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` with its output in ``<log_dir>/<name>.log``."""
         with (self.log_dir / f"{name}.log").open("wb") as log:
             proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append((name, proc))
         return proc
 
     def wait_http(self, name: str, url: str, timeout: float) -> None:
+        """Wait until ``url`` answers 200; exit with the log tail if the process dies or ``timeout`` (s) passes."""
         proc = dict(self.procs)[name]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -68,6 +70,7 @@ class Processes:
         raise SystemExit(f"{name} did not become ready at {url}; log tail:\n{tail}")
 
     def stop_all(self) -> None:
+        """SIGTERM every child (newest first), then SIGKILL any still alive after 15 s."""
         for _, proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

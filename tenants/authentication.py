@@ -36,6 +36,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
     """Authenticates tenant keys; failures are 401 because ``authenticate_header`` is implemented (conventions §4)."""
 
     def authenticate(self, request: Request) -> tuple[TenantPrincipal, ApiKey] | None:
+        """``(principal, key)`` for a valid bearer key; None without a header; 401 for a bad one."""
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None
@@ -52,4 +53,5 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return TenantPrincipal(tenant=key.tenant, api_key=key), key
 
     def authenticate_header(self, request: Request) -> str:
+        """Makes DRF answer 401 (not 403) to unauthenticated calls."""
         return 'Bearer realm="quiver"'

@@ -27,6 +27,7 @@ class HasScope(permissions.BasePermission):
     message = "This API key lacks the scope this call needs."
 
     def has_permission(self, request: Request, view: Any) -> bool:
+        """True when the key holds the scope ``scope_map`` names for this HTTP method."""
         user = request.user
         if not isinstance(user, TenantPrincipal):
             return False

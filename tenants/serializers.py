@@ -9,6 +9,7 @@ from tenants.scopes import ALL_SCOPES
 
 
 class ApiKeyInputSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at``."""
     name = serializers.CharField(max_length=100)
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, default=list(ALL_SCOPES), allow_empty=False
@@ -17,6 +18,7 @@ class ApiKeyInputSerializer(serializers.Serializer):
 
 
 class ApiKeyOutputSerializer(serializers.ModelSerializer):
+    """Output: a key's metadata with its masked form; never the secret or digest."""
     key = serializers.CharField(source="masked")
 
     class Meta:

@@ -25,6 +25,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     scope_map = KEYS_SCOPE_MAP
 
     def create(self, request: Request) -> Response:
+        """``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's."""
         data = ApiKeyInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         key, plaintext = services.api_key_create(self.tenant, granted_by=self.api_key, **data.validated_data)
@@ -33,6 +34,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
 
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, key_id: str | None = None) -> Response:
+        """``POST /api/v1/api-keys/{key_id}/revoke``: disable the key for good (idempotent)."""
         key = self.get_object()
         key = services.api_key_revoke(self.tenant, key_id=key.key_id)
         return Response(ApiKeyOutputSerializer(key).data)

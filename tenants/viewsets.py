@@ -29,6 +29,7 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
 
     @property
     def tenant(self) -> Tenant:
+        """The caller's tenant (from the API key); raises NotAuthenticated without one."""
         user = self.request.user
         if not isinstance(user, TenantPrincipal):
             raise NotAuthenticated()
@@ -47,6 +48,7 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
         return queryset
 
     def get_queryset(self) -> QuerySet:
+        """Final: the model's rows filtered by the caller's tenant, then ``tenant_queryset``."""
         base = cast(QuerySet, type(self).queryset)
         assert base is not None, "set queryset on the viewset"
         tenant = self.tenant  # authenticates even for shared catalogues

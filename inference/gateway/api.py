@@ -12,6 +12,7 @@ from tenants.viewsets import TenantScopedViewSet
 
 
 class UsageQuerySerializer(serializers.Serializer):
+    """Query of ``GET /api/v1/usage``: optional ``since`` (ISO 8601)."""
     since = serializers.DateTimeField(required=False)
 
 
@@ -21,6 +22,7 @@ class UsageViewSet(TenantScopedViewSet):
     queryset = UsageRecord.objects.all()
 
     def list(self, request: Request) -> Response:
+        """``GET /api/v1/usage``: token totals per adapter version (see ``usage_summary``)."""
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(usage_summary(self.get_queryset(), since=query.validated_data.get("since")))

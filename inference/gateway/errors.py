@@ -26,6 +26,7 @@ class GatewayError(Exception):
         self.param = param
 
     def response(self) -> JsonResponse:
+        """The OpenAI-shaped JSON response (with ``WWW-Authenticate`` on 401)."""
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         resp = JsonResponse(body, status=self.status)
         if self.status == 401:

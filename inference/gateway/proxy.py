@@ -15,6 +15,7 @@ from django.conf import settings
 
 
 def upstream_headers() -> dict[str, str]:
+    """Headers for engine calls: the node key as bearer token, JSON body."""
     return {"Authorization": f"Bearer {settings.QUIVER_NODE_KEY}", "Content-Type": "application/json"}
 
 

@@ -28,6 +28,7 @@ class Target:
 
     @property
     def served_name(self) -> str:
+        """vLLM ``model`` to send: the version's ``lora_name`` or the base model's name."""
         return self.version.served_name if self.version else self.base_model.base_model_name
 
 
