@@ -50,5 +50,6 @@ class AdapterOutputSerializer(serializers.ModelSerializer):
 
     def get_latest_version(self, obj: Adapter) -> dict | None:
         """The highest-numbered version, or None before the first upload."""
-        version = obj.versions.order_by("-number").first()
+        prefetched = getattr(obj, "versions_newest_first", None)
+        version = prefetched[0] if prefetched else (None if prefetched == [] else obj.versions.order_by("-number").first())
         return AdapterVersionOutputSerializer(version).data if version else None

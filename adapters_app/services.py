@@ -116,8 +116,14 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
 
 def _adapter_for_upload(tenant: Tenant, *, name: str, base_model_name: str | None) -> Adapter:
     """The tenant's adapter ``name``, created with ``base_model_name`` if missing (concurrent first uploads agree)."""
-    adapter = Adapter.objects.filter(tenant=tenant, name=name).first()
+    adapter = Adapter.objects.select_related("base_model").filter(tenant=tenant, name=name).first()
     if adapter is not None:
+        if base_model_name and adapter.base_model.base_model_name != base_model_name:
+            raise QuiverError(
+                f"Adapter '{name}' is for base model '{adapter.base_model.base_model_name}', not '{base_model_name}'; "
+                "omit base_model or upload under a new adapter name.", code="base_model_mismatch", status_code=409,
+                fields={"base_model": [f"Must be '{adapter.base_model.base_model_name}' for this adapter."]},
+            )
         return adapter
     try:
         return adapter_create(tenant, name=name, base_model_name=base_model_name or "")

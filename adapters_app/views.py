@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 from rest_framework import mixins, status
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -37,6 +38,11 @@ class AdapterViewSet(
     queryset = Adapter.objects.select_related("base_model").order_by("name")
     serializer_class = AdapterOutputSerializer
     lookup_field = "name"
+
+    def tenant_queryset(self, queryset: QuerySet[Adapter]) -> QuerySet[Adapter]:
+        """Prefetch versions newest first, so listing costs two queries whatever the count."""
+        newest_first = AdapterVersion.objects.order_by("-number")
+        return queryset.prefetch_related(Prefetch("versions", queryset=newest_first, to_attr="versions_newest_first"))
 
     def create(self, request: Request) -> Response:
         """``POST /api/v1/adapters``: create an empty adapter (uploads may also create it). 201 or the service's error."""

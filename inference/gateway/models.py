@@ -54,6 +54,9 @@ class Placement(models.Model):
     adapter_version = models.ForeignKey(AdapterVersion, on_delete=models.CASCADE, related_name="placements")
     tier = models.CharField(max_length=8, choices=Tier.choices, default=Tier.COLD)
     pinned = models.BooleanField(default=False)
+    # The engine answers for the name, even when its LRU dropped the weights to disk (tier "staged"): requests
+    # work at the cost of a disk reload, so the gateway can route there without a warm round trip.
+    served = models.BooleanField(default=False)
     warming_since = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     load_ms = models.FloatField(null=True)

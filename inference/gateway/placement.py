@@ -19,7 +19,7 @@ from django.utils import timezone
 from adapters_app.models import AdapterVersion, BaseModel
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_client import NodeCallFailed, node_call
-from workers.tasks import placement_warm_task
+from workers.tasks import placement_evict_task, placement_warm_task
 
 logger = logging.getLogger(__name__)
 RESIDENT = (Placement.Tier.WARM, Placement.Tier.HOT)
@@ -67,19 +67,22 @@ def node_heartbeat(*, state: Mapping[str, Any]) -> Node:
             tier = entry.get("tier") if entry.get("tier") in Placement.Tier.values else Placement.Tier.WARM
             Placement.objects.update_or_create(
                 node=node, adapter_version_id=version_id,
-                defaults={"tier": tier, "pinned": bool(entry.get("pinned")), "warming_since": None},
+                defaults={"tier": tier, "pinned": bool(entry.get("pinned")), "warming_since": None,
+                          "served": bool(entry.get("served", tier in RESIDENT))},
             )
         # Only rows the node once held drop to cold; in-flight warms keep their state.
         Placement.objects.filter(node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
             adapter_version_id__in=known
-        ).update(tier=Placement.Tier.COLD, pinned=False)
+        ).update(tier=Placement.Tier.COLD, pinned=False, served=False)
     return node
 
 
-def node_select_for_warm(base_model: BaseModel) -> Node | None:
-    """The live node of ``base_model`` with the fewest resident adapters, then the lowest KV usage; None if none."""
+def node_select_for_warm(base_model: BaseModel, *, r: int | None = None) -> Node | None:
+    """The live node of ``base_model`` able to load rank ``r`` (its engine's ``--max-lora-rank``) with the fewest
+    resident adapters, then the lowest KV usage; None if none."""
     return (
         nodes_live(base_model)
+        .filter(max_lora_rank__gte=r or 0)
         .annotate(resident=Count("placements", filter=Q(placements__tier__in=RESIDENT)))
         .order_by("resident", "kv_cache_usage_perc", "name")
         .first()
@@ -111,11 +114,12 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
         logger.warning("placement.warm_failed", extra={"version_id": version.pk, "node": node.name, "code": exc.code})
         raise
     placement.tier = answer.get("tier", Placement.Tier.WARM)
+    placement.served = True
     placement.pinned = bool(answer.get("pinned", pin))
     placement.load_ms = answer.get("load_ms")
     placement.last_error = ""
     placement.warming_since = None
-    placement.save(update_fields=["tier", "pinned", "load_ms", "last_error", "warming_since", "updated_at"])
+    placement.save(update_fields=["tier", "served", "pinned", "load_ms", "last_error", "warming_since", "updated_at"])
     logger.info("placement.warmed", extra={"version_id": version.pk, "node": node.name, "load_ms": placement.load_ms})
     return placement
 
@@ -129,7 +133,8 @@ def placement_evict(placement: Placement) -> Placement:
     node_call(placement.node.agent_url, "/v1/adapters/unload", {"lora_name": placement.adapter_version.served_name})
     placement.tier = Placement.Tier.STAGED
     placement.pinned = False
-    placement.save(update_fields=["tier", "pinned", "updated_at"])
+    placement.served = False
+    placement.save(update_fields=["tier", "pinned", "served", "updated_at"])
     return placement
 
 
@@ -142,7 +147,7 @@ def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
         placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
         stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
         in_flight = placement.warming_since is not None and placement.warming_since > stale
-        if placement.tier in RESIDENT or in_flight:
+        if placement.tier in RESIDENT or placement.served or in_flight:
             return placement
         placement.warming_since = timezone.now()
         placement.save(update_fields=["warming_since", "updated_at"])
@@ -151,8 +156,15 @@ def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
 
 
 def placement_on_ready(version: AdapterVersion) -> Placement | None:
-    """Warm a newly ready version on the least-loaded live node of its base model; None when no node is live."""
-    node = node_select_for_warm(version.adapter.base_model)
+    """Warm a newly ready version on the least-loaded live node of its base model, and evict the adapter's older
+    versions (the gateway only routes to the newest ready one). Returns the new placement, None when no node fits."""
+    older = Placement.objects.filter(
+        Q(tier__in=RESIDENT) | Q(served=True), adapter_version__adapter=version.adapter,
+        adapter_version__number__lt=version.number,
+    ).values_list("pk", flat=True)
+    for placement_id in list(older):
+        transaction.on_commit(lambda pk=placement_id: placement_evict_task.delay(pk))
+    node = node_select_for_warm(version.adapter.base_model, r=version.r)
     return placement_request_warm(version, node=node) if node else None
 
 

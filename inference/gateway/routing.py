@@ -1,6 +1,7 @@
 """Resolve an OpenAI ``model`` to a target (base model or a ready adapter version) and pick a node for it.
 
-Node choice prefers a node where the version is ``hot`` (already batching), then ``warm``, then the shortest queue
+Node choice prefers a node where the version is ``hot`` (already batching), then ``warm``, then one that still serves
+the name from disk (its engine LRU dropped the weights), then the shortest queue
 (``vllm:num_requests_waiting``): LoRA affinity as in GIE/llm-d's scorer (shared/notes/anchors.md §5.6).
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Case, IntegerField, Value, When
+from django.db.models import Case, IntegerField, Q, Value, When
 
 from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.selectors import adapter_get, adapter_version_latest_ready
@@ -60,9 +61,10 @@ def node_for(target: Target) -> Node | None:
         return live.order_by("num_requests_waiting", "kv_cache_usage_perc", "name").first()
     placements = (
         Placement.objects.select_related("node")
-        .filter(adapter_version=target.version, tier__in=RESIDENT, node__in=live)
-        .annotate(hot=Case(When(tier=Placement.Tier.HOT, then=Value(0)), default=Value(1), output_field=IntegerField()))
-        .order_by("hot", "node__num_requests_waiting", "node__name")
+        .filter(Q(tier__in=RESIDENT) | Q(served=True), adapter_version=target.version, node__in=live)
+        .annotate(rank=Case(When(tier=Placement.Tier.HOT, then=Value(0)), When(tier=Placement.Tier.WARM, then=Value(1)),
+                            default=Value(2), output_field=IntegerField()))
+        .order_by("rank", "node__num_requests_waiting", "node__name")
     )
     first = placements.first()
     return first.node if first else None
@@ -74,5 +76,5 @@ def warm_request(target: Target) -> Placement | None:
     A previously ``errored`` placement is retried: each new request gets one fresh attempt.
     """
     assert target.version is not None
-    node = node_select_for_warm(target.base_model)
+    node = node_select_for_warm(target.base_model, r=target.version.r)
     return placement_request_warm(target.version, node=node) if node else None

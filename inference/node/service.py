@@ -197,7 +197,7 @@ class NodeAgent:
 
         Returns:
             `{"node", "healthy", "base_model", "engine_url", "agent_url", "max_loras", "max_cpu_loras",
-            "max_lora_rank", "adapters": [{"lora_name", "lora_int_id", "tier", "pinned"}],
+            "max_lora_rank", "adapters": [{"lora_name", "lora_int_id", "tier", "pinned", "served"}],
             "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
             "num_preemptions_total"}`; engine figures are null when the engine cannot be read.
         """
@@ -222,6 +222,7 @@ class NodeAgent:
                     "lora_int_id": int(lora["lora_int_id"]),
                     "tier": _tier(lora, hot),
                     "pinned": bool(lora["pinned"]),
+                    "served": True,
                 }
             )
         staged = await asyncio.to_thread(self.cache.staged)
@@ -233,6 +234,7 @@ class NodeAgent:
                         "lora_int_id": entry.lora_int_id,
                         "tier": "staged",
                         "pinned": False,
+                        "served": False,
                     }
                 )
         adapters.sort(key=lambda a: (a["lora_name"], a["lora_int_id"]))

@@ -168,3 +168,24 @@ def test_bad_adapter_name_is_a_clean_field_error(make_client, base_model) -> Non
     body = resp.json()
     assert body["code"] == "invalid" and "{" not in body["detail"]
     assert body["fields"]["name"][0].startswith("Use 1-40 lowercase")
+
+
+def test_reupload_with_another_base_model_is_refused(make_client, base_model, tiny_adapters) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client()
+    files = _files(tiny_adapters["qv-r8"])
+    assert client.post("/api/v1/adapters/b1/versions", {"files": files, "base_model": "tiny-llama"},
+                       format="multipart").status_code == 201
+    resp = client.post("/api/v1/adapters/b1/versions", {"files": _files(tiny_adapters["all-r16"]),
+                                                        "base_model": "other-model"}, format="multipart")
+    assert resp.status_code == 409 and resp.json()["code"] == "base_model_mismatch"
+
+
+def test_only_the_files_the_engine_reads_are_stored(make_client, base_model, tiny_adapters) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    files = [*_files(tiny_adapters["qv-r8"]), SimpleUploadedFile("README.md", b"# card"),
+             SimpleUploadedFile(".DS_Store", b"\0")]
+    resp = client.post("/api/v1/adapters/lean/versions", {"files": files, "base_model": "tiny-llama"},
+                       format="multipart")
+    assert resp.status_code == 201
+    assert sorted(f["name"] for f in resp.json()["files"]) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert len(_objects_under(tenant.pk)) == 2

@@ -16,6 +16,7 @@ from inference.gateway.placement import (
     node_heartbeat,
     node_mark_stale,
     node_select_for_warm,
+    placement_on_ready,
     placement_request_warm,
 )
 from inference.gateway.routing import Target, node_for, target_resolve
@@ -89,3 +90,41 @@ def test_resolve_maps_names_and_hides_other_tenants(ready_version: AdapterVersio
     with pytest.raises(GatewayError) as err:
         target_resolve(other, model="bot")
     assert err.value.status == 404 and err.value.code == "model_not_found"
+
+
+def test_a_name_still_served_from_disk_is_routable_without_a_warm(ready_version: AdapterVersion) -> None:
+    entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "staged"}
+    node_heartbeat(state=_state("disk-only", [{**entry, "served": False}]))
+    target = Target(requested="bot", base_model=ready_version.adapter.base_model, version=ready_version)
+    assert node_for(target) is None
+    node_heartbeat(state=_state("disk-only", [{**entry, "served": True}]))
+    assert node_for(target).name == "disk-only"
+    node_heartbeat(state=_state("warm-one", [{**entry, "tier": "warm", "served": True}]))
+    assert node_for(target).name == "warm-one"
+
+
+def test_warm_targets_only_nodes_whose_engine_takes_the_rank(ready_version: AdapterVersion) -> None:
+    node_heartbeat(state=_state("small", max_lora_rank=4))
+    base = ready_version.adapter.base_model
+    assert node_select_for_warm(base, r=ready_version.r) is None  # r=8 > 4
+    node_heartbeat(state=_state("big", max_lora_rank=16))
+    assert node_select_for_warm(base, r=ready_version.r).name == "big"
+
+
+def test_a_new_ready_version_evicts_the_older_ones(ready_version: AdapterVersion, tiny_adapters,  # type: ignore[no-untyped-def]
+                                                   django_capture_on_commit_callbacks, monkeypatch) -> None:
+    node = node_heartbeat(state=_state("a", [{"lora_name": ready_version.served_name,
+                                              "lora_int_id": ready_version.pk, "tier": "warm", "served": True}]))
+    folder = tiny_adapters["all-r16"]
+    files = [SimpleUploadedFile(n, (folder / n).read_bytes()) for n in ("adapter_config.json", "adapter_model.safetensors")]
+    newer, _ = adapter_version_upload(ready_version.tenant, adapter_name="bot", upload_files=files)
+    newer = adapter_version_validate(newer)
+    evicted: list[int] = []
+    warmed: list[int] = []
+    monkeypatch.setattr("inference.gateway.placement.placement_evict_task.delay", evicted.append)
+    monkeypatch.setattr("inference.gateway.placement.placement_warm_task.delay", warmed.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        placement_on_ready(newer)
+    old = Placement.objects.get(node=node, adapter_version=ready_version)
+    assert evicted == [old.pk]
+    assert warmed == [Placement.objects.get(node=node, adapter_version=newer).pk]

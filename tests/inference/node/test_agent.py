@@ -115,7 +115,7 @@ def test_load_stages_verified_files_and_serves_the_adapter(
     )
     assert completion.status_code == 200
     assert _state_adapters(agent) == [
-        {"lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False}
+        {"lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False, "served": True}
     ]
 
 
@@ -134,7 +134,7 @@ def test_load_is_idempotent_and_reuses_the_disk_copy(
     assert set(second.json()) == {"lora_name", "lora_int_id", "tier", "pinned", "download_ms", "load_ms"}
     assert second.json()["pinned"] is True
     assert _state_adapters(agent) == [
-        {"lora_name": "acme--idem", "lora_int_id": 32, "tier": "warm", "pinned": True}
+        {"lora_name": "acme--idem", "lora_int_id": 32, "tier": "warm", "pinned": True, "served": True}
     ]
 
 
@@ -203,7 +203,7 @@ def test_unload_keeps_the_disk_copy_and_pin(
 
     assert unloaded.status_code == 200 and unloaded.json() == {"lora_name": "acme--u", "tier": "staged"}
     assert _state_adapters(agent) == [
-        {"lora_name": "acme--u", "lora_int_id": 36, "tier": "staged", "pinned": False}
+        {"lora_name": "acme--u", "lora_int_id": 36, "tier": "staged", "pinned": False, "served": False}
     ]
     assert (settings.cache_dir / "acme--u" / "36" / "adapter_model.safetensors").exists()
     assert agent.post("/v1/adapters/unload", json={"lora_name": "acme--u"}).status_code == 200  # idempotent
@@ -228,8 +228,8 @@ def test_new_version_under_the_same_name_swaps_ids(
 
     assert swapped.status_code == 200 and swapped.json()["lora_int_id"] == 42
     assert _state_adapters(agent) == [
-        {"lora_name": "acme--v", "lora_int_id": 41, "tier": "staged", "pinned": False},
-        {"lora_name": "acme--v", "lora_int_id": 42, "tier": "warm", "pinned": False},
+        {"lora_name": "acme--v", "lora_int_id": 41, "tier": "staged", "pinned": False, "served": False},
+        {"lora_name": "acme--v", "lora_int_id": 42, "tier": "warm", "pinned": False, "served": True},
     ]
 
 
@@ -375,10 +375,10 @@ def test_lru_eviction_past_max_cpu_loras_reports_staged(
         body = {"lora_name": f"acme--lru{i}", "lora_int_id": 70 + i, "files": files}
         assert agent.post("/v1/adapters/load", json=body).status_code == 200
 
-    tiers = {a["lora_name"]: a["tier"] for a in _state_adapters(agent)}
+    tiers = {a["lora_name"]: (a["tier"], a["served"]) for a in _state_adapters(agent)}
 
-    # The oldest fell out of the engine's CPU cache (LRU); the others are resident.
-    assert tiers == {f"acme--lru{i}": ("staged" if i == 0 else "warm") for i in range(count)}
+    # The oldest fell out of the engine's CPU cache (LRU) but its name is still served; the others are resident.
+    assert tiers == {f"acme--lru{i}": ("staged" if i == 0 else "warm", True) for i in range(count)}
     # Still served: a request reloads it from its staged path.
     completion = httpx.post(
         clean_vllm_engine.url + "/v1/completions",
