@@ -6,6 +6,7 @@ CPU/GPU LoRA cache), ``staged`` (on node disk), ``cold`` (only in S3), ``errored
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -163,7 +164,7 @@ def placement_on_ready(version: AdapterVersion) -> Placement | None:
         adapter_version__number__lt=version.number,
     ).values_list("pk", flat=True)
     for placement_id in list(older):
-        transaction.on_commit(lambda pk=placement_id: placement_evict_task.delay(pk))
+        transaction.on_commit(functools.partial(placement_evict_task.delay, placement_id))
     node = node_select_for_warm(version.adapter.base_model, r=version.r)
     return placement_request_warm(version, node=node) if node else None
 
