@@ -70,7 +70,7 @@ def placement_evict_task(placement_id: int) -> None:
 
 @shared_task(max_retries=3, default_retry_delay=10, retry_backoff=True, bind=True)
 def node_unload_task(self, node_id: int, lora_name: str) -> None:  # type: ignore[no-untyped-def]
-    """Remove a deleted version's ``lora_name`` from a node's engine (its rows are already gone)."""
+    """Remove a deleted version's ``lora_name`` from a node's engine and disk (its rows are already gone)."""
     from inference.gateway.models import Node
     from inference.gateway.node_client import NodeCallFailed, node_call
 
@@ -78,7 +78,7 @@ def node_unload_task(self, node_id: int, lora_name: str) -> None:  # type: ignor
     if node is None:
         return
     try:
-        node_call(node.agent_url, "/v1/adapters/unload", {"lora_name": lora_name})
+        node_call(node.agent_url, "/v1/adapters/unload", {"lora_name": lora_name, "purge": True})
     except NodeCallFailed as exc:
         if exc.code != "lora_not_found":  # already gone is done
             raise self.retry(exc=exc) from exc

@@ -7,7 +7,7 @@ Run: `uvicorn inference.node.agent:app --host 0.0.0.0 --port 8100` with the env 
 Routes (a fixed contract with the control plane):
 - `POST /v1/adapters/load` `{"lora_name", "lora_int_id", "files": [{"name", "s3_key", "sha256", "size"}], "pin"}`
   -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned", "download_ms", "load_ms"}`
-- `POST /v1/adapters/unload` `{"lora_name"}` -> `{"lora_name", "tier": "staged"}`
+- `POST /v1/adapters/unload` `{"lora_name", "purge"}` -> `{"lora_name", "tier": "staged"}` (`"cold"` with purge)
 - `POST /v1/adapters/pin` `{"lora_name"}` -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned": true}`
 - `GET /v1/state` -> see `NodeAgent.state`
 - `GET /healthz` (no auth) -> 200 `{"status": "ok"}` when the engine's `/health` answers, else 503.
@@ -67,9 +67,15 @@ class LoadIn(BaseModel):
 
 
 class NameIn(BaseModel):
-    """Body of unload and pin."""
+    """Body of pin."""
 
     lora_name: str = Field(min_length=1, max_length=200)
+
+
+class UnloadIn(NameIn):
+    """Body of unload: `purge` also deletes the staged files (the adapter was deleted)."""
+
+    purge: bool = False
 
 
 def make_s3_client(settings: NodeSettings) -> Any:
@@ -191,8 +197,8 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
         return result.as_json()
 
     @app.post("/v1/adapters/unload", dependencies=auth)
-    async def unload(body: NameIn, request: Request) -> dict[str, Any]:
-        return await agent_of(request).unload(body.lora_name)
+    async def unload(body: UnloadIn, request: Request) -> dict[str, Any]:
+        return await agent_of(request).unload(body.lora_name, purge=body.purge)
 
     @app.post("/v1/adapters/pin", dependencies=auth)
     async def pin(body: NameIn, request: Request) -> dict[str, Any]:

@@ -144,10 +144,13 @@ class NodeAgent:
         await self.engine.remove_lora(lora_name)
         return await self.engine.add_lora(lora_name, lora_int_id, lora_path, pin=pin)
 
-    async def unload(self, lora_name: str) -> dict[str, Any]:
-        """`remove_lora` from the engine; staged files stay on disk.
+    async def unload(self, lora_name: str, *, purge: bool = False) -> dict[str, Any]:
+        """`remove_lora` from the engine; staged files stay on disk unless `purge` (the adapter was deleted).
 
         Idempotent: an adapter that is not served but is staged answers 200 too.
+
+        Returns:
+            `{"lora_name", "tier"}`: tier `staged`, or `cold` after a purge.
 
         Raises:
             AgentError: `lora_not_found` 404 (neither served nor staged); `engine_unavailable` 503.
@@ -163,8 +166,10 @@ class NodeAgent:
                     raise AgentError(
                         404, "lora_not_found", f"'{lora_name}' is neither loaded nor staged"
                     ) from exc
-        logger.info("agent.unloaded", extra={"lora_name": lora_name})
-        return {"lora_name": lora_name, "tier": "staged"}
+            if purge:
+                await asyncio.to_thread(self.cache.remove, lora_name)
+        logger.info("agent.unloaded", extra={"lora_name": lora_name, "purge": purge})
+        return {"lora_name": lora_name, "tier": "cold" if purge else "staged"}
 
     async def pin(self, lora_name: str) -> dict[str, Any]:
         """`pin_lora` a served adapter.

@@ -210,6 +210,9 @@ def test_unload_keeps_the_disk_copy_and_pin(
     unknown = agent.post("/v1/adapters/unload", json={"lora_name": "acme--never"})
     assert (unknown.status_code, unknown.json()["code"]) == (404, "lora_not_found")
     assert agent.post("/v1/adapters/pin", json={"lora_name": "acme--u"}).status_code == 404
+    purged = agent.post("/v1/adapters/unload", json={"lora_name": "acme--u", "purge": True})
+    assert purged.json() == {"lora_name": "acme--u", "tier": "cold"}
+    assert not (settings.cache_dir / "acme--u").exists() and _state_adapters(agent) == []
 
 
 def test_new_version_under_the_same_name_swaps_ids(
