@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from adapters_app import services
 from adapters_app.models import Adapter, AdapterVersion, BaseModel
+from adapters_app.selectors import adapter_get
 from adapters_app.serializers import (
     AdapterInputSerializer,
     AdapterOutputSerializer,
@@ -75,7 +76,7 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 
     def list(self, request: Request, adapter_name: str) -> Response:
         """``GET .../versions``: newest first; 404 when the caller has no such adapter."""
-        if not Adapter.objects.filter(tenant=self.tenant, name=adapter_name).exists():
+        if adapter_get(self.tenant, name=adapter_name) is None:
             raise Http404
         return super().list(request)
 

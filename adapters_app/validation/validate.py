@@ -200,7 +200,8 @@ def _scan(
             error(
                 "weights_unreadable",
                 WEIGHTS_NAME,
-                f"adapter_model.safetensors could not be read ({exc}).",
+                # strerror only: the exception's text would show the worker's temp path.
+                f"adapter_model.safetensors could not be read ({getattr(exc, 'strerror', None) or type(exc).__name__}).",
                 "Upload the file again.",
             )
         )

@@ -63,14 +63,18 @@ def node_heartbeat(*, state: Mapping[str, Any]) -> Node:
         )
         reported = {a["lora_int_id"]: a for a in state.get("adapters", []) if isinstance(a.get("lora_int_id"), int)}
         known = set(AdapterVersion.objects.filter(pk__in=reported).values_list("pk", flat=True))
+        current = {p.adapter_version_id: p for p in Placement.objects.filter(node=node, adapter_version_id__in=known)}
         for version_id in known:
             entry = reported[version_id]
             tier = entry.get("tier") if entry.get("tier") in Placement.Tier.values else Placement.Tier.WARM
-            Placement.objects.update_or_create(
-                node=node, adapter_version_id=version_id,
-                defaults={"tier": tier, "pinned": bool(entry.get("pinned")), "warming_since": None,
-                          "served": bool(entry.get("served", tier in RESIDENT))},
-            )
+            wanted = {"tier": tier, "pinned": bool(entry.get("pinned")),
+                      "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
+            row = current.get(version_id)
+            # Heartbeats come every few seconds: write only what changed.
+            if row is None:
+                Placement.objects.create(node=node, adapter_version_id=version_id, **wanted)
+            elif any(getattr(row, k) != v for k, v in wanted.items()):
+                Placement.objects.filter(pk=row.pk).update(**wanted, updated_at=timezone.now())
         # Only rows the node once held drop to cold; in-flight warms keep their state.
         Placement.objects.filter(node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
             adapter_version_id__in=known
