@@ -101,7 +101,7 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
         )
     adapter = Adapter(tenant=tenant, name=name, base_model=base, description=description)
     try:
-        adapter.full_clean(validate_unique=False)
+        adapter.full_clean(validate_unique=False, validate_constraints=False)  # the insert enforces uniqueness
     except DjangoValidationError as exc:
         fields = exc.message_dict
         first = next(iter(fields))
