@@ -155,19 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         api_key = _manage(env, "quiver_tenant_create", "demo", "--name", "Demo Tenant").splitlines()[-1]
 
-        engine = EngineConfig(
-            model_dir=assets.base_dir,
-            served_model_name=assets.served_name,
-            host="127.0.0.1",
-            port=engine_port,
-            api_key=node_key,
-            max_loras=2,
-            max_cpu_loras=4,
-            max_lora_rank=16,
-            max_model_len=512,
-            max_num_seqs=32,
-            kv_cache_gib=1,
-        )
+        engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
         _say("starting the vLLM CPU node (about 30 s), the gateway, the worker and the node agent")
         procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, env))
         procs.start(

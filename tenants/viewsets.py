@@ -28,20 +28,22 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
             raise TypeError(f"{cls.__name__} must implement tenant_queryset(), not get_queryset().")
 
     @property
-    def tenant(self) -> Tenant:
-        """The caller's tenant (from the API key); raises NotAuthenticated without one."""
+    def principal(self) -> TenantPrincipal:
+        """The authenticated tenant and key; raises NotAuthenticated without one."""
         user = self.request.user
         if not isinstance(user, TenantPrincipal):
             raise NotAuthenticated()
-        return user.tenant
+        return user
+
+    @property
+    def tenant(self) -> Tenant:
+        """The caller's tenant (from the API key)."""
+        return self.principal.tenant
 
     @property
     def api_key(self) -> ApiKey:
         """The API key this request authenticated with."""
-        user = self.request.user
-        if not isinstance(user, TenantPrincipal):
-            raise NotAuthenticated()
-        return user.api_key
+        return self.principal.api_key
 
     def tenant_queryset(self, queryset: QuerySet) -> QuerySet:
         """Narrow the tenant's queryset further; the default keeps it."""

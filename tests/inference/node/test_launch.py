@@ -7,19 +7,7 @@ import sys
 
 from inference.node.launch import ENGINE_EXTENSION, EngineConfig, engine_argv, engine_env
 
-CONFIG = EngineConfig(
-    model_dir="/models/tiny",
-    served_model_name="tiny-llama",
-    host="127.0.0.1",
-    port=8011,
-    api_key="secret-node-key",
-    max_loras=2,
-    max_cpu_loras=4,
-    max_lora_rank=16,
-    max_model_len=512,
-    max_num_seqs=32,
-    kv_cache_gib=1,
-)
+CONFIG = EngineConfig.cpu_dev("/models/tiny", "tiny-llama", port=8011, api_key="secret-node-key")
 
 
 def _flag(argv: list[str], name: str) -> str:
