@@ -107,6 +107,17 @@ def _wait_ready(api: httpx.Client, name: str, number: int, timeout: float = 180)
     raise SystemExit(f"adapter {name} v{number} was not validated within {timeout:.0f} s")
 
 
+def _wait_node_live(api: httpx.Client, base_model: str, timeout: float = 60) -> None:
+    """Wait until the gateway can serve the base model, i.e. the node's heartbeat has reached the control plane."""
+    deadline = time.monotonic() + timeout
+    body = {"model": base_model, "prompt": "x", "max_tokens": 1}
+    while time.monotonic() < deadline:
+        if api.post("/v1/completions", json=body).status_code == 200:
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"no node reported itself live for {base_model} within {timeout:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; see the module docstring. Returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -227,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         api = stack.enter_context(
             httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120)
         )
+        _wait_node_live(api, assets.served_name)
         for name, folder in sorted(assets.adapters.items()):
             number = _upload(api, name, folder, assets.served_name)
             version = _wait_ready(api, name, number)
