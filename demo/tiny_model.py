@@ -257,6 +257,8 @@ def save_adapter(peft_model: PeftModel, out_dir: Path, *, served_name: str) -> P
     cfg_path = out_dir / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["base_model_name_or_path"] = served_name
+    if isinstance(cfg.get("target_modules"), list):  # PEFT writes a set: order follows PYTHONHASHSEED
+        cfg["target_modules"] = sorted(cfg["target_modules"])
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     _make_world_readable(out_dir)
     return out_dir
