@@ -25,6 +25,7 @@ import httpx
 from openai import OpenAI
 from transformers.utils import logging as transformers_logging
 
+from demo.api_client import upload_adapter, wait_validated
 from demo.assets import ensure_demo_assets
 from devtools.proc import free_port
 from devtools.services import start_seaweedfs
@@ -86,25 +87,6 @@ def _manage(env: dict[str, str], *args: str) -> str:
         [PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True, text=True
     )
     return out.stdout.strip()
-
-
-def _upload(api: httpx.Client, name: str, folder: Path, base_model: str) -> int:
-    names = ("adapter_config.json", "adapter_model.safetensors")
-    with ExitStack() as stack:
-        files = [("files", (n, stack.enter_context((folder / n).open("rb")))) for n in names]
-        resp = api.post(f"/api/v1/adapters/{name}/versions", files=files, data={"base_model": base_model})
-    resp.raise_for_status()
-    return resp.json()["number"]
-
-
-def _wait_ready(api: httpx.Client, name: str, number: int, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = api.get(f"/api/v1/adapters/{name}/versions/{number}").json()
-        if body["status"] in ("ready", "rejected"):
-            return body
-        time.sleep(0.5)
-    raise SystemExit(f"adapter {name} v{number} was not validated within {timeout:.0f} s")
 
 
 def _wait_node_live(api: httpx.Client, base_model: str, timeout: float = 60) -> None:
@@ -240,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         _wait_node_live(api, assets.served_name)
         for name, folder in sorted(assets.adapters.items()):
-            number = _upload(api, name, folder, assets.served_name)
-            version = _wait_ready(api, name, number)
+            number = upload_adapter(api, name, folder, base_model=assets.served_name)["number"]
+            version = wait_validated(api, name, number)
             _say(
                 f"uploaded {name} v{number}: {version['status']} (r={version['r']}, "
                 f"lora_alpha={version['lora_alpha']}, sha256={version['sha256'][:12]}…)"

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from adapters_app.validation.base_model import BaseModelFacts
+from adapters_app.validation.base_model import BaseModelFacts, PoolLimits
+from adapters_app.validation.report import ValidationReport
+from adapters_app.validation.validate import validate_adapter_dir
 
 #: dtype name -> numpy storage type (BF16 stored as raw uint16 words).
 _NP: Mapping[str, Any] = {
@@ -212,3 +214,18 @@ def write_adapter(
     (root / "adapter_config.json").write_bytes(data)
     write_safetensors(root / "adapter_model.safetensors", tensors)
     return root
+
+
+def validate_synthetic(
+    root: Path,
+    base: BaseModelFacts,
+    limits: PoolLimits,
+    config: Mapping[str, Any] | bytes | None = None,
+    tensors: Mapping[str, np.ndarray | RawTensor] | None = None,
+    *,
+    base_model_name: str = "quiver/tiny-llama",
+) -> ValidationReport:
+    """Write an adapter into ``root / "a"`` (default: a valid PEFT config and matching tensors) and validate it."""
+    config = peft_config(base_model_name) if config is None else config
+    tensors = lora_tensors(base) if tensors is None else tensors
+    return validate_adapter_dir(write_adapter(root / "a", config, tensors), base=base, limits=limits)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ from django.conf import settings
 
 from adapters_app.models import AdapterVersion
 from adapters_app.storage import delete_keys, s3_client
+from demo.api_client import upload_adapter, wait_validated
 from demo.assets import DemoAssets
 from demo.tiny_model import load_base
 from inference.gateway.models import Placement, UsageRecord
@@ -28,25 +28,6 @@ from tests.factories import TenantFactory
 from tests.fixtures.reference import greedy_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _upload(api: httpx.Client, name: str, folder: Path) -> int:
-    with ExitStack() as stack:
-        files = [("files", (n, stack.enter_context((folder / n).open("rb"))))
-                 for n in ("adapter_config.json", "adapter_model.safetensors")]
-        resp = api.post(f"/api/v1/adapters/{name}/versions", files=files, data={"base_model": "tiny-llama"})
-    assert resp.status_code == 201, resp.text
-    return resp.json()["number"]
-
-
-def _wait_ready(api: httpx.Client, name: str, number: int) -> dict:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        body = api.get(f"/api/v1/adapters/{name}/versions/{number}").json()
-        if body["status"] in ("ready", "rejected"):
-            return body
-        time.sleep(0.3)
-    raise AssertionError(f"{name} v{number} not validated in time")
 
 
 def _hf_greedy_ids(base_dir: Path, prompt: str, n: int) -> list[int]:
@@ -68,8 +49,8 @@ def test_upload_validate_warm_and_serve_two_adapters_and_the_base(
     api = httpx.Client(base_url=gateway_server, headers={"Authorization": f"Bearer {key}"}, timeout=120)
     names = ["capitals", "sums"]
     for name in names:
-        number = _upload(api, name, demo_assets.adapters[name])
-        assert _wait_ready(api, name, number)["status"] == "ready"
+        number = upload_adapter(api, name, demo_assets.adapters[name], base_model="tiny-llama")["number"]
+        assert wait_validated(api, name, number, timeout=120)["status"] == "ready"
 
     client = openai.OpenAI(base_url=gateway_server + "/v1", api_key=key, max_retries=0, timeout=180)
     assert {"capitals", "sums", "tiny-llama"} <= {m.id for m in client.models.list().data}
@@ -136,8 +117,8 @@ def test_failed_warm_is_reported_then_retried(
     tenant = TenantFactory(slug="flaky")
     _, key = api_key_create(tenant, name="app")
     api = httpx.Client(base_url=gateway_server, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-    number = _upload(api, "upper", demo_assets.adapters["upper"])
-    assert _wait_ready(api, "upper", number)["status"] == "ready"
+    number = upload_adapter(api, "upper", demo_assets.adapters["upper"], base_model="tiny-llama")["number"]
+    assert wait_validated(api, "upper", number, timeout=120)["status"] == "ready"
     version = AdapterVersion.objects.get(adapter__tenant=tenant, adapter__name="upper")
     deadline = time.monotonic() + 60
     while not Placement.objects.filter(adapter_version=version, tier__in=["warm", "hot"]).exists():

@@ -3,8 +3,6 @@ regex target_modules) are served end to end by vLLM through the gateway, token f
 
 from __future__ import annotations
 
-import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -12,6 +10,7 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
+from demo.api_client import upload_adapter, wait_validated
 from demo.assets import DemoAssets
 from demo.tiny_model import load_base, one_torch_thread, save_adapter
 from tenants.services import api_key_create
@@ -57,15 +56,8 @@ def test_supported_peft_features_are_accepted_and_served_exactly(
     api = httpx.Client(base_url=gateway_server, headers={"Authorization": f"Bearer {key}"}, timeout=180)
     for seed, (name, config) in enumerate(FEATURES.items(), start=11):
         folder, expected = _make(demo_assets.base_dir, tmp_path / name, config, seed)
-        with ExitStack() as stack:
-            files = [("files", (n, stack.enter_context((folder / n).open("rb"))))
-                     for n in ("adapter_config.json", "adapter_model.safetensors")]
-            resp = api.post(f"/api/v1/adapters/{name}/versions", files=files, data={"base_model": "tiny-llama"})
-        assert resp.status_code == 201, resp.text
-        deadline = time.monotonic() + 120
-        while (body := api.get(f"/api/v1/adapters/{name}/versions/1").json())["status"] not in ("ready", "rejected"):
-            assert time.monotonic() < deadline, "validation did not finish"
-            time.sleep(0.3)
+        number = upload_adapter(api, name, folder, base_model="tiny-llama")["number"]
+        body = wait_validated(api, name, number, timeout=120)
         assert body["status"] == "ready", body["validation_report"]["problems"]
         for prompt, want in expected.items():
             out = api.post("/v1/completions", json={

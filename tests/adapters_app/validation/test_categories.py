@@ -22,6 +22,7 @@ from adapters_app.validation.synthetic import (
     lora_tensors,
     peft_config,
     to_bf16,
+    validate_synthetic,
     write_adapter,
     write_safetensors,
 )
@@ -34,9 +35,7 @@ Q_B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
 def _run(
     tmp_path: Path, base: BaseModelFacts, limits: PoolLimits, cfg=None, tensors=None
 ) -> ValidationReport:
-    cfg = peft_config(BASE_NAME) if cfg is None else cfg
-    tensors = lora_tensors(base) if tensors is None else tensors
-    return validate_adapter_dir(write_adapter(tmp_path / "a", cfg, tensors), base=base, limits=limits)
+    return validate_synthetic(tmp_path, base, limits, cfg, tensors, base_model_name=BASE_NAME)
 
 
 def _errors(report: ValidationReport) -> set[str]:

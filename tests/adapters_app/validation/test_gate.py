@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from adapters_app.validation import BaseModelFacts, PoolLimits, ValidationReport, validate_adapter_dir
-from adapters_app.validation.synthetic import lora_tensors, peft_config, write_adapter
+from adapters_app.validation.synthetic import lora_tensors, peft_config, validate_synthetic, write_adapter
 
 BASE_NAME = "quiver/tiny-llama"
 
@@ -17,9 +17,7 @@ BASE_NAME = "quiver/tiny-llama"
 def _validate(
     tmp_path: Path, base: BaseModelFacts, limits: PoolLimits, cfg=None, tensors=None
 ) -> ValidationReport:
-    cfg = peft_config(BASE_NAME) if cfg is None else cfg
-    tensors = lora_tensors(base) if tensors is None else tensors
-    return validate_adapter_dir(write_adapter(tmp_path / "a", cfg, tensors), base=base, limits=limits)
+    return validate_synthetic(tmp_path, base, limits, cfg, tensors, base_model_name=BASE_NAME)
 
 
 def test_good_adapter_accepted_with_facts(tmp_path: Path, base: BaseModelFacts, limits: PoolLimits) -> None:
