@@ -1,8 +1,12 @@
-"""ASGI entry point served by uvicorn: the control-plane API and the streaming OpenAI-compatible gateway."""
+"""ASGI entry point served by uvicorn: the control-plane API and the streaming OpenAI-compatible gateway.
+
+Without ``DJANGO_SETTINGS_MODULE`` the production settings apply (missing or placeholder secrets stop the start);
+the demo and the tests choose theirs explicitly.
+"""
 
 import os
 
 from django.core.asgi import get_asgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 application = get_asgi_application()

@@ -1,4 +1,8 @@
-"""Celery application wiring: settings come from Django's ``CELERY_*`` names, tasks from ``workers``."""
+"""Celery application wiring: settings come from Django's ``CELERY_*`` names, tasks from ``workers``.
+
+Without ``DJANGO_SETTINGS_MODULE`` the production settings apply (missing or placeholder secrets stop the start);
+the demo and the tests choose theirs explicitly.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("quiver")
 app.config_from_object("django.conf:settings", namespace="CELERY")

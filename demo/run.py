@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(procs.stop_all)
         s3 = start_seaweedfs(args.workdir / "s3", bucket="quiver")
         stack.callback(s3.stop)
-        node_key = os.urandom(16).hex()
+        node_key = secrets.token_urlsafe(32)
         web_port, agent_port, engine_port = free_port(), free_port(), free_port()
         web_url = f"http://127.0.0.1:{web_port}"
         env = {
@@ -132,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             "AWS_SECRET_ACCESS_KEY": s3.secret_key,
             "AWS_STORAGE_BUCKET_NAME": s3.bucket,
             "QUIVER_NODE_KEY": node_key,
+            # Local settings would fall back to development secrets; the demo chooses fresh ones explicitly.
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
+            "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(32),
             "QUIVER_NODE_STALE_AFTER_S": "30",
         }
         for d in ("broker", "broker-done", "broker-control"):

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
 COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
-SECRETS = ("DJANGO_SECRET_KEY", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY")
+SECRETS = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY")
 
 
 def _compose(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,8 @@
 """Settings shared by every environment, read from the environment with django-environ.
 
-Every production-only behaviour is an env switch here (conventions §7); required secrets have no default in
-``production.py`` so a missing one fails loudly.
+Every production-only behaviour is an env switch here (conventions §7). Secrets are not read here: each environment
+module reads its own with :func:`read_secret`, which has no default outside DEBUG and refuses the placeholders of
+``.env.example``, so a missing or copied secret fails at start-up.
 """
 
 from __future__ import annotations
@@ -9,12 +10,45 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 env = environ.Env()
 
-SECRET_KEY = env("DJANGO_SECRET_KEY", default="dev-insecure-secret-key-change-me")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+# Values that must never guard a deployment: .env.example's "CHANGE-ME-..." and the seed's old public defaults.
+PLACEHOLDER_MARKERS = ("change-me", "changeme", "change_me", "replace-me", "dev-node-key", "dev-insecure")
+SECRET_MIN_LENGTH = 32
+
+
+def read_secret(name: str, *, dev_default: str | None = None, min_length: int = SECRET_MIN_LENGTH) -> str:
+    """Read secret ``name`` from the environment, refusing placeholders and short values.
+
+    Args:
+        name: the environment variable, e.g. ``"DJANGO_SECRET_KEY"``.
+        dev_default: value used when the variable is unset; pass it only under DEBUG (local development).
+        min_length: shortest accepted value, in characters (32 by default: 192 bits as url-safe base64).
+
+    Returns:
+        The secret.
+
+    Raises:
+        ImproperlyConfigured: unset (and no ``dev_default``), a placeholder from ``.env.example``, or too short;
+            the message names the variable and how to make a good value.
+    """
+    how = "e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))'"
+    value = env.str(name, default="") or dev_default
+    if not value:
+        raise ImproperlyConfigured(f"{name} is not set; set it to a long random value ({how}).")
+    if value != dev_default:
+        if any(marker in value.lower() for marker in PLACEHOLDER_MARKERS):
+            raise ImproperlyConfigured(f"{name} is a placeholder (as in .env.example); replace it with a long random "
+                                       f"value ({how}).")
+        if len(value) < min_length:
+            raise ImproperlyConfigured(f"{name} has {len(value)} characters; use at least {min_length} ({how}).")
+    return value
+
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "testserver"])
 
 INSTALLED_APPS = [
@@ -38,6 +72,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -124,12 +159,12 @@ AWS_S3_REGION_NAME = env("AWS_S3_REGION_NAME", default="us-east-1")
 
 # --- Quiver
 QUIVER_API_KEY_PREFIX = "qv"
-QUIVER_API_KEY_HMAC_KEY = env("QUIVER_API_KEY_HMAC_KEY", default=SECRET_KEY)
+# QUIVER_API_KEY_HMAC_KEY (the digest key of tenant API keys) is a secret of its own, read per environment:
+# rotating DJANGO_SECRET_KEY (sessions, CSRF) must not revoke every API key.
 QUIVER_API_KEY_LAST_USED_INTERVAL_S = 60
 QUIVER_MAX_UPLOAD_BYTES = env.int("QUIVER_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
 QUIVER_MAX_ARCHIVE_MEMBERS = env.int("QUIVER_MAX_ARCHIVE_MEMBERS", default=64)
-# Shared secret between the control plane and node agents / vLLM engines; tenants never see it.
-QUIVER_NODE_KEY = env("QUIVER_NODE_KEY", default="dev-node-key")
+# QUIVER_NODE_KEY (the control plane's secret towards node agents and vLLM engines) is read per environment.
 QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)

@@ -1,0 +1,85 @@
+"""Settings and secrets: entry points default to production, which has no secret defaults and refuses placeholders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from config.settings.base import read_secret
+from tenants.services import api_key_create, api_key_verify
+from tests.factories import TenantFactory
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD = {
+    "DJANGO_SECRET_KEY": "s" * 50,
+    "QUIVER_API_KEY_HMAC_KEY": "h" * 40,
+    "QUIVER_NODE_KEY": "n" * 40,
+    "DATABASE_URL": "postgres://quiver:a-real-password@127.0.0.1:1/quiver",
+    "CELERY_BROKER_URL": "redis://127.0.0.1:1/0",
+}
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"), **env}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+@pytest.mark.parametrize("entry", ["config.asgi", "config.wsgi", "config.celery_app", "manage"])
+def test_every_entry_point_defaults_to_production(entry: str) -> None:
+    code = ("import runpy, sys; sys.argv = ['manage.py', 'check']; runpy.run_path('manage.py', run_name='__main__')"
+            if entry == "manage" else
+            f"import {entry}; from django.conf import settings; settings.SECRET_KEY")
+    done = _python(code)
+    assert done.returncode != 0
+    assert "DJANGO_SECRET_KEY is not set" in done.stderr, done.stderr[-2000:]
+
+
+def test_production_starts_with_real_secrets() -> None:
+    done = _python("import os; os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings.production'; import django; "
+                   "django.setup(); from django.conf import settings; print(settings.DEBUG, settings.X_FRAME_OPTIONS)",
+                   **GOOD)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "DENY"]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("DJANGO_SECRET_KEY", "CHANGE-ME-long-random-string", "DJANGO_SECRET_KEY is a placeholder"),
+    ("QUIVER_NODE_KEY", "CHANGE-ME-node-key", "QUIVER_NODE_KEY is a placeholder"),
+    ("QUIVER_NODE_KEY", "dev-node-key", "QUIVER_NODE_KEY is a placeholder"),
+    ("QUIVER_API_KEY_HMAC_KEY", "s" * 50, "must differ from DJANGO_SECRET_KEY"),
+    ("DATABASE_URL", "postgres://q:CHANGE-ME-postgres-password@db:5432/q", "DATABASE_URL password is a placeholder"),
+])
+def test_production_refuses_placeholders_and_reused_secrets(name: str, value: str, message: str) -> None:
+    done = _python("import os; os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings.production'; import django; "
+                   "django.setup()", **{**GOOD, name: value})
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr[-2000:]
+
+
+def test_read_secret_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QUIVER_TEST_SECRET", raising=False)
+    with pytest.raises(ImproperlyConfigured, match="QUIVER_TEST_SECRET is not set"):
+        read_secret("QUIVER_TEST_SECRET")
+    assert read_secret("QUIVER_TEST_SECRET", dev_default="dev-insecure-x") == "dev-insecure-x"
+    monkeypatch.setenv("QUIVER_TEST_SECRET", "short")
+    with pytest.raises(ImproperlyConfigured, match="has 5 characters; use at least 32"):
+        read_secret("QUIVER_TEST_SECRET")
+    monkeypatch.setenv("QUIVER_TEST_SECRET", "changeme" * 8)
+    with pytest.raises(ImproperlyConfigured, match="placeholder"):
+        read_secret("QUIVER_TEST_SECRET", dev_default="other")
+
+
+@pytest.mark.django_db
+def test_rotating_secret_key_keeps_api_keys_valid() -> None:
+    _, plaintext = api_key_create(TenantFactory(), name="k")
+    with override_settings(SECRET_KEY="rotated-" + "x" * 50):
+        assert api_key_verify(plaintext).name == "k"
+    with override_settings(QUIVER_API_KEY_HMAC_KEY="another-" + "y" * 40), pytest.raises(Exception, match="unknown"):
+        api_key_verify(plaintext)
