@@ -1,0 +1,23 @@
+"""Rendezvous (highest-random-weight) hashing.
+
+Each (key, node) pair gets a pseudo-random 64-bit weight; a key's nodes ranked by weight give its preferred
+replica set, and removing a node only remaps keys that had it in their top ``k`` (Thaler & Ravishankar, "A
+Name-Based Mapping Scheme for Rendezvous", 1996; ai-dynamo/dynamo#15031 proposes it for adapters). The weight is
+blake2b, stable across processes and Python versions (``hash()`` is salted per process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+
+def hrw_weight(key: int | str, node: str) -> int:
+    """The weight of ``node`` for ``key``: an unsigned 64-bit integer, higher = more preferred."""
+    digest = hashlib.blake2b(f"{key}\x00{node}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def hrw_order(key: int | str, nodes: Iterable[str]) -> list[str]:
+    """``nodes`` ranked for ``key``, most preferred first (ties, impossible in practice, by name)."""
+    return sorted(nodes, key=lambda n: (-hrw_weight(key, n), n))

@@ -1,0 +1,146 @@
+"""Pick the node for one request: residency first, then load, never a saturated node while another qualifies.
+
+Scores per candidate node (first match wins), after llm-d's proposed ``lora-load-state-scorer``
+(llm-d/llm-d-router#2792): version in a GPU slot 1.0, in the engine's CPU cache 0.7, a free GPU slot 0.6, staged on
+the node's disk 0.3, otherwise 0.0. Filters before scoring:
+
+- *saturation*: ``num_requests_waiting >= queue_saturated`` or ``kv_cache_usage_perc >= kv_saturated`` (GIE's
+  saturation detector defaults, queue 5 and KV 0.8; shared/notes/anchors.md §5.7);
+- *bounded load*: a node carrying more than ``load_bound`` × the mean load of the candidates (+1) is skipped, as in
+  consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018), so one hot adapter cannot
+  pile onto one node.
+
+Nodes in the version's placement (its HRW replica set, ``inference.fleet.placement``) win over spill-over nodes;
+among equal scores the less loaded node wins, then the higher HRW weight — never a random pick, which turns
+routing random at low load (llm-d/llm-d-router#1500). Requests for the base model go where the fewest GPU LoRA
+slots are busy (#2792), then the least loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inference.fleet.tiers import Tier
+
+# llm-d/llm-d-router#2792 tiers; ERRORED never serves.
+TIER_SCORE: dict[Tier, float] = {Tier.GPU: 1.0, Tier.CPU: 0.7, Tier.DISK: 0.3, Tier.COLD: 0.0, Tier.ERRORED: -1.0}
+FREE_SLOT_SCORE = 0.6
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One node that could serve the request, as the control plane last saw it.
+
+    Attributes:
+        node: node name.
+        tier: where the wanted version is on this node (``COLD`` for base-model requests or when absent).
+        gpu_slots: the engine's ``max_loras``.
+        gpu_used: GPU slots holding an adapter (distinct adapters, counted once: llm-d/llm-d-router#2625).
+        running: ``vllm:num_requests_running`` (requests).
+        waiting: ``vllm:num_requests_waiting`` (requests).
+        kv_cache_usage_perc: ``vllm:kv_cache_usage_perc``, 0..1.
+        in_placement: the node is in the version's replica set.
+        hrw: the HRW weight of (version, node) (``inference.fleet.hrw.hrw_weight``), the tie-breaker.
+    """
+
+    node: str
+    tier: Tier
+    gpu_slots: int
+    gpu_used: int
+    running: int
+    waiting: int
+    kv_cache_usage_perc: float
+    in_placement: bool
+    hrw: int
+
+    @property
+    def load(self) -> int:
+        """Requests on the node (running + waiting)."""
+        return self.running + self.waiting
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    """Routing thresholds.
+
+    Attributes:
+        queue_saturated: waiting requests at which a node counts as saturated (GIE default 5).
+        kv_saturated: KV-cache usage fraction at which a node counts as saturated (GIE default 0.8).
+        load_bound: bounded-load factor ``c`` over the candidates' mean load (Mirrokni et al. use 1 + ε).
+    """
+
+    queue_saturated: int = 5
+    kv_saturated: float = 0.8
+    load_bound: float = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where to send the request.
+
+    Attributes:
+        node: the chosen node's name.
+        tier: the version's tier there when chosen (``GPU``/``CPU`` = no engine load needed).
+        score: the residency score used (see the module docstring).
+        saturated: every candidate was saturated: the caller should hold the request (admission) rather than send it.
+    """
+
+    node: str
+    tier: Tier
+    score: float
+    saturated: bool
+
+
+def residency_score(c: Candidate) -> float:
+    """The #2792 residency score of ``c`` for an adapter request (0..1; -1 for an errored placement)."""
+    score = TIER_SCORE[c.tier]
+    if c.tier is not Tier.GPU and c.tier is not Tier.ERRORED and c.gpu_used < c.gpu_slots:
+        score = max(score, FREE_SLOT_SCORE)
+    return score
+
+
+def is_saturated(c: Candidate, config: RouteConfig) -> bool:
+    """True when ``c``'s queue or KV cache is at the saturation threshold."""
+    return c.waiting >= config.queue_saturated or c.kv_cache_usage_perc >= config.kv_saturated
+
+
+def _qualified(candidates: Sequence[Candidate], config: RouteConfig) -> tuple[list[Candidate], bool]:
+    usable = [c for c in candidates if c.tier is not Tier.ERRORED] or list(candidates)
+    unsaturated = [c for c in usable if not is_saturated(c, config)]
+    if not unsaturated:
+        return usable, True
+    bound = config.load_bound * sum(c.load for c in unsaturated) / len(unsaturated) + 1
+    bounded = [c for c in unsaturated if c.load <= bound]
+    return bounded or unsaturated, False
+
+
+def route(candidates: Sequence[Candidate], *, base_model: bool = False,
+          config: RouteConfig = RouteConfig()) -> RouteDecision | None:
+    """Choose a node for one request.
+
+    Args:
+        candidates: the live nodes eligible for the request (right base model, ``max_lora_rank`` ≥ the version's
+            ``r``), each with the version's tier there.
+        base_model: the request is for the base model itself (no adapter).
+        config: thresholds.
+
+    Returns:
+        The decision, or None when ``candidates`` is empty. When every candidate is saturated the least loaded one is
+        returned with ``saturated=True``.
+    """
+    if not candidates:
+        return None
+    pool, saturated = _qualified(candidates, config)
+    if base_model:
+        def base_key(c: Candidate) -> tuple[float, int, int]:
+            free = 1.0 - c.gpu_used / c.gpu_slots if c.gpu_slots else 1.0
+            return (free, -c.load, c.hrw)
+
+        best = max(pool, key=base_key)
+        return RouteDecision(best.node, best.tier, base_key(best)[0], saturated)
+    if saturated:
+        best = max(pool, key=lambda c: (-c.load, residency_score(c), c.hrw))
+    else:
+        best = max(pool, key=lambda c: (c.in_placement, residency_score(c), -c.load, c.hrw))
+    return RouteDecision(best.node, best.tier, residency_score(best), saturated)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, replicas_wanted
+
+
+def nodes(n: int = 4, *, slots: int = 4, rank: int = 16, base: str = "m") -> list[PlacementNode]:
+    return [PlacementNode(name=f"n{i}", base_model=base, max_lora_rank=rank, cpu_slots=slots) for i in range(n)]
+
+
+def demand(v: int, rate: float, **kw: object) -> Demand:
+    return Demand(version_id=v, base_model=str(kw.pop("base", "m")), r=int(kw.pop("r", 8)), size_bytes=1000,
+                  rate=rate, **kw)  # type: ignore[arg-type]
+
+
+def test_replicas_grow_with_rate_and_shrink_when_idle() -> None:
+    cfg = PlacementConfig(replica_util=0.5, max_replicas=4)
+    assert replicas_wanted(0.0, 10.0, config=cfg, eligible=4) == 1
+    assert replicas_wanted(4.0, 10.0, config=cfg, eligible=4) == 1
+    assert replicas_wanted(12.0, 10.0, config=cfg, eligible=4) == 3
+    assert replicas_wanted(100.0, 10.0, config=cfg, eligible=4) == 4
+    assert replicas_wanted(100.0, 10.0, config=cfg, eligible=2) == 2
+    assert replicas_wanted(0.0, 10.0, config=cfg, min_replicas=2, eligible=4) == 2
+
+
+def test_eligibility_base_model_rank_and_bytes() -> None:
+    fleet = [PlacementNode("small", "m", 8, 4), PlacementNode("big", "m", 64, 4),
+             PlacementNode("other", "x", 64, 4), PlacementNode("tiny", "m", 64, 4, cpu_bytes=500)]
+    plan = place([demand(1, 1.0, r=32)], fleet)
+    assert plan[1] == ("big",)
+    assert place([demand(2, 1.0, base="nope")], fleet)[2] == ()
+
+
+def test_hot_version_spread_and_load_bounded() -> None:
+    demands = [demand(1, 50.0)] + [demand(v, 2.0) for v in range(2, 40)]
+    plan = place(demands, nodes(4, slots=16))
+    assert len(plan[1]) >= 3
+    load = {f"n{i}": 0.0 for i in range(4)}
+    for d in demands:
+        for name in plan[d.version_id]:
+            load[name] += d.rate / len(plan[d.version_id])
+    mean = sum(load.values()) / 4
+    assert max(load.values()) <= 1.25 * mean + 1e-9
+
+
+def test_cpu_slots_hold_distinct_top_versions() -> None:
+    # 4 nodes × 4 slots: the 16 hottest versions (each well under a node's share) get 16 distinct slots.
+    demands = [demand(v, 100.0 / v) for v in range(2, 60)]
+    plan = place(demands, nodes(4, slots=4), config=PlacementConfig(max_replicas=1))
+    per_node: dict[str, list[int]] = {}
+    for d in sorted(demands, key=lambda d: -d.rate)[:16]:
+        per_node.setdefault(plan[d.version_id][0], []).append(d.version_id)
+    assert sorted(len(v) for v in per_node.values()) == [4, 4, 4, 4]
+
+
+def test_pins_come_first_and_plan_is_deterministic() -> None:
+    demands = [demand(1, 0.0, pinned_nodes=frozenset({"n3"})), demand(2, 5.0), demand(3, 1.0)]
+    a = place(demands, nodes())
+    assert a[1][0] == "n3"
+    assert a == place(list(reversed(demands)), list(reversed(nodes())))
+
+
+@pytest.mark.parametrize("dropped", ["n0", "n1", "n2", "n3"])
+def test_losing_a_node_moves_only_its_versions(dropped: str) -> None:
+    demands = [demand(v, 0.0) for v in range(1, 200)]
+    before = place(demands, nodes())
+    after = place(demands, [n for n in nodes() if n.name != dropped])
+    for v, names in before.items():
+        if dropped not in names:
+            assert after[v] == names
