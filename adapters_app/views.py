@@ -20,6 +20,8 @@ from adapters_app.serializers import (
     BaseModelOutputSerializer,
 )
 from config.exceptions import QuiverError
+from tenants.models import Membership
+from tenants.permissions import DEFAULT_ROLE_MAP
 from tenants.viewsets import TenantScopedViewSet
 
 
@@ -39,6 +41,7 @@ class AdapterViewSet(
     queryset = Adapter.objects.select_related("base_model").order_by("name")
     serializer_class = AdapterOutputSerializer
     lookup_field = "name"
+    role_map = {**DEFAULT_ROLE_MAP, "DELETE": Membership.Role.OWNER}
 
     def tenant_queryset(self, queryset: QuerySet[Adapter]) -> QuerySet[Adapter]:
         """Prefetch versions newest first, so listing costs two queries whatever the count."""

@@ -36,3 +36,9 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonR
 def server_error(request: HttpRequest) -> JsonResponse:
     """``handler500``: an unhandled exception (logged by Django)."""
     return _error(request, 500, "server_error", "Internal error; it has been logged.")
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> JsonResponse:
+    """``CSRF_FAILURE_VIEW``: a console call without the ``X-CSRFToken`` header matching the ``csrftoken`` cookie."""
+    return _error(request, 403, "csrf_failed",
+                  f"CSRF check failed ({reason}); send the csrftoken cookie's value as the X-CSRFToken header.")

@@ -8,13 +8,15 @@ from rest_framework.routers import SimpleRouter
 
 from adapters_app.views import AdapterVersionViewSet, AdapterViewSet, BaseModelViewSet
 from inference.gateway.api import UsageViewSet
-from tenants.views import ApiKeyViewSet
+from tenants.auth_views import LoginView, LogoutView, MeView, TenantPickView
+from tenants.views import ApiKeyViewSet, MemberViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("adapters", AdapterViewSet, basename="adapter")
 router.register("base-models", BaseModelViewSet, basename="base-model")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("usage", UsageViewSet, basename="usage")
+router.register("members", MemberViewSet, basename="member")
 router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersionViewSet, basename="adapter-version")
 
 
@@ -25,6 +27,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/auth/login", LoginView.as_view()),
+    path("api/v1/auth/logout", LogoutView.as_view()),
+    path("api/v1/auth/me", MeView.as_view()),
+    path("api/v1/auth/tenant", TenantPickView.as_view()),
     path("api/v1/", include(router.urls)),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", healthz),

@@ -74,3 +74,17 @@ class ApiKey(models.Model):
     def masked(self) -> str:
         """The key as shown after creation: its id with the secret hidden."""
         return f"{settings.QUIVER_API_KEY_PREFIX}_{self.key_id}.****"
+
+
+class LoginFailure(models.Model):
+    """One failed console login, kept to throttle password guessing (``tenants.services.login_throttle_check``).
+
+    ``username`` is lowercased as typed (it may name no user); ``ip`` is the client address Django saw.
+    """
+
+    username = models.CharField(max_length=150, db_index=True)
+    ip = models.GenericIPAddressField(null=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.username}@{self.ip}"

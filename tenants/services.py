@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from tenants.models import ApiKey, Membership, Tenant
+from tenants.models import ApiKey, LoginFailure, Membership, Tenant
 from tenants.scopes import ALL_SCOPES
 
 
@@ -62,6 +62,7 @@ def api_key_create(
     expires_at: datetime | None = None,
     actor: User | None = None,
     granted_by: ApiKey | None = None,
+    grantable: Collection[str] | None = None,
 ) -> tuple[ApiKey, str]:
     """Mint an API key for ``tenant``.
 
@@ -70,7 +71,8 @@ def api_key_create(
 
     Raises:
         django.core.exceptions.ValidationError: unknown scope (field ``scopes``), a scope the granting key lacks (a key
-            cannot mint a stronger key), or an expiry in the past (``expires_at``).
+            cannot mint a stronger key) or outside ``grantable`` (what the creating user's role may grant), or an
+            expiry in the past (``expires_at``).
     """
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:
@@ -78,6 +80,10 @@ def api_key_create(
     if granted_by is not None and not set(scopes) <= set(granted_by.scopes):
         extra = sorted(set(scopes) - set(granted_by.scopes))
         raise ValidationError({"scopes": f"This key cannot grant {extra}; ask for at most {sorted(granted_by.scopes)}."})
+    if grantable is not None and not set(scopes) <= set(grantable):
+        extra = sorted(set(scopes) - set(grantable))
+        raise ValidationError({"scopes": f"Your role cannot grant {extra}; ask a tenant owner, or pick from "
+                                         f"{sorted(grantable)}."})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "Expiry must be in the future."})
     key_id = secrets.token_hex(6)
@@ -142,3 +148,83 @@ def api_key_verify(raw: str) -> ApiKey:
         ApiKey.objects.filter(pk=key.pk).exclude(last_used_at__gt=now - interval).update(last_used_at=now)
         key.last_used_at = now
     return key
+
+
+class LoginThrottled(Exception):
+    """Too many recent failed logins for this username or address; ``retry_after`` is in whole seconds."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(retry_after)
+        self.retry_after = retry_after
+
+
+def login_throttle_check(*, username: str, ip: str | None) -> None:
+    """Refuse a login attempt while the username or the address has too many recent failures.
+
+    Limits: ``QUIVER_LOGIN_MAX_FAILURES`` per username and ``QUIVER_LOGIN_MAX_FAILURES_PER_IP`` per address within
+    ``QUIVER_LOGIN_LOCKOUT_S`` seconds (OWASP Authentication Cheat Sheet: throttle per account and per source).
+
+    Raises:
+        LoginThrottled: with the seconds until the oldest counted failure ages out.
+    """
+    window = timedelta(seconds=settings.QUIVER_LOGIN_LOCKOUT_S)
+    now = timezone.now()
+    recent = LoginFailure.objects.filter(created_at__gte=now - window)
+    checks = [(recent.filter(username=username.lower()), settings.QUIVER_LOGIN_MAX_FAILURES)]
+    if ip is not None:
+        checks.append((recent.filter(ip=ip), settings.QUIVER_LOGIN_MAX_FAILURES_PER_IP))
+    for rows, limit in checks:
+        times = list(rows.order_by("-created_at").values_list("created_at", flat=True)[:limit])
+        if len(times) >= limit:
+            raise LoginThrottled(max(1, int((times[-1] + window - now).total_seconds()) + 1))
+
+
+def login_failure_record(*, username: str, ip: str | None) -> None:
+    """Count one failed login (and drop failures older than the window, so the table stays small)."""
+    LoginFailure.objects.create(username=username.lower()[:150], ip=ip)
+    LoginFailure.objects.filter(
+        created_at__lt=timezone.now() - timedelta(seconds=settings.QUIVER_LOGIN_LOCKOUT_S)).delete()
+
+
+def login_failures_clear(*, username: str) -> None:
+    """Forget a username's failures after it logs in successfully."""
+    LoginFailure.objects.filter(username=username.lower()).delete()
+
+
+def membership_set_role(tenant: Tenant, *, membership: Membership, role: str) -> Membership:
+    """Change a member's role, keeping at least one owner.
+
+    Raises:
+        django.core.exceptions.ValidationError: unknown role, or demoting the tenant's last owner.
+    """
+    with transaction.atomic():
+        _lock_owners(tenant)
+        if membership.role == Membership.Role.OWNER and role != Membership.Role.OWNER:
+            _ensure_other_owner(tenant, membership)
+        membership.role = role
+        membership.full_clean()
+        membership.save(update_fields=["role"])
+    return membership
+
+
+def membership_delete(tenant: Tenant, *, membership: Membership) -> None:
+    """Remove a member, keeping at least one owner.
+
+    Raises:
+        django.core.exceptions.ValidationError: removing the tenant's last owner.
+    """
+    with transaction.atomic():
+        _lock_owners(tenant)
+        if membership.role == Membership.Role.OWNER:
+            _ensure_other_owner(tenant, membership)
+        membership.delete()
+
+
+def _lock_owners(tenant: Tenant) -> None:
+    # Serialises concurrent demotions so two owners cannot demote each other at once.
+    list(Membership.objects.select_for_update().filter(tenant=tenant, role=Membership.Role.OWNER))
+
+
+def _ensure_other_owner(tenant: Tenant, membership: Membership) -> None:
+    if not Membership.objects.filter(tenant=tenant, role=Membership.Role.OWNER).exclude(pk=membership.pk).exists():
+        raise ValidationError({"role": "A tenant keeps at least one owner; make someone else owner first."})

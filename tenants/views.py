@@ -1,34 +1,59 @@
-"""API key management for the calling tenant: list, create (secret shown once), revoke."""
+"""API keys and members of the calling tenant.
+
+Keys: list, create (secret shown once), revoke. Console members see and revoke only the keys they created and cannot
+grant ``keys:manage``; owners (and keys with ``keys:manage``) manage every key of the tenant.
+Members: owners add existing users by username, change roles and remove members; everyone in the tenant may list.
+"""
 
 from __future__ import annotations
 
-from rest_framework import mixins, status
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.exceptions import QuiverError
 from tenants import services
-from tenants.models import ApiKey
-from tenants.scopes import KEYS_MANAGE
+from tenants.models import ApiKey, Membership
+from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 from tenants.serializers import ApiKeyInputSerializer, ApiKeyOutputSerializer
 from tenants.viewsets import TenantScopedViewSet
 
-KEYS_SCOPE_MAP = {m: KEYS_MANAGE for m in ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")}
+ALL_METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")
+KEYS_SCOPE_MAP = {m: KEYS_MANAGE for m in ALL_METHODS}
+KEYS_ROLE_MAP = {m: Membership.Role.MEMBER for m in ALL_METHODS}
+MEMBERS_ROLE_MAP = {**{m: Membership.Role.OWNER for m in ALL_METHODS}, "GET": Membership.Role.VIEWER,
+                    "HEAD": Membership.Role.VIEWER, "OPTIONS": Membership.Role.VIEWER}
 
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
-    """``/api/v1/api-keys``: the tenant's keys. Needs scope ``keys:manage``."""
+    """``/api/v1/api-keys``: the tenant's keys. Keys need scope ``keys:manage``; sessions need role member."""
 
     queryset = ApiKey.objects.order_by("-created_at")
     serializer_class = ApiKeyOutputSerializer
     lookup_field = "key_id"
     scope_map = KEYS_SCOPE_MAP
+    role_map = KEYS_ROLE_MAP
+
+    def tenant_queryset(self, queryset: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
+        """Members see only the keys they created; owners and ``keys:manage`` keys see all."""
+        access = self.principal
+        if access.user is not None and not access.has_role(Membership.Role.OWNER):
+            return queryset.filter(created_by=access.user)
+        return queryset
 
     def create(self, request: Request) -> Response:
         """``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's."""
         data = ApiKeyInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        key, plaintext = services.api_key_create(self.tenant, granted_by=self.api_key, **data.validated_data)
+        access = self.principal
+        grantable = None
+        if access.user is not None and not access.has_role(Membership.Role.OWNER):
+            grantable = [s for s in ALL_SCOPES if s != KEYS_MANAGE]
+        key, plaintext = services.api_key_create(self.tenant, granted_by=access.api_key, actor=access.user,  # type: ignore[arg-type]
+                                                 grantable=grantable, **data.validated_data)
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -38,3 +63,61 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         key = self.get_object()
         key = services.api_key_revoke(self.tenant, key_id=key.key_id)
         return Response(ApiKeyOutputSerializer(key).data)
+
+
+class MemberOutputSerializer(serializers.ModelSerializer):
+    """Output: a member's username, email and role."""
+    username = serializers.CharField(source="user.username")
+    email = serializers.CharField(source="user.email")
+
+    class Meta:
+        model = Membership
+        fields = ["username", "email", "role", "created_at"]
+
+
+class MemberInputSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/members``: an existing user's ``username`` and a ``role``."""
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+
+
+class MemberRoleSerializer(serializers.Serializer):
+    """Input of ``PATCH /api/v1/members/{username}``."""
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """``/api/v1/members``: who may act in the tenant. Owners write (keys: ``keys:manage``); everyone reads."""
+
+    queryset = Membership.objects.select_related("user").order_by("user__username")
+    serializer_class = MemberOutputSerializer
+    lookup_field = "user__username"
+    lookup_url_kwarg = "username"
+    scope_map = KEYS_SCOPE_MAP
+    role_map = MEMBERS_ROLE_MAP
+
+    def create(self, request: Request) -> Response:
+        """``POST /api/v1/members``: add a user; 400 ``user_not_found``, 409 ``member_exists``."""
+        data = MemberInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = get_user_model().objects.filter(username=data.validated_data["username"]).first()
+        if user is None:
+            raise QuiverError(f"No user '{data.validated_data['username']}'; an operator creates accounts.",
+                              code="user_not_found", fields={"username": ["Unknown user."]})
+        if Membership.objects.filter(tenant=self.tenant, user=user).exists():
+            raise QuiverError("Already a member; change the role instead.", code="member_exists", status_code=409)
+        membership = services.membership_create(self.tenant, user=user, role=data.validated_data["role"])
+        return Response(MemberOutputSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request: Request, username: str | None = None) -> Response:
+        """``PATCH /api/v1/members/{username}``: change the role (the last owner stays owner)."""
+        data = MemberRoleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.membership_set_role(self.tenant, membership=self.get_object(),
+                                                  role=data.validated_data["role"])
+        return Response(MemberOutputSerializer(membership).data)
+
+    def destroy(self, request: Request, username: str | None = None) -> Response:
+        """``DELETE /api/v1/members/{username}``: remove the member (not the last owner)."""
+        services.membership_delete(self.tenant, membership=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)

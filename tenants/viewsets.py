@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from rest_framework import viewsets
-from rest_framework.exceptions import NotAuthenticated
 
-from tenants.authentication import TenantPrincipal
+from tenants.access import Access, access_for
 from tenants.models import ApiKey, Tenant
 
 
 class TenantScopedViewSet(viewsets.GenericViewSet):
-    """Resolves the tenant from the API key and makes ``get_queryset`` final.
+    """Resolves the tenant from the API key or the session's chosen tenant and makes ``get_queryset`` final.
 
     Subclasses implement ``tenant_queryset(qs)`` and set ``queryset``; the base filters by ``tenant`` first, so another
     tenant's object is simply not found (404), never 403 (conventions §3).
@@ -28,22 +28,24 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
             raise TypeError(f"{cls.__name__} must implement tenant_queryset(), not get_queryset().")
 
     @property
-    def principal(self) -> TenantPrincipal:
-        """The authenticated tenant and key; raises NotAuthenticated without one."""
-        user = self.request.user
-        if not isinstance(user, TenantPrincipal):
-            raise NotAuthenticated()
-        return user
+    def principal(self) -> Access:
+        """The caller's tenant, key or session user and role; raises NotAuthenticated without one."""
+        return access_for(self.request)
 
     @property
     def tenant(self) -> Tenant:
-        """The caller's tenant (from the API key)."""
+        """The caller's tenant (from the API key, or the session user's chosen tenant)."""
         return self.principal.tenant
 
     @property
-    def api_key(self) -> ApiKey:
-        """The API key this request authenticated with."""
+    def api_key(self) -> ApiKey | None:
+        """The API key this request authenticated with; None for console sessions."""
         return self.principal.api_key
+
+    @property
+    def user(self) -> User | None:
+        """The session user; None for API-key callers."""
+        return self.principal.user
 
     def tenant_queryset(self, queryset: QuerySet) -> QuerySet:
         """Narrow the tenant's queryset further; the default keeps it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
@@ -12,7 +13,7 @@ from rest_framework.test import APIClient
 from adapters_app.models import BaseModel
 from adapters_app.services import base_model_register
 from tenants.models import Tenant
-from tenants.services import api_key_create
+from tenants.services import api_key_create, membership_create
 from tests.factories import TenantFactory
 
 
@@ -33,6 +34,21 @@ def make_client() -> Callable[..., tuple[APIClient, Tenant, str]]:
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
         return client, tenant, plaintext
+
+    return make
+
+
+@pytest.fixture
+def make_session_client(django_user_model: Any) -> Callable[..., tuple[APIClient, Tenant, Any]]:
+    """``make_session_client(role="owner")`` → ``(client, tenant, user)``: a console session of a fresh tenant's user."""
+
+    def make(slug: str | None = None, role: str = "owner") -> tuple[APIClient, Tenant, Any]:
+        tenant = TenantFactory(slug=slug) if slug else TenantFactory()
+        user = django_user_model.objects.create_user(username=f"{role}-{tenant.slug}", password="pw-not-used")
+        membership_create(tenant, user=user, role=role)
+        client = APIClient()
+        client.force_login(user)
+        return client, tenant, user
 
     return make
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pytest
+from django.contrib.auth.models import User
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.gateway.models import UsageRecord
 from tenants.models import Tenant
-from tenants.services import api_key_create
+from tenants.services import api_key_create, membership_create
 from tests.fixtures.tenancy import UPLOAD, TenantScopedAPITests
 
 pytestmark = pytest.mark.django_db
@@ -51,6 +52,7 @@ class TestApiKeys(TenantScopedAPITests):
 
 class TestGatewayModels(TenantScopedAPITests):
     calls: ClassVar = [("get", "/v1/models/{name}", None)]
+    auth_kinds = ("key",)  # the OpenAI-compatible gateway takes API keys only
     list_url = None
 
     def make_object(self, tenant: Tenant) -> dict[str, Any]:
@@ -63,6 +65,21 @@ class TestGatewayModels(TenantScopedAPITests):
         intruder, _, _ = make_client()
         ids = [m["id"] for m in intruder.get("/v1/models").json()["data"]]
         assert "secret-bot" not in ids and "tiny-llama" in ids
+
+
+class TestMembers(TenantScopedAPITests):
+    calls: ClassVar = [
+        ("get", "/api/v1/members/{name}", None),
+        ("patch", "/api/v1/members/{name}", {"role": "viewer"}),
+        ("delete", "/api/v1/members/{name}", None),
+    ]
+    list_url = "/api/v1/members"
+    list_field = "username"
+
+    def make_object(self, tenant: Tenant) -> dict[str, Any]:
+        user = User.objects.create_user(username=f"alice-{tenant.slug}", password="x")
+        membership_create(tenant, user=user, role="member")
+        return {"name": user.username}
 
 
 class TestUsage(TenantScopedAPITests):

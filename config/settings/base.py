@@ -76,6 +76,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "config.urls"
+CSRF_FAILURE_VIEW = "config.error_views.csrf_failure"
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
 
@@ -112,7 +115,11 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 32 * 1024 * 1024
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
+    # Keys first: a request carrying a bearer key is judged by its key even with a console session cookie.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.HasScope"],
     "DEFAULT_PARSER_CLASSES": [
         "rest_framework.parsers.JSONParser",
@@ -162,6 +169,10 @@ QUIVER_API_KEY_PREFIX = "qv"
 # QUIVER_API_KEY_HMAC_KEY (the digest key of tenant API keys) is a secret of its own, read per environment:
 # rotating DJANGO_SECRET_KEY (sessions, CSRF) must not revoke every API key.
 QUIVER_API_KEY_LAST_USED_INTERVAL_S = 60
+# Console logins: failures counted per username and per address over a sliding window (tenants.services).
+QUIVER_LOGIN_MAX_FAILURES = env.int("QUIVER_LOGIN_MAX_FAILURES", default=5)
+QUIVER_LOGIN_MAX_FAILURES_PER_IP = env.int("QUIVER_LOGIN_MAX_FAILURES_PER_IP", default=50)
+QUIVER_LOGIN_LOCKOUT_S = env.int("QUIVER_LOGIN_LOCKOUT_S", default=900)
 QUIVER_MAX_UPLOAD_BYTES = env.int("QUIVER_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
 QUIVER_MAX_ARCHIVE_MEMBERS = env.int("QUIVER_MAX_ARCHIVE_MEMBERS", default=64)
 # QUIVER_NODE_KEY (the control plane's secret towards node agents and vLLM engines) is read per environment.
