@@ -9,4 +9,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from config.front_door import FrontDoor  # noqa: E402  (needs settings configured)
+
+# Body caps and credential checks happen before Django reads (and spools) a request body.
+application = FrontDoor(django_application)

@@ -111,8 +111,12 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 
 # Uploads above this stay on disk, never whole in memory (Django's TemporaryFileUploadHandler).
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
-# Non-file bodies (long prompts to the gateway) up to 32 MiB; beyond that Django answers 400 (JSON via handler400).
-DATA_UPLOAD_MAX_MEMORY_SIZE = 32 * 1024 * 1024
+# Body caps, enforced while reading by config.front_door (before Django spools anything): JSON bodies (prompts,
+# API calls) and bodies of requests that carry no credentials at all (login forms).
+QUIVER_MAX_JSON_BYTES = env.int("QUIVER_MAX_JSON_BYTES", default=4 * 1024 * 1024)
+QUIVER_MAX_ANONYMOUS_BODY_BYTES = env.int("QUIVER_MAX_ANONYMOUS_BODY_BYTES", default=64 * 1024)
+# Django's own check on non-file bodies, for servers without the front door (WSGI); 400 via handler400.
+DATA_UPLOAD_MAX_MEMORY_SIZE = QUIVER_MAX_JSON_BYTES
 
 REST_FRAMEWORK = {
     # Keys first: a request carrying a bearer key is judged by its key even with a console session cookie.

@@ -1,0 +1,200 @@
+"""The front door: an ASGI middleware in front of Django that bounds request bodies while they are read.
+
+Django's ASGI handler spools a whole body to a temp file before routing or authentication, so without this anyone
+could fill the disk without a key. Here, before the application sees a byte:
+
+- a route's body cap applies to the declared ``Content-Length`` (refused at once) and to what is actually received,
+  chunked bodies included (refused as soon as the count passes the cap; the rest is never read);
+- caps per route: the upload route (``POST /api/v1/adapters/{name}/versions``) at ``QUIVER_MAX_UPLOAD_BYTES`` plus
+  multipart framing, everything else at ``QUIVER_MAX_JSON_BYTES``; a request with no credentials at all at
+  ``QUIVER_MAX_ANONYMOUS_BODY_BYTES`` (enough for a login form);
+- routes that only ever serve credentialed callers (``/v1/*``, ``/internal/*``, the upload route) refuse a request
+  without credentials with 401 before reading its body; the upload route also verifies the API key or session first,
+  since its cap is large.
+
+Refusals use the envelope of the route: OpenAI's ``{"error": {...}}`` on ``/v1/*``, ``{"detail", "code"}`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+UPLOAD_ROUTE = re.compile(r"^/api/v1/adapters/[^/]+/versions/?$")
+# Multipart boundaries and part headers around the files (a few hundred bytes per part; 64 KiB is generous).
+MULTIPART_OVERHEAD = 64 * 1024
+CREDENTIALED_PREFIXES = ("/v1/", "/internal/")
+
+
+@dataclass(frozen=True)
+class BodyRule:
+    """How one request's body is bounded.
+
+    Attributes:
+        max_bytes: the cap in bytes (declared and received).
+        needs_credentials: refuse with 401 before reading when the request carries no credentials.
+        verify: check the credentials themselves (not just their presence) before reading.
+        what: the human name of the limit for messages, e.g. ``"QUIVER_MAX_UPLOAD_BYTES"``.
+    """
+
+    max_bytes: int
+    needs_credentials: bool
+    verify: bool
+    what: str
+
+
+def rule_for(method: str, path: str, *, has_credentials: bool) -> BodyRule:
+    """The body rule of a request, from settings (read each time, so tests may override them).
+
+    Args:
+        method: HTTP method, upper case.
+        path: the URL path.
+        has_credentials: whether an ``Authorization`` header or a session cookie is present.
+    """
+    if method == "POST" and UPLOAD_ROUTE.match(path):
+        return BodyRule(settings.QUIVER_MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD, True, True, "QUIVER_MAX_UPLOAD_BYTES")
+    needs = path.startswith(CREDENTIALED_PREFIXES)
+    if not has_credentials and not needs:
+        return BodyRule(settings.QUIVER_MAX_ANONYMOUS_BODY_BYTES, False, False, "QUIVER_MAX_ANONYMOUS_BODY_BYTES")
+    return BodyRule(settings.QUIVER_MAX_JSON_BYTES, needs, False, "QUIVER_MAX_JSON_BYTES")
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _session_key(headers: dict[str, str]) -> str | None:
+    for part in headers.get("cookie", "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == settings.SESSION_COOKIE_NAME and value:
+            return value
+    return None
+
+
+def credentials_valid(authorization: str, session_key: str | None) -> bool:
+    """Whether a bearer API key or a logged-in session backs the request (database lookups; run in a thread).
+
+    Args:
+        authorization: the ``Authorization`` header value ("" if absent).
+        session_key: the session cookie's value, or None.
+    """
+    from tenants.authentication import bearer_token
+    from tenants.services import ApiKeyInvalid, api_key_verify
+
+    token = bearer_token(authorization) if authorization else None
+    if token is not None:
+        try:
+            api_key_verify(token)
+            return True
+        except ApiKeyInvalid:
+            return False
+    if session_key:
+        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        return bool(store.get("_auth_user_id"))
+    return False
+
+
+def _refusal(path: str, status: int, code: str, message: str) -> tuple[dict[str, Any], list[tuple[bytes, bytes]]]:
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="quiver"'))
+    if path.startswith("/v1/"):
+        kind = "authentication_error" if status == 401 else "invalid_request_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}, headers
+    return {"detail": message, "code": code}, headers
+
+
+async def _respond(send: Send, path: str, status: int, code: str, message: str) -> None:
+    body, headers = _refusal(path, status, code, message)
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(raw)).encode())]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+def _too_large(rule: BodyRule) -> str:
+    return (f"Request body exceeds {rule.max_bytes} bytes ({rule.what}); send a smaller body, or ask an operator to "
+            f"raise {rule.what}.")
+
+
+class FrontDoor:
+    """ASGI middleware enforcing :func:`rule_for` on every HTTP request; other scopes pass through.
+
+    Args:
+        app: the application behind it (Django's ASGI handler).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse or bound the request, then hand it to ``self.app``."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path", "")
+        headers = _headers(scope)
+        authorization = headers.get("authorization", "")
+        session_key = _session_key(headers)
+        rule = rule_for(scope.get("method", "GET"), path, has_credentials=bool(authorization or session_key))
+        if rule.needs_credentials and not (authorization or session_key):
+            await _respond(send, path, 401, "not_authenticated",
+                           "Authentication credentials were not provided; send 'Authorization: Bearer <api key>'.")
+            return
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > rule.max_bytes:
+            await _respond(send, path, 413, "request_too_large", _too_large(rule))
+            return
+        if rule.verify and not await sync_to_async(credentials_valid)(authorization, session_key):
+            await _respond(send, path, 401, "invalid_api_key", "Invalid, revoked or expired API key or session.")
+            return
+        await self._bounded(scope, receive, send, rule, path)
+
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send, rule: BodyRule, path: str) -> None:
+        received = 0
+        overflow = False
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, overflow
+            if overflow:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > rule.max_bytes:
+                    # Django's body reader treats a disconnect as an aborted request and answers nothing.
+                    overflow = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                if overflow:
+                    return  # the 413 below answers instead
+                started = True
+            if overflow and not started:
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except Exception:
+            if not overflow:
+                raise
+        if overflow and not started:
+            await _respond(send, path, 413, "request_too_large", _too_large(rule))

@@ -1,0 +1,188 @@
+"""The front door (config.front_door): body caps while reading, and no body read without credentials."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.test import override_settings
+
+from config.asgi import application
+from devtools.proc import free_port
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+
+REPO = Path(__file__).resolve().parents[2]
+CHUNK = 64 * 1024
+
+
+class Body:
+    """A fake ASGI receive: ``chunks`` chunks of 64 KiB, counting what the application pulled."""
+
+    def __init__(self, chunks: int) -> None:
+        self.left = chunks
+        self.pulled = 0
+
+    async def __call__(self) -> dict[str, Any]:
+        if self.left <= 0:
+            await asyncio.sleep(3600)  # the client stays connected; Django cancels this once it has answered
+        self.left -= 1
+        self.pulled += CHUNK
+        return {"type": "http.request", "body": b"x" * CHUNK, "more_body": self.left > 0}
+
+
+def _call(method: str, path: str, body: Body, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
+             "raw_path": path.encode(), "query_string": b"", "scheme": "http", "server": ("testserver", 80),
+             "client": ("127.0.0.1", 5000), "root_path": "",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    # As Django's test client does: the handler must not close the test's database connection.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        async_to_sync(application)(scope, body, send)
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(raw) if raw else {}
+
+
+UPLOAD = "/api/v1/adapters/bot/versions"
+
+
+@pytest.mark.parametrize("path", [UPLOAD, "/v1/chat/completions", "/v1/completions", "/internal/v1/nodes/heartbeat"])
+def test_no_credentials_is_refused_before_any_byte_is_read(path: str) -> None:
+    body = Body(10)
+    status, data = _call("POST", path, body, {"transfer-encoding": "chunked"})
+    assert status == 401 and body.pulled == 0
+    assert (data["error"]["code"] if path.startswith("/v1/") else data["code"]) == "not_authenticated"
+
+
+@pytest.mark.django_db
+def test_an_invalid_key_on_the_upload_route_is_refused_before_reading() -> None:
+    body = Body(10)
+    status, data = _call("POST", UPLOAD, body, {"authorization": "Bearer qv_nope.nope"})
+    assert (status, data["code"], body.pulled) == (401, "invalid_api_key", 0)
+
+
+@pytest.mark.django_db
+@override_settings(QUIVER_MAX_UPLOAD_BYTES=1024 * 1024)
+def test_a_chunked_upload_past_the_cap_stops_being_read() -> None:
+    _, key = api_key_create(TenantFactory(), name="k")
+    body = Body(1000)  # 62.5 MiB offered
+    status, data = _call("POST", UPLOAD, body, {"authorization": f"Bearer {key}",
+                                                "content-type": "multipart/form-data; boundary=b"})
+    assert (status, data["code"]) == (413, "request_too_large")
+    assert "QUIVER_MAX_UPLOAD_BYTES" in data["detail"]
+    assert body.pulled <= 1024 * 1024 + 64 * 1024 + CHUNK
+
+
+@override_settings(QUIVER_MAX_JSON_BYTES=256 * 1024)
+def test_json_routes_have_their_own_smaller_cap() -> None:
+    body = Body(100)
+    status, data = _call("POST", "/v1/completions", body, {"authorization": "Bearer qv_x.y"})
+    assert status == 413 and data["error"]["code"] == "request_too_large"
+    assert body.pulled <= 256 * 1024 + CHUNK
+    declared = Body(100)
+    status, _ = _call("POST", "/v1/completions", declared, {"authorization": "Bearer qv_x.y",
+                                                            "content-length": str(300 * 1024)})
+    assert status == 413 and declared.pulled == 0
+
+
+def test_anonymous_bodies_elsewhere_are_small() -> None:
+    body = Body(100)
+    status, data = _call("POST", "/admin/login/", body)
+    assert status == 413 and data["code"] == "request_too_large"
+    assert body.pulled <= 64 * 1024 + CHUNK
+
+
+@pytest.mark.django_db
+def test_a_body_within_its_cap_reaches_django() -> None:
+    status, data = _call("POST", "/v1/completions", Body(1), {"authorization": "Basic eDp5"})
+    assert status == 401 and "Bearer" in data["error"]["message"]  # the gateway's own answer
+
+
+@pytest.fixture(scope="module")
+def uvicorn_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, int, Path]]:
+    """``uvicorn config.asgi:application`` in a subprocess, temp files in a folder of its own."""
+    tmp = tmp_path_factory.mktemp("front-door-tmp")
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+                             "--port", str(port), "--lifespan", "off", "--log-level", "warning"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield "127.0.0.1", port, proc.pid, tmp
+        assert proc.poll() is None, "server died"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _io(pid: int) -> dict[str, int]:
+    pairs = (line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return {k: int(v) for k, v in pairs}
+
+
+@pytest.mark.parametrize("path", [UPLOAD, "/v1/chat/completions"])
+def test_unauthenticated_2gb_chunked_body_is_refused_fast_without_disk(uvicorn_server, path: str) -> None:
+    host, port, pid, tmp = uvicorn_server
+    before = _io(pid)
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n"
+                 "Content-Type: multipart/form-data; boundary=b\r\n\r\n".encode())
+    chunk = b"%x\r\n" % (1024 * 1024) + b"x" * (1024 * 1024) + b"\r\n"
+    sent = 0
+
+    def flood() -> None:  # 2 GB in 1 MiB chunks, until the server stops taking them
+        nonlocal sent
+        try:
+            while sent < 2 * 1024**3:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+
+    started = time.monotonic()
+    writer = threading.Thread(target=flood, daemon=True)
+    writer.start()
+    answer = sock.recv(4096)
+    elapsed = time.monotonic() - started
+    sock.close()
+    writer.join(timeout=10)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert elapsed < 1.0
+    after = _io(pid)
+    # Nothing of the body was read from the socket or written anywhere (files or sockets) by the server.
+    assert after["rchar"] - before["rchar"] < 10 * 1024**2
+    assert after["wchar"] - before["wchar"] < 10 * 1024**2
+    assert sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) < 10 * 1024**2
+
