@@ -31,7 +31,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ASGIApp = Callable[..., Awaitable[None]]  # Django's handler types its arguments more narrowly
 
 UPLOAD_ROUTE = re.compile(r"^/api/v1/adapters/[^/]+/versions/?$")
 # Multipart boundaries and part headers around the files (a few hundred bytes per part; 64 KiB is generous).
