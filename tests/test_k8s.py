@@ -253,6 +253,7 @@ def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
     assert {"web", "gateway"} <= set(targets)
     for name, hpa in targets.items():
         assert hpa["spec"]["minReplicas"] >= 2
+        assert "replicas" not in deployments[name]["spec"], name  # the HPA owns it
         main = deployments[name]["spec"]["template"]["spec"]["containers"][0]
         assert main["resources"]["requests"]["cpu"]  # utilisation targets need a request
     migrate = objects(docs, "Job")["migrate"]

@@ -1,0 +1,472 @@
+"""Scale-out proof on one machine: two gateways, two CPU vLLM nodes with agents, two workers, one kill of each.
+
+Usage:
+    .venv/bin/python -m devtools.services run -- .venv/bin/python scripts/scaleout.py [--json out.json]
+
+Runs on the PostgreSQL, Redis and S3 server named by ``DATABASE_URL``, ``REDIS_URL`` and ``AWS_*`` (started by
+``devtools.services`` when absent), each in a fresh database / Redis db / bucket of its own, so it can run beside
+the test suite. It starts the whole data plane as separate processes, as Kubernetes would run pods:
+
+- ``web``: the control plane (REST API, node heartbeats), as the Deployment ``web``;
+- ``gateway-1``, ``gateway-2``: ``config.asgi`` on two ports, as two replicas of the Deployment ``gateway``;
+- ``worker-1``, ``worker-2``: Celery workers on every queue;
+- ``node-1``, ``node-2``: a CPU vLLM engine (tiny Llama) and its agent each.
+
+Load: ``--concurrency`` client threads send completions (the base model and two adapters, in turn) through both
+gateways. The client plays the load balancer: round-robin, and a gateway that refuses the connection is skipped
+(what a Service does once a pod is gone). Mid-run it SIGKILLs ``gateway-2``, then ``node-2`` (engine and agent).
+
+Printed: requests served per gateway and per node (each engine's ``vllm:request_success_total``), every error with
+its time relative to the kills, and the residency the control plane converges to. Exit status 1 when a request
+failed that was not in flight on a killed process, when a survivor served nothing after the kill, or when residency
+did not converge (every adapter resident on a live node, nothing routed to the dead one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from demo.api_client import upload_adapter, wait_validated  # noqa: E402
+from demo.assets import ensure_demo_assets  # noqa: E402
+from devtools.proc import free_port  # noqa: E402
+from devtools.services import backing_services  # noqa: E402
+from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
+
+PY = sys.executable
+REDIS_DB = 11  # the suite's worker uses db 0: separate queues
+STALE_AFTER_S = 3  # a node whose heartbeats stop leaves routing after this long (heartbeats every 1 s)
+
+
+def say(msg: str) -> None:
+    """Print one timestamped progress line."""
+    print(f"[scaleout {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Processes:
+    """Children in their own sessions (so a kill reaches vLLM's EngineCore and Worker), logs under one folder."""
+
+    def __init__(self, log_dir: Path) -> None:
+        """Keep logs under ``log_dir``."""
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        """Start ``argv`` as ``name``, output to ``<log_dir>/<name>.log``."""
+        with (self.log_dir / f"{name}.log").open("wb") as log:
+            self.procs[name] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+
+    def wait_http(self, name: str, url: str, timeout: float) -> None:
+        """Wait until ``url`` answers 200; raise with the log tail if ``name`` dies or ``timeout`` (s) passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.procs[name].poll() is None:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{name} not ready at {url}:\n{self.tail(name)}")
+
+    def tail(self, name: str, chars: int = 3000) -> str:
+        """The end of ``name``'s log."""
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")[-chars:]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL ``name`` and everything in its session (no graceful shutdown: a crash or a lost pod)."""
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        """SIGTERM every live child's session, SIGKILL what is left after 15 s."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+
+@contextmanager
+def fresh_database(url: str) -> Iterator[str]:
+    """A new database on the server of ``url`` (dropped afterwards); yields its URL."""
+    import psycopg
+
+    parts = urlsplit(url)
+    name = f"scaleout_{secrets.token_hex(4)}"
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(parts._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def fresh_bucket(env: dict[str, str]) -> Iterator[str]:
+    """A new S3 bucket (emptied and removed afterwards); yields its name."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=env.get("AWS_S3_ENDPOINT_URL") or None,
+                      aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+                      aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"), region_name="us-east-1")
+    name = f"scaleout-{secrets.token_hex(4)}"
+    s3.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for obj in page.get("Contents", []):
+                s3.delete_object(Bucket=name, Key=obj["Key"])
+        s3.delete_bucket(Bucket=name)
+
+
+def redis_db(url: str, db: int) -> str:
+    """``url`` pointing at Redis database ``db``."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """Run ``manage.py <args>``; its stdout."""
+    return subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@dataclass
+class Outcome:
+    """One client request: when (s since load start), through which gateway, for which model, and how it ended."""
+
+    start: float
+    end: float
+    gateway: str
+    model: str
+    status: int  # 0 = no HTTP answer
+    error: str
+
+
+class LoadBalancer:
+    """Round-robin over gateways, skipping one that refuses connections (a Service drops a dead pod)."""
+
+    def __init__(self, gateways: dict[str, str]) -> None:
+        """``gateways``: name → base URL."""
+        self.gateways = gateways
+        self.down: set[str] = set()
+        self._order = itertools.cycle(sorted(gateways))
+        self._lock = threading.Lock()
+
+    def pick(self) -> str:
+        """The next gateway that is not known to be down."""
+        with self._lock:
+            for _ in range(len(self.gateways)):
+                name = next(self._order)
+                if name not in self.down:
+                    return name
+        raise RuntimeError("no gateway left")
+
+    def mark_down(self, name: str) -> None:
+        """Stop sending to ``name``."""
+        with self._lock:
+            self.down.add(name)
+
+
+def run_load(lb: LoadBalancer, api_key: str, models: list[str], *, duration: float, concurrency: int,
+             t0: float) -> list[Outcome]:
+    """Send completions from ``concurrency`` threads for ``duration`` seconds; every outcome, in order."""
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    model_cycle = itertools.cycle(models)
+
+    def client() -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as http:
+            while time.monotonic() - t0 < duration:
+                with lock:
+                    model = next(model_cycle)
+                body = {"model": model, "prompt": "the quick brown", "max_tokens": 8, "temperature": 0}
+                for _ in range(len(lb.gateways)):
+                    name = lb.pick()
+                    start = time.monotonic() - t0
+                    try:
+                        resp = http.post(lb.gateways[name] + "/v1/completions", json=body)
+                        ok = resp.status_code == 200
+                        error = "" if ok else f"{resp.status_code} {resp.text[:160]}"
+                        outcome = Outcome(start, time.monotonic() - t0, name, model, resp.status_code, error)
+                    except httpx.ConnectError:
+                        lb.mark_down(name)  # nothing was sent: the balancer tries the next gateway
+                        continue
+                    except httpx.HTTPError as exc:
+                        outcome = Outcome(start, time.monotonic() - t0, name, model, 0, type(exc).__name__)
+                    with lock:
+                        outcomes.append(outcome)
+                    break
+
+    threads = [threading.Thread(target=client, name=f"client-{i}") for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(outcomes, key=lambda o: o.start)
+
+
+class EngineCounter:
+    """Polls each engine's ``vllm:request_success_total``; keeps the last value read (a dead engine keeps its last)."""
+
+    def __init__(self, engines: dict[str, str]) -> None:
+        """``engines``: node name → engine URL."""
+        self.engines = engines
+        self.last: dict[str, float] = {name: 0.0 for name in engines}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-counter", daemon=True)
+
+    def read(self, name: str) -> float | None:
+        """The engine's current total of finished requests, or None if it does not answer."""
+        try:
+            text = httpx.get(self.engines[name] + "/metrics", timeout=2).text
+        except httpx.HTTPError:
+            return None
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total"))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            for name in self.engines:
+                value = self.read(name)
+                if value is not None:
+                    self.last[name] = value
+
+    def __enter__(self) -> EngineCounter:
+        """Start polling."""
+        for name in self.engines:
+            self.last[name] = self.read(name) or 0.0
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop polling."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def residency(env: dict[str, str]) -> dict[str, Any]:
+    """The control plane's view: node → live?, and (node, adapter) → tier, read through the Django models."""
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from inference.gateway.models import Node, Placement
+
+    nodes: dict[str, Any] = {}
+    from adapters_app.models import BaseModel
+    from inference.gateway.placement import nodes_live
+
+    live = {n.name for b in BaseModel.objects.all() for n in nodes_live(b)}
+    for node in Node.objects.order_by("name"):
+        nodes[node.name] = {"live": node.name in live, "adapters": {}}
+    for p in Placement.objects.select_related("node", "adapter_version__adapter").order_by("node__name"):
+        nodes[p.node.name]["adapters"][p.adapter_version.adapter.name] = p.tier
+    from django.db import connections
+
+    connections.close_all()
+    return nodes
+
+
+def converged(view: dict[str, Any], adapters: list[str], dead: str) -> bool:
+    """Every adapter is resident (warm/hot) on a live node, and the dead node is out of routing."""
+    if view.get(dead, {}).get("live"):
+        return False
+    for adapter in adapters:
+        if not any(n["live"] and n["adapters"].get(adapter) in {"warm", "hot"} for n in view.values()):
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scenario
+    """Run the proof; see the module docstring. Returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=24.0, help="seconds of load in all (default 24)")
+    parser.add_argument("--kill-gateway-at", type=float, default=8.0)
+    parser.add_argument("--kill-node-at", type=float, default=12.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "scaleout")
+    parser.add_argument("--json", type=Path, help="also write the summary here")
+    args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Django's root INFO logging would print every request
+
+    assets = ensure_demo_assets()
+    adapters = sorted(assets.adapters)[:2]
+    (args.workdir / "logs").mkdir(parents=True, exist_ok=True)
+    procs = Processes(args.workdir / "logs")
+    with ExitStack() as stack:
+        env = {**os.environ}
+        env.update(stack.enter_context(backing_services(env)))
+        stack.callback(procs.stop_all)
+        env["DATABASE_URL"] = stack.enter_context(fresh_database(env["DATABASE_URL"]))
+        env["AWS_STORAGE_BUCKET_NAME"] = stack.enter_context(fresh_bucket(env))
+        env["REDIS_URL"] = env["CELERY_BROKER_URL"] = redis_db(env["REDIS_URL"], REDIS_DB)
+        node_key = secrets.token_urlsafe(32)
+        env.update({
+            "DJANGO_SETTINGS_MODULE": "config.settings.local",
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
+            "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(48),
+            "QUIVER_NODE_KEY": node_key,
+            "QUIVER_NODE_STALE_AFTER_S": str(STALE_AFTER_S),
+            "QUIVER_WARM_WAIT_S": "60",
+        })
+        say("migrating a fresh database, registering the tiny base model and a tenant")
+        manage(env, "migrate", "--noinput")
+        manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
+        api_key = manage(env, "quiver_tenant_create", "scaleout", "--name", "Scale-out").splitlines()[-1]
+
+        ports = {name: free_port() for name in ("web", "gateway-1", "gateway-2")}
+        urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        engines: dict[str, str] = {}
+        say("starting web, 2 gateways, 2 workers, 2 vLLM CPU nodes and their agents")
+        for name, port in ports.items():
+            procs.start(name, [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
+                               str(port), "--log-level", "warning"], env)
+        for i in (1, 2):
+            procs.start(f"worker-{i}", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads",
+                                        "--concurrency=2", "-Q", "celery,validation,placement",
+                                        "-n", f"scaleout-{i}@%h", "--loglevel=WARNING"], env)
+            engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=free_port(), api_key=node_key)
+            engines[f"node-{i}"] = engine.url
+            procs.start(f"engine-{i}", engine_argv(engine, python=PY), engine_env(engine, env))
+        for name, url in urls.items():
+            procs.wait_http(name, url + "/healthz", 90)
+        for i, (name, url) in enumerate(engines.items(), start=1):
+            procs.wait_http(f"engine-{i}", url + "/health", 300)
+            agent_port = free_port()
+            procs.start(f"agent-{i}", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1",
+                                       "--port", str(agent_port), "--log-level", "warning"], {
+                **env, "QUIVER_NODE_NAME": name, "QUIVER_ENGINE_URL": url,
+                "QUIVER_BASE_MODEL": assets.served_name, "QUIVER_NODE_CACHE_DIR": str(args.workdir / f"cache-{i}"),
+                "QUIVER_AGENT_URL": f"http://127.0.0.1:{agent_port}", "QUIVER_CONTROL_URL": urls["web"],
+                "QUIVER_HEARTBEAT_SECONDS": "1", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",
+                "QUIVER_MAX_LORA_RANK": "16"})
+            procs.wait_http(f"agent-{i}", f"http://127.0.0.1:{agent_port}/healthz", 60)
+
+        api = stack.enter_context(httpx.Client(base_url=urls["web"], timeout=120,
+                                               headers={"Authorization": f"Bearer {api_key}"}))
+        deadline = time.monotonic() + 60
+        while len([n for n in residency(env).values() if n["live"]]) < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the two nodes never both reported live")
+            time.sleep(0.5)
+        for name in adapters:
+            version = wait_validated(api, name, upload_adapter(api, name, assets.adapters[name],
+                                                                base_model=assets.served_name)["number"])
+            if version["status"] != "ready":
+                raise RuntimeError(f"{name} was rejected: {version['validation_report']}")
+        models = [assets.served_name, *adapters]
+        for url in (urls["gateway-1"], urls["gateway-2"]):  # warm every adapter and each gateway's caches
+            for model in models:
+                answer = api.post(url + "/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 1})
+                answer.raise_for_status()
+        say(f"adapters {', '.join(adapters)} ready and warm; {args.duration:.0f} s of load through both gateways")
+
+        lb = LoadBalancer({"gateway-1": urls["gateway-1"], "gateway-2": urls["gateway-2"]})
+        t0 = time.monotonic()
+        kills: dict[str, float] = {}
+
+        def killer() -> None:
+            for at, what in sorted([(args.kill_gateway_at, "gateway-2"), (args.kill_node_at, "node-2")]):
+                time.sleep(max(0.0, at - (time.monotonic() - t0)))
+                kills[what] = time.monotonic() - t0
+                for proc in ([what] if what.startswith("gateway") else ["engine-2", "agent-2"]):
+                    procs.kill(proc)
+                say(f"killed {what} at t={kills[what]:.1f} s")
+
+        with EngineCounter(engines) as counter:
+            before = dict(counter.last)
+            kill_thread = threading.Thread(target=killer, name="killer")
+            kill_thread.start()
+            outcomes = run_load(lb, api_key, models, duration=args.duration,
+                                concurrency=args.concurrency, t0=t0)
+            kill_thread.join()
+            time.sleep(0.5)
+            served_by_node = {name: int(counter.last[name] - before[name]) for name in engines}
+
+        deadline = time.monotonic() + 30
+        view = residency(env)
+        while not converged(view, adapters, "node-2") and time.monotonic() < deadline:
+            time.sleep(1)
+            view = residency(env)
+
+    kill_times = {"gateway-2": kills.get("gateway-2", 0.0), "node-2": kills.get("node-2", 0.0)}
+    errors = [o for o in outcomes if o.status != 200]
+
+    def in_flight_at_a_kill(o: Outcome) -> bool:
+        # On the killed gateway when it died, or sent (through either) while the node died.
+        return (o.gateway == "gateway-2" and o.start <= kill_times["gateway-2"] <= o.end + 0.05) or \
+            (o.start <= kill_times["node-2"] <= o.end + 0.05)
+
+    unexplained = [o for o in errors if not in_flight_at_a_kill(o)]
+    after = [o for o in outcomes if o.start > max(kill_times.values())]
+    summary = {
+        "requests": len(outcomes),
+        "served_by_gateway": dict(Counter(o.gateway for o in outcomes if o.status == 200)),
+        "served_by_node": served_by_node,
+        "served_after_kills": sum(o.status == 200 for o in after),
+        "kills": kill_times,
+        "errors_at_kill": [asdict(o) for o in errors if in_flight_at_a_kill(o)],
+        "errors_unexplained": [asdict(o) for o in unexplained],
+        "residency": view,
+        "converged": converged(view, adapters, "node-2"),
+    }
+    print(f"\n== scale-out proof: {len(outcomes)} requests in {args.duration:.0f} s, "
+          f"gateway-2 killed at {kill_times['gateway-2']:.1f} s, node-2 at {kill_times['node-2']:.1f} s ==")
+    print("served per gateway:", json.dumps(summary["served_by_gateway"]))
+    print("served per node (vllm:request_success_total):", json.dumps(served_by_node))
+    print(f"served after both kills: {summary['served_after_kills']} of {len(after)}")
+    print(f"errors at the kills: {len(summary['errors_at_kill'])}; other errors: {len(unexplained)}")
+    for o in errors:
+        tag = "at kill" if in_flight_at_a_kill(o) else "UNEXPLAINED"
+        print(f"  [{tag}] t={o.start:.2f}-{o.end:.2f} s via {o.gateway} {o.model}: {o.error or o.status}")
+    print("residency (control plane):")
+    for node, state in view.items():
+        tiers = ", ".join(f"{a}={t}" for a, t in sorted(state["adapters"].items())) or "-"
+        print(f"  {node}: {'live' if state['live'] else 'out of routing'}; {tiers}")
+    print("converged:", summary["converged"])
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    ok = (not unexplained and summary["converged"] and summary["served_after_kills"] > 0
+          and all(summary["served_by_gateway"].get(g, 0) > 0 for g in lb.gateways)
+          and all(v > 0 for v in served_by_node.values()))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
