@@ -322,6 +322,11 @@ def test_dev_secrets_are_random_complete_and_valid() -> None:
 # --- exposure
 
 
+def _size(value: str) -> int:
+    """An nginx size (`8m`, `512k`, `1g`) in bytes."""
+    return int(value[:-1]) * {"k": 2**10, "m": 2**20, "g": 2**30}[value[-1].lower()]
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_only_public_routes_leave_the_cluster(overlay: str) -> None:
     docs = render(overlay)
@@ -343,6 +348,8 @@ def test_only_public_routes_leave_the_cluster(overlay: str) -> None:
                                                for p in INTERNAL_PREFIXES), (name, path)
                 backend = entry["backend"]["service"]
                 assert backend["name"] in {"web", "gateway"} and backend["port"] == {"name": "http"}, (name, path)
+    assert _size(ingresses["gateway"]["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]) >= \
+        settings.QUIVER_MAX_JSON_BYTES  # the app's own 413 (JSON, names the limit) comes first
     upload_cap = objects(docs, "ConfigMap")
     cap = next(int(c["data"]["QUIVER_MAX_UPLOAD_BYTES"]) for c in upload_cap.values()
                if "QUIVER_MAX_UPLOAD_BYTES" in c.get("data", {}))
