@@ -1,5 +1,6 @@
 """URL map: control-plane API under ``/api/v1/``, the OpenAI-compatible gateway under ``/v1/``."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
@@ -26,7 +27,6 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 urlpatterns = [
-    path("admin/", admin.site.urls),
     path("api/v1/auth/login", LoginView.as_view()),
     path("api/v1/auth/logout", LogoutView.as_view()),
     path("api/v1/auth/me", MeView.as_view()),
@@ -36,6 +36,9 @@ urlpatterns = [
     path("healthz", healthz),
     path("", include("inference.gateway.urls")),
 ]
+# Node heartbeats and the admin are on the internal listener (config.internal_urls), not here.
+if settings.QUIVER_PUBLIC_ADMIN:
+    urlpatterns.insert(0, path("admin/", admin.site.urls))
 
 handler400 = "config.error_views.bad_request"
 handler403 = "config.error_views.permission_denied"

@@ -34,6 +34,8 @@ from inference.node.launch import EngineConfig, engine_argv, engine_env
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# The node (engine and agent) gets S3 access and its own credentials, none of the control plane's secrets.
+CONTROL_ONLY = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "DATABASE_URL")
 
 
 
@@ -119,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(procs.stop_all)
         s3 = start_seaweedfs(args.workdir / "s3", bucket="quiver")
         stack.callback(s3.stop)
-        node_key = secrets.token_urlsafe(32)
-        web_port, agent_port, engine_port = free_port(), free_port(), free_port()
+        web_port, internal_port, agent_port, engine_port = free_port(), free_port(), free_port(), free_port()
         web_url = f"http://127.0.0.1:{web_port}"
+        agent_url, engine_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{engine_port}"
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings.local",
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             "AWS_ACCESS_KEY_ID": s3.access_key,
             "AWS_SECRET_ACCESS_KEY": s3.secret_key,
             "AWS_STORAGE_BUCKET_NAME": s3.bucket,
-            "QUIVER_NODE_KEY": node_key,
+            "QUIVER_NODE_SECRET": secrets.token_urlsafe(32),
             # Local settings would fall back to development secrets; the demo chooses fresh ones explicitly.
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
             "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(32),
@@ -151,10 +153,17 @@ def main(argv: list[str] | None = None) -> int:
             "16",
         )
         api_key = _manage(env, "quiver_tenant_create", "demo", "--name", "Demo Tenant").splitlines()[-1]
+        # The operator registers the node with its URLs; the node gets its own key and heartbeat token.
+        node_env = dict(line.split("=", 1) for line in _manage(
+            env, "quiver_node_register", "cpu-node-1", "--agent-url", agent_url, "--engine-url", engine_url,
+            "--base-model", assets.served_name).splitlines())
+        node_key = node_env["QUIVER_NODE_KEY"]
 
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
-        _say("starting the vLLM CPU node (about 30 s), the gateway, the worker and the node agent")
-        procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, env))
+        _say("starting the vLLM CPU node (about 30 s), the gateway and its internal listener, the worker and the "
+             "node agent")
+        procs.start("vllm", engine_argv(engine, python=PY),
+                    engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY}))
         procs.start(
             "web",
             [
@@ -171,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
             env,
         )
+        procs.start("web-internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
+                                     "--port", str(internal_port), "--log-level", "warning"], env)
         procs.start(
             "worker",
             [
@@ -189,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             env,
         )
         agent_env = {
-            **env,
-            "QUIVER_NODE_NAME": "cpu-node-1",
-            "QUIVER_ENGINE_URL": f"http://127.0.0.1:{engine_port}",
+            **{k: v for k, v in env.items() if k not in CONTROL_ONLY},
+            **node_env,
+            "QUIVER_ENGINE_URL": engine_url,
             "QUIVER_BASE_MODEL": assets.served_name,
             "QUIVER_NODE_CACHE_DIR": str(args.workdir / "node-cache"),
-            "QUIVER_AGENT_URL": f"http://127.0.0.1:{agent_port}",
-            "QUIVER_CONTROL_URL": web_url,
+            "QUIVER_AGENT_URL": agent_url,
+            "QUIVER_CONTROL_URL": f"http://127.0.0.1:{internal_port}",
             "QUIVER_HEARTBEAT_SECONDS": "2",
             "QUIVER_MAX_LORAS": "2",
             "QUIVER_MAX_CPU_LORAS": "4",
@@ -218,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             agent_env,
         )
         procs.wait_http("web", web_url + "/healthz", 60)
+        procs.wait_http("web-internal", f"http://127.0.0.1:{internal_port}/healthz", 60)
         procs.wait_http("vllm", f"http://127.0.0.1:{engine_port}/health", 300)
         procs.wait_http("agent", f"http://127.0.0.1:{agent_port}/healthz", 60)
 

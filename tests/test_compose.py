@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
 COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
-SECRETS = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY")
+SECRETS = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "QUIVER_NODE_TOKEN", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY")
 
 
 def _compose(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -76,7 +76,7 @@ def test_a_broken_copy_is_rejected(tmp_path: Path, old: str, new: str, message: 
 def test_every_long_running_service_has_a_healthcheck(tmp_path: Path) -> None:
     services = _rendered(tmp_path)["services"]
     one_shots = {"createbuckets", "migrate"}
-    assert {"postgres", "redis", "minio", "web", "worker", "beat", "vllm", "node-agent"} <= set(services)
+    assert {"postgres", "redis", "minio", "web", "web-internal", "worker", "beat", "vllm", "node-agent"} <= set(services)
     for name, service in services.items():
         if name not in one_shots:
             assert "test" in service.get("healthcheck", {}), name
@@ -100,3 +100,13 @@ def test_vllm_node_has_a_gpu_lora_and_the_quiver_extension(tmp_path: Path) -> No
     for name, service in services.items():
         for port in service.get("ports", []):
             assert name == "web" or port.get("host_ip") == "127.0.0.1", (name, port)
+
+
+def test_nodes_heartbeat_to_the_unpublished_internal_listener(tmp_path: Path) -> None:
+    services = _rendered(tmp_path)["services"]
+    internal = services["web-internal"]
+    assert "config.internal_asgi:application" in internal["command"] and not internal.get("ports")
+    agent = services["node-agent"]["environment"]
+    assert agent["QUIVER_CONTROL_URL"] == "http://web-internal:8001"
+    assert agent["QUIVER_NODE_TOKEN"] and "QUIVER_NODE_SECRET" not in agent
+    assert "QUIVER_NODE_SECRET" in services["web"]["environment"]

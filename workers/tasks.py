@@ -78,7 +78,7 @@ def node_unload_task(self, node_id: int, lora_name: str) -> None:  # type: ignor
     if node is None:
         return
     try:
-        node_call(node.agent_url, "/v1/adapters/unload", {"lora_name": lora_name, "purge": True})
+        node_call(node, "/v1/adapters/unload", {"lora_name": lora_name, "purge": True})
     except NodeCallFailed as exc:
         if exc.code != "lora_not_found":  # already gone is done
             raise self.retry(exc=exc) from exc

@@ -66,6 +66,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.listener.ListenerUrlconfMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -177,9 +178,12 @@ QUIVER_API_KEY_LAST_USED_INTERVAL_S = 60
 QUIVER_LOGIN_MAX_FAILURES = env.int("QUIVER_LOGIN_MAX_FAILURES", default=5)
 QUIVER_LOGIN_MAX_FAILURES_PER_IP = env.int("QUIVER_LOGIN_MAX_FAILURES_PER_IP", default=50)
 QUIVER_LOGIN_LOCKOUT_S = env.int("QUIVER_LOGIN_LOCKOUT_S", default=900)
+# The admin lives on the internal listener (config.internal_urls); this also mounts it on the public one.
+QUIVER_PUBLIC_ADMIN = env.bool("QUIVER_PUBLIC_ADMIN", default=False)
 QUIVER_MAX_UPLOAD_BYTES = env.int("QUIVER_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
 QUIVER_MAX_ARCHIVE_MEMBERS = env.int("QUIVER_MAX_ARCHIVE_MEMBERS", default=64)
-# QUIVER_NODE_KEY (the control plane's secret towards node agents and vLLM engines) is read per environment.
+# QUIVER_NODE_SECRET, read per environment: every node's key and heartbeat token are derived from it
+# (inference.gateway.node_keys); nodes hold only their own.
 QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)

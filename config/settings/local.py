@@ -17,4 +17,4 @@ def _dev(value: str) -> str | None:
 
 SECRET_KEY = read_secret("DJANGO_SECRET_KEY", dev_default=_dev("dev-insecure-local-secret-key-never-deploy"))
 QUIVER_API_KEY_HMAC_KEY = read_secret("QUIVER_API_KEY_HMAC_KEY", dev_default=_dev("dev-insecure-local-api-key-hmac"))
-QUIVER_NODE_KEY = read_secret("QUIVER_NODE_KEY", dev_default=_dev("dev-insecure-local-node-key"))
+QUIVER_NODE_SECRET = read_secret("QUIVER_NODE_SECRET", dev_default=_dev("dev-insecure-local-node-secret"))

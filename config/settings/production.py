@@ -14,7 +14,7 @@ QUIVER_API_KEY_HMAC_KEY = read_secret("QUIVER_API_KEY_HMAC_KEY")
 if QUIVER_API_KEY_HMAC_KEY == SECRET_KEY:
     raise ImproperlyConfigured("QUIVER_API_KEY_HMAC_KEY must differ from DJANGO_SECRET_KEY, so that rotating the "
                                "secret key does not revoke every API key; generate a separate random value.")
-QUIVER_NODE_KEY = read_secret("QUIVER_NODE_KEY")
+QUIVER_NODE_SECRET = read_secret("QUIVER_NODE_SECRET")
 DATABASES = {"default": env.db("DATABASE_URL")}  # noqa: F405
 CELERY_BROKER_URL = env("CELERY_BROKER_URL")  # noqa: F405
 AWS_S3_ENDPOINT_URL = env("AWS_S3_ENDPOINT_URL", default=None)  # noqa: F405

@@ -10,6 +10,6 @@ from config.settings.base import read_secret
 
 SECRET_KEY = read_secret("DJANGO_SECRET_KEY", dev_default=token_urlsafe(48))
 QUIVER_API_KEY_HMAC_KEY = read_secret("QUIVER_API_KEY_HMAC_KEY", dev_default=token_urlsafe(32))
-QUIVER_NODE_KEY = read_secret("QUIVER_NODE_KEY", dev_default=token_urlsafe(32))
+QUIVER_NODE_SECRET = read_secret("QUIVER_NODE_SECRET", dev_default=token_urlsafe(32))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 QUIVER_WARM_WAIT_S = 90.0

@@ -1,31 +1,35 @@
-"""Node-facing routes (``/internal/v1/*``), authenticated with the shared node key, never a tenant key."""
+"""Node-facing routes (``/internal/v1/*``), served only on the internal listener (``config.internal_asgi``).
+
+Authenticated with each node's own heartbeat token, never a tenant key (``inference.gateway.nodes``).
+"""
 
 from __future__ import annotations
 
-import hmac
 import json
 
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from inference.gateway.placement import node_heartbeat
+from inference.gateway.nodes import NodeRefused, node_heartbeat_accept
 from tenants.authentication import bearer_token
 
 
 @csrf_exempt
 @require_POST
 def heartbeat(request: HttpRequest) -> JsonResponse:
-    """``POST /internal/v1/nodes/heartbeat``: a node agent's ``/v1/state`` JSON; answers ``{"node", "healthy"}``."""
+    """``POST /internal/v1/nodes/heartbeat``: a node agent's ``/v1/state`` JSON; answers ``{"node", "healthy"}``.
+
+    Errors are ``{"detail", "code"}``: 401 ``invalid_node_token``, 400 ``invalid``/``invalid_json``, 403
+    ``node_identity_mismatch``, 409 ``node_urls_changed``/``base_model_mismatch``; a refused heartbeat changes nothing.
+    """
     token = bearer_token(request.headers.get("Authorization", "")) or ""
-    if not hmac.compare_digest(token.encode(), settings.QUIVER_NODE_KEY.encode()):
-        return JsonResponse({"detail": "Invalid node key.", "code": "invalid_node_key"}, status=401)
     try:
-        state = json.loads(request.body)
-        name = state["node"]
-    except (ValueError, KeyError, TypeError):
-        return JsonResponse({"detail": "Body must be the agent's state JSON with a 'node' field.", "code": "invalid"},
-                            status=400)
-    node = node_heartbeat(state=state)
-    return JsonResponse({"node": name, "healthy": node.healthy})
+        body = json.loads(request.body)
+    except ValueError:
+        body = None  # refused as 400 once the token is checked
+    try:
+        node = node_heartbeat_accept(token=token, body=body)
+    except NodeRefused as exc:
+        return JsonResponse({"detail": exc.detail, "code": exc.code}, status=exc.status)
+    return JsonResponse({"node": node.name, "healthy": node.healthy})

@@ -15,14 +15,18 @@ from tenants.models import ApiKey, Tenant
 class Node(models.Model):
     """One inference node: a vLLM engine serving ``base_model`` plus Quiver's node agent.
 
-    Filled from heartbeats (``inference.node.agent`` state). ``kv_cache_usage_perc`` is vLLM's
+    Registered by an operator with its URLs; capacities and gauges come from its authenticated heartbeats. ``kv_cache_usage_perc`` is vLLM's
     ``vllm:kv_cache_usage_perc`` gauge, 0..1.
     """
 
     name = models.CharField(max_length=100, unique=True)
     base_model = models.ForeignKey(BaseModel, null=True, on_delete=models.SET_NULL, related_name="nodes")
+    # Set by an operator at registration (inference.gateway.nodes.node_register), never by a heartbeat.
     agent_url = models.URLField(max_length=300)
     engine_url = models.URLField(max_length=300)
+    # Generation of the node's derived credentials (inference.gateway.node_keys); +1 revokes the old pair.
+    key_generation = models.PositiveIntegerField(default=1)
+    registered_at = models.DateTimeField(null=True)
     healthy = models.BooleanField(default=False)
     last_heartbeat_at = models.DateTimeField(null=True)
     max_loras = models.PositiveIntegerField(default=0)

@@ -1,14 +1,18 @@
-"""HTTP client for node agents (``inference.node.agent``), authenticated with the shared node key.
+"""HTTP client for node agents (``inference.node.agent``), authenticated with each node's own key.
 
 The agent's contract: ``POST /v1/adapters/load|unload|pin``, ``GET /v1/state``; errors are ``{"detail", "code"}``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from django.conf import settings
+
+from inference.gateway.node_keys import node_credentials
+
+if TYPE_CHECKING:
+    from inference.gateway.models import Node
 
 LOAD_TIMEOUT_S = 120.0
 
@@ -22,15 +26,20 @@ class NodeCallFailed(Exception):
         self.detail = detail
 
 
-def node_call(agent_url: str, path: str, payload: dict[str, Any], *, timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
-    """POST ``payload`` to ``agent_url + path`` and return the JSON answer.
+def node_key(node: Node) -> str:
+    """The bearer key the control plane presents to ``node``'s agent and engine (derived; see ``node_keys``)."""
+    return node_credentials(node.name, node.key_generation).key
+
+
+def node_call(node: Node, path: str, payload: dict[str, Any], *, timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+    """POST ``payload`` to the registered agent URL of ``node`` + ``path`` with the node's key; return the JSON.
 
     Raises:
         NodeCallFailed: a non-2xx answer (with the agent's code) or a transport error.
     """
-    headers = {"Authorization": f"Bearer {settings.QUIVER_NODE_KEY}"}
+    headers = {"Authorization": f"Bearer {node_key(node)}"}
     try:
-        resp = httpx.post(agent_url.rstrip("/") + path, json=payload, headers=headers, timeout=timeout)
+        resp = httpx.post(node.agent_url.rstrip("/") + path, json=payload, headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         raise NodeCallFailed("node_unreachable", str(exc)) from exc
     if resp.status_code >= 300:

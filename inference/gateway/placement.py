@@ -32,41 +32,44 @@ def nodes_live(base_model: BaseModel) -> QuerySet[Node]:
     return Node.objects.filter(base_model=base_model, healthy=True, last_heartbeat_at__gte=fresh)
 
 
-def node_heartbeat(*, state: Mapping[str, Any]) -> Node:
-    """Record a node agent's state report and reconcile its placements.
+def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
+    """Record an authenticated, validated state report of ``node`` and reconcile its placements.
+
+    Callers go through ``inference.gateway.nodes.node_heartbeat_accept``, which checks the token, the identity, the
+    URLs and every figure first; the node's name, URLs and base model are never taken from the report.
 
     Args:
-        state: the agent's ``GET /v1/state`` JSON (``node``, ``healthy``, ``base_model``, ``engine_url``,
-            ``agent_url``, ``adapters`` [{``lora_name``, ``lora_int_id``, ``tier``, ``pinned``}], KV and queue gauges).
+        node: the registered node the heartbeat's token belongs to.
+        state: the agent's ``GET /v1/state`` JSON (``healthy``, ``adapters`` [{``lora_name``, ``lora_int_id``,
+            ``tier``, ``pinned``, ``served``}], capacities, KV and queue gauges).
 
     Returns:
-        The upserted node. Versions the node no longer reports drop to ``cold`` on it.
+        The node. Only versions that exist, serve this node's base model and carry their own served name are
+        recorded; versions the node no longer reports drop to ``cold`` on it.
     """
-    base = BaseModel.objects.filter(base_model_name=state.get("base_model")).first()
     with transaction.atomic():
-        node, _ = Node.objects.select_for_update().update_or_create(
-            name=state["node"],
-            defaults={
-                "base_model": base,
-                "agent_url": state.get("agent_url", ""),
-                "engine_url": state.get("engine_url", ""),
-                "healthy": bool(state.get("healthy")),
-                "last_heartbeat_at": timezone.now(),
-                "max_loras": state.get("max_loras") or 0,
-                "max_cpu_loras": state.get("max_cpu_loras") or 0,
-                "max_lora_rank": state.get("max_lora_rank") or 0,
-                "kv_cache_usage_perc": state.get("kv_cache_usage_perc"),
-                "num_requests_running": state.get("num_requests_running"),
-                "num_requests_waiting": state.get("num_requests_waiting"),
-                "state": dict(state),
-            },
-        )
-        reported = {a["lora_int_id"]: a for a in state.get("adapters", []) if isinstance(a.get("lora_int_id"), int)}
-        known = set(AdapterVersion.objects.filter(pk__in=reported).values_list("pk", flat=True))
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        node.healthy = bool(state.get("healthy"))
+        node.last_heartbeat_at = timezone.now()
+        node.max_loras = state.get("max_loras") or 0
+        node.max_cpu_loras = state.get("max_cpu_loras") or 0
+        node.max_lora_rank = state.get("max_lora_rank") or 0
+        node.kv_cache_usage_perc = state.get("kv_cache_usage_perc")
+        node.num_requests_running = state.get("num_requests_running")
+        node.num_requests_waiting = state.get("num_requests_waiting")
+        node.state = {k: v for k, v in state.items() if k not in ("agent_url", "engine_url")}
+        node.save()
+        reported = {a["lora_int_id"]: a for a in state.get("adapters", [])}
+        # Known versions only: the id exists, is for this node's base model, and the name is that version's own.
+        known = {
+            v.pk for v in AdapterVersion.objects.select_related("adapter__tenant").filter(
+                pk__in=reported, adapter__base_model_id=node.base_model_id)
+            if reported[v.pk].get("lora_name") == v.served_name
+        }
         current = {p.adapter_version_id: p for p in Placement.objects.filter(node=node, adapter_version_id__in=known)}
         for version_id in known:
             entry = reported[version_id]
-            tier = entry.get("tier") if entry.get("tier") in Placement.Tier.values else Placement.Tier.WARM
+            tier = entry["tier"]
             wanted = {"tier": tier, "pinned": bool(entry.get("pinned")),
                       "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
             row = current.get(version_id)
@@ -110,7 +113,7 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
         "pin": pin,
     }
     try:
-        answer = node_call(node.agent_url, "/v1/adapters/load", payload)
+        answer = node_call(node, "/v1/adapters/load", payload)
     except NodeCallFailed as exc:
         placement.tier = Placement.Tier.ERRORED
         placement.last_error = f"{exc.code}: {exc.detail}"[:2000]
@@ -135,7 +138,7 @@ def placement_evict(placement: Placement) -> Placement:
     Raises:
         NodeCallFailed: the agent refused or failed.
     """
-    node_call(placement.node.agent_url, "/v1/adapters/unload", {"lora_name": placement.adapter_version.served_name})
+    node_call(placement.node, "/v1/adapters/unload", {"lora_name": placement.adapter_version.served_name})
     placement.tier = Placement.Tier.STAGED
     placement.pinned = False
     placement.served = False

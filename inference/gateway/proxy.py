@@ -1,6 +1,6 @@
 """Upstream calls to a node's vLLM OpenAI server: rewrite ``model``, stream SSE through, collect ``usage``.
 
-The node key (``QUIVER_NODE_KEY``, vLLM's ``--api-key``) is added here; tenants never hold it, so the engine's
+Each node's own key (``inference.gateway.node_client.node_key``, vLLM's ``VLLM_API_KEY`` there) is added here; tenants never hold it, so the engine's
 LoRA load/unload routes stay out of their reach (shared/notes/anchors.md §3 "Security", sglang#26789).
 """
 
@@ -14,9 +14,9 @@ import httpx
 from django.conf import settings
 
 
-def upstream_headers() -> dict[str, str]:
-    """Headers for engine calls: the node key as bearer token, JSON body."""
-    return {"Authorization": f"Bearer {settings.QUIVER_NODE_KEY}", "Content-Type": "application/json"}
+def upstream_headers(node_key: str) -> dict[str, str]:
+    """Headers for engine calls: the node's key as bearer token, JSON body."""
+    return {"Authorization": f"Bearer {node_key}", "Content-Type": "application/json"}
 
 
 def rename_model(text: str, served: str, requested: str) -> str:
@@ -24,7 +24,8 @@ def rename_model(text: str, served: str, requested: str) -> str:
     return text.replace(served, requested) if served != requested else text
 
 
-async def open_upstream(engine_url: str, endpoint: str, body: dict[str, Any]) -> tuple[httpx.AsyncClient, httpx.Response]:
+async def open_upstream(engine_url: str, endpoint: str, body: dict[str, Any], *,
+                        node_key: str) -> tuple[httpx.AsyncClient, httpx.Response]:
     """Send ``body`` to ``engine_url/v1/<endpoint>`` with streaming enabled; the caller closes both objects.
 
     Raises:
@@ -33,7 +34,7 @@ async def open_upstream(engine_url: str, endpoint: str, body: dict[str, Any]) ->
     client = httpx.AsyncClient(timeout=httpx.Timeout(settings.QUIVER_PROXY_TIMEOUT_S, connect=5.0))
     try:
         request = client.build_request("POST", f"{engine_url.rstrip('/')}/v1/{endpoint}", json=body,
-                                       headers=upstream_headers())
+                                       headers=upstream_headers(node_key))
         response = await client.send(request, stream=True)
     except BaseException:
         await client.aclose()

@@ -26,6 +26,7 @@ from inference.gateway import proxy
 from inference.gateway.errors import GatewayError
 from inference.gateway.metering import usage_record_create
 from inference.gateway.models import Node, Placement
+from inference.gateway.node_client import node_key
 from inference.gateway.routing import Target, node_for, target_resolve, warm_request
 from tenants.authentication import bearer_token
 from tenants.models import ApiKey, Tenant
@@ -129,7 +130,7 @@ async def _proxy(request: HttpRequest, endpoint: str) -> HttpResponseBase:
         )
 
     try:
-        client, upstream = await proxy.open_upstream(node.engine_url, endpoint, upstream_body)
+        client, upstream = await proxy.open_upstream(node.engine_url, endpoint, upstream_body, node_key=node_key(node))
     except httpx.HTTPError as exc:
         logger.warning("gateway.upstream_unreachable", extra={"node": node.name, "error": str(exc)})
         await record(502, None)

@@ -144,7 +144,7 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
                     heartbeat_loop(
                         control_http,
                         settings.control_url,
-                        settings.node_key,
+                        settings.node_token,
                         agent.state,
                         settings.heartbeat_seconds,
                     )

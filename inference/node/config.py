@@ -26,7 +26,9 @@ class NodeSettings:
 
     Attributes:
         node_name: `QUIVER_NODE_NAME`, the node's name in the control plane.
-        node_key: `QUIVER_NODE_KEY`, bearer token for every agent route and the vLLM engine's API key.
+        node_key: `QUIVER_NODE_KEY`, this node's key (from `manage.py quiver_node_register`): bearer token for
+            every agent route and the vLLM engine's API key.
+        node_token: `QUIVER_NODE_TOKEN`, this node's heartbeat token (same command); required with a control URL.
         engine_url: `QUIVER_ENGINE_URL`, vLLM base URL, no trailing slash.
         base_model: `QUIVER_BASE_MODEL`, the engine's served base model name.
         cache_dir: `QUIVER_NODE_CACHE_DIR`, where adapters are staged on disk.
@@ -44,6 +46,7 @@ class NodeSettings:
 
     node_name: str
     node_key: str
+    node_token: str
     engine_url: str
     base_model: str
     cache_dir: Path
@@ -69,15 +72,21 @@ class NodeSettings:
             The parsed settings.
 
         Raises:
-            ConfigError: a required variable is missing/empty, or a number does not parse or is < 1.
+            ConfigError: a required variable is missing/empty (`QUIVER_NODE_TOKEN` too when `QUIVER_CONTROL_URL`
+                is set), a credential is a placeholder (contains "change-me"), or a number does not parse or is < 1.
         """
-        missing = [name for name in _REQUIRED if not env.get(name)]
+        required = (*_REQUIRED, "QUIVER_NODE_TOKEN") if env.get("QUIVER_CONTROL_URL") else _REQUIRED
+        missing = [name for name in required if not env.get(name)]
         if missing:
             raise ConfigError("missing required environment variables: " + ", ".join(missing))
+        for name in ("QUIVER_NODE_KEY", "QUIVER_NODE_TOKEN"):
+            if "change-me" in env.get(name, "").lower():
+                raise ConfigError(f"{name} is a placeholder; use the value quiver_node_register printed for this node")
         max_loras = _positive_int(env, "QUIVER_MAX_LORAS", 1)
         return cls(
             node_name=env["QUIVER_NODE_NAME"],
             node_key=env["QUIVER_NODE_KEY"],
+            node_token=env.get("QUIVER_NODE_TOKEN", ""),
             engine_url=env["QUIVER_ENGINE_URL"].rstrip("/"),
             base_model=env["QUIVER_BASE_MODEL"],
             cache_dir=Path(env["QUIVER_NODE_CACHE_DIR"]),

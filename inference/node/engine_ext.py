@@ -19,7 +19,8 @@ requests and `/v1/models` read. Errors are `{"detail": str, "code": str}`.
 
 Auth: user middleware is added after vLLM's `AuthenticationMiddleware`, so it runs *before* it, and
 `/quiver` is outside vLLM's guarded prefixes anyway; this class therefore checks the bearer token
-itself against `VLLM_API_KEY` (set by `inference.node.launch`).
+itself against `VLLM_API_KEY` (set by `inference.node.launch`). Without a key the engine refuses to start
+(lifespan startup fails), since an open engine would let anyone load adapters and read every prompt.
 """
 
 from __future__ import annotations
@@ -253,12 +254,10 @@ class QuiverEngineExtension:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self._token_digests = _configured_token_digests()
-        if not self._token_digests:
-            logger.warning("engine_ext.no_api_key", extra={"prefix": PREFIX})
 
     def _authorized(self, headers: Headers) -> bool:
         if not self._token_digests:
-            return True  # Same policy as vLLM: no key configured means an open server.
+            return False
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             return False
@@ -266,7 +265,13 @@ class QuiverEngineExtension:
         return any(hmac.compare_digest(digest, d) for d in self._token_digests)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Handle `/quiver/v1/*` requests; delegate everything else to `self.app`."""
+        """Handle `/quiver/v1/*` requests; delegate everything else to `self.app`.
+
+        Without `VLLM_API_KEY` the server's lifespan startup fails (uvicorn exits) and any request gets 503.
+        """
+        if not self._token_digests:
+            await _refuse_to_serve(scope, receive, send)
+            return
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.app(scope, receive, send)
             return
@@ -293,6 +298,21 @@ class QuiverEngineExtension:
             return JSONResponse(await handler(state, body))
         except ExtensionError as exc:
             return JSONResponse({"detail": exc.detail, "code": exc.code}, status_code=exc.status)
+
+
+NO_KEY = ("VLLM_API_KEY is not set: this engine would serve anyone; start it with the node key "
+          "(inference.node.launch, or VLLM_API_KEY=<QUIVER_NODE_KEY>).")
+
+
+async def _refuse_to_serve(scope: Scope, receive: Receive, send: Send) -> None:
+    logger.error("engine_ext.no_api_key")
+    if scope["type"] == "lifespan":
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.failed", "message": NO_KEY})
+        return
+    if scope["type"] == "http":
+        await JSONResponse({"detail": NO_KEY, "code": "engine_without_key"}, status_code=503)(scope, receive, send)
 
 
 async def _read_json(receive: Receive) -> dict[str, Any]:

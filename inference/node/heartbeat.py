@@ -22,7 +22,7 @@ async def send_heartbeat(
     Args:
         http: client to send with.
         control_url: control-plane base URL, no trailing slash.
-        node_key: the node key, sent as `Authorization: Bearer`.
+        node_key: the node's heartbeat token (`QUIVER_NODE_TOKEN`), sent as `Authorization: Bearer`.
         state: the `/v1/state` body.
 
     Returns:
@@ -39,7 +39,8 @@ async def send_heartbeat(
         return False
     if response.status_code >= 300:
         logger.warning(
-            "heartbeat.rejected", extra={"control_url": control_url, "status": response.status_code}
+            "heartbeat.rejected",
+            extra={"control_url": control_url, "status": response.status_code, "answer": response.text[:500]},
         )
         return False
     return True
@@ -57,7 +58,7 @@ async def heartbeat_loop(
     Args:
         http: client to send with.
         control_url: control-plane base URL.
-        node_key: the node key.
+        node_key: the node's heartbeat token.
         get_state: coroutine function building the state report.
         interval_s: seconds between heartbeats (`QUIVER_HEARTBEAT_SECONDS`).
     """

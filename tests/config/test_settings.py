@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 GOOD = {
     "DJANGO_SECRET_KEY": "s" * 50,
     "QUIVER_API_KEY_HMAC_KEY": "h" * 40,
-    "QUIVER_NODE_KEY": "n" * 40,
+    "QUIVER_NODE_SECRET": "n" * 40,
     "DATABASE_URL": "postgres://quiver:a-real-password@127.0.0.1:1/quiver",
     "CELERY_BROKER_URL": "redis://127.0.0.1:1/0",
 }
@@ -51,8 +51,8 @@ def test_production_starts_with_real_secrets() -> None:
 
 @pytest.mark.parametrize(("name", "value", "message"), [
     ("DJANGO_SECRET_KEY", "CHANGE-ME-long-random-string", "DJANGO_SECRET_KEY is a placeholder"),
-    ("QUIVER_NODE_KEY", "CHANGE-ME-node-key", "QUIVER_NODE_KEY is a placeholder"),
-    ("QUIVER_NODE_KEY", "dev-node-key", "QUIVER_NODE_KEY is a placeholder"),
+    ("QUIVER_NODE_SECRET", "CHANGE-ME-node-key", "QUIVER_NODE_SECRET is a placeholder"),
+    ("QUIVER_NODE_SECRET", "dev-node-key", "QUIVER_NODE_SECRET is a placeholder"),
     ("QUIVER_API_KEY_HMAC_KEY", "s" * 50, "must differ from DJANGO_SECRET_KEY"),
     ("DATABASE_URL", "postgres://q:CHANGE-ME-postgres-password@db:5432/q", "DATABASE_URL password is a placeholder"),
 ])

@@ -125,7 +125,7 @@ def test_failed_warm_is_reported_then_retried(
         assert time.monotonic() < deadline, "the warm after validation never finished"
         time.sleep(0.2)
     # Take it off the node (engine and disk) and out of S3, so the next warm must fail.
-    node_call(live_node.agent_url, "/v1/adapters/unload", {"lora_name": version.served_name})
+    node_call(live_node, "/v1/adapters/unload", {"lora_name": version.served_name})
     shutil.rmtree(node_agent.cache_dir / version.served_name)
     Placement.objects.filter(adapter_version=version).delete()
     bucket = settings.AWS_STORAGE_BUCKET_NAME

@@ -12,6 +12,7 @@ from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload, adapter_version_validate
 from inference.gateway.errors import GatewayError
 from inference.gateway.models import Node, Placement
+from inference.gateway.nodes import node_register
 from inference.gateway.placement import (
     node_heartbeat,
     node_mark_stale,
@@ -31,6 +32,15 @@ def _state(name: str, adapters: list[dict] | None = None, **extra: object) -> di
             "num_requests_waiting": 0, **extra}
 
 
+def _beat(state: dict) -> Node:
+    """Register the state's node (idempotent) and record its heartbeat."""
+    node = Node.objects.filter(name=state["node"]).first()
+    if node is None:
+        node, _ = node_register(name=state["node"], agent_url=state["agent_url"], engine_url=state["engine_url"],
+                                base_model_name="tiny-llama")
+    return node_heartbeat(node=node, state=state)
+
+
 @pytest.fixture(autouse=True)
 def _no_other_nodes() -> None:
     """Start from no nodes (rolled back after the test), whatever a reused database holds."""
@@ -48,13 +58,13 @@ def ready_version(make_client, base_model, tiny_adapters) -> AdapterVersion:  # 
 
 def test_heartbeat_upserts_node_and_reconciles_residency(ready_version: AdapterVersion) -> None:
     entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "hot", "pinned": True}
-    node = node_heartbeat(state=_state("n1", [entry, {"lora_name": "gone", "lora_int_id": 999999, "tier": "warm"}],
+    node = _beat(_state("n1", [entry, {"lora_name": "gone", "lora_int_id": 999999, "tier": "warm"}],
                                        kv_cache_usage_perc=0.42))
     assert node.base_model.base_model_name == "tiny-llama" and node.kv_cache_usage_perc == 0.42
     placement = Placement.objects.get(node=node, adapter_version=ready_version)
     assert (placement.tier, placement.pinned) == ("hot", True)
     assert Placement.objects.count() == 1  # unknown lora_int_id ignored
-    node_heartbeat(state=_state("n1", []))
+    _beat(_state("n1", []))
     placement.refresh_from_db()
     assert (placement.tier, placement.pinned) == ("cold", False)
 
@@ -62,8 +72,8 @@ def test_heartbeat_upserts_node_and_reconciles_residency(ready_version: AdapterV
 def test_routing_prefers_hot_then_short_queue_and_skips_stale_nodes(ready_version: AdapterVersion) -> None:
     warm = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "warm"}
     hot = {**warm, "tier": "hot"}
-    node_heartbeat(state=_state("a", [warm]))
-    node_heartbeat(state=_state("b", [hot], num_requests_waiting=3))
+    _beat(_state("a", [warm]))
+    _beat(_state("b", [hot], num_requests_waiting=3))
     target = Target(requested="bot", base_model=ready_version.adapter.base_model, version=ready_version)
     assert node_for(target).name == "b"
     Node.objects.filter(name="b").update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
@@ -73,7 +83,7 @@ def test_routing_prefers_hot_then_short_queue_and_skips_stale_nodes(ready_versio
 
 
 def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
-    node = node_heartbeat(state=_state("a"))
+    node = _beat(_state("a"))
     assert node_select_for_warm(ready_version.adapter.base_model) == node
     with django_capture_on_commit_callbacks() as callbacks:
         placement_request_warm(ready_version, node=node)
@@ -94,26 +104,26 @@ def test_resolve_maps_names_and_hides_other_tenants(ready_version: AdapterVersio
 
 def test_a_name_still_served_from_disk_is_routable_without_a_warm(ready_version: AdapterVersion) -> None:
     entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "staged"}
-    node_heartbeat(state=_state("disk-only", [{**entry, "served": False}]))
+    _beat(_state("disk-only", [{**entry, "served": False}]))
     target = Target(requested="bot", base_model=ready_version.adapter.base_model, version=ready_version)
     assert node_for(target) is None
-    node_heartbeat(state=_state("disk-only", [{**entry, "served": True}]))
+    _beat(_state("disk-only", [{**entry, "served": True}]))
     assert node_for(target).name == "disk-only"
-    node_heartbeat(state=_state("warm-one", [{**entry, "tier": "warm", "served": True}]))
+    _beat(_state("warm-one", [{**entry, "tier": "warm", "served": True}]))
     assert node_for(target).name == "warm-one"
 
 
 def test_warm_targets_only_nodes_whose_engine_takes_the_rank(ready_version: AdapterVersion) -> None:
-    node_heartbeat(state=_state("small", max_lora_rank=4))
+    _beat(_state("small", max_lora_rank=4))
     base = ready_version.adapter.base_model
     assert node_select_for_warm(base, r=ready_version.r) is None  # r=8 > 4
-    node_heartbeat(state=_state("big", max_lora_rank=16))
+    _beat(_state("big", max_lora_rank=16))
     assert node_select_for_warm(base, r=ready_version.r).name == "big"
 
 
 def test_a_new_ready_version_evicts_the_older_ones(ready_version: AdapterVersion, tiny_adapters,  # type: ignore[no-untyped-def]
                                                    django_capture_on_commit_callbacks, monkeypatch) -> None:
-    node = node_heartbeat(state=_state("a", [{"lora_name": ready_version.served_name,
+    node = _beat(_state("a", [{"lora_name": ready_version.served_name,
                                               "lora_int_id": ready_version.pk, "tier": "warm", "served": True}]))
     folder = tiny_adapters["all-r16"]
     files = [SimpleUploadedFile(n, (folder / n).read_bytes()) for n in ("adapter_config.json", "adapter_model.safetensors")]

@@ -30,6 +30,7 @@ def settings(clean_vllm_engine: RunningEngine, s3_server: S3Server, tmp_path: Pa
     return NodeSettings(
         node_name="node-test",
         node_key=clean_vllm_engine.api_key,
+        node_token="qvn_node-test.heartbeat-token",
         engine_url=clean_vllm_engine.url,
         base_model=clean_vllm_engine.served_model_name,
         cache_dir=tmp_path / "cache",
@@ -335,7 +336,7 @@ class _Recorder(BaseHTTPRequestHandler):
         return
 
 
-def test_heartbeat_posts_state_with_the_node_key(settings: NodeSettings) -> None:
+def test_heartbeat_posts_state_with_the_node_token(settings: NodeSettings) -> None:
     _Recorder.received = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -351,7 +352,7 @@ def test_heartbeat_posts_state_with_the_node_key(settings: NodeSettings) -> None
     assert len(_Recorder.received) >= 2
     path, auth, body = _Recorder.received[0]
     assert path == "/internal/v1/nodes/heartbeat"
-    assert auth == f"Bearer {settings.node_key}"
+    assert auth == f"Bearer {settings.node_token}"  # its own heartbeat token, not the key the engine accepts
     assert body["node"] == "node-test" and body["healthy"] is True and body["adapters"] == []
 
 

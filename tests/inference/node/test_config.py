@@ -33,6 +33,7 @@ def test_explicit_values() -> None:
     env = {
         **REQUIRED,
         "QUIVER_CONTROL_URL": "http://control/",
+        "QUIVER_NODE_TOKEN": "qvn_node-1.t",
         "QUIVER_HEARTBEAT_SECONDS": "0.5",
         "QUIVER_MAX_LORAS": "2",
         "QUIVER_MAX_LORA_RANK": "64",
@@ -61,3 +62,16 @@ def test_missing_required_names_them_all() -> None:
 def test_bad_numbers_are_refused(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
         NodeSettings.from_env({**REQUIRED, name: value})
+
+
+def test_heartbeats_need_the_node_token() -> None:
+    with pytest.raises(ConfigError, match="QUIVER_NODE_TOKEN"):
+        NodeSettings.from_env({**REQUIRED, "QUIVER_CONTROL_URL": "http://control"})
+
+
+@pytest.mark.parametrize("name", ["QUIVER_NODE_KEY", "QUIVER_NODE_TOKEN"])
+def test_placeholder_credentials_are_refused(name: str) -> None:
+    env = {**REQUIRED, "QUIVER_CONTROL_URL": "http://control", "QUIVER_NODE_TOKEN": "qvn_node-1.t",
+           name: "CHANGE-ME-node-key"}
+    with pytest.raises(ConfigError, match=f"{name} is a placeholder"):
+        NodeSettings.from_env(env)

@@ -1,0 +1,15 @@
+"""URL map of the internal listener (``config.internal_asgi``): node heartbeats, the admin, a health probe."""
+
+from django.contrib import admin
+from django.urls import path
+
+from config.urls import handler400, handler403, handler404, handler500, healthz
+from inference.gateway import internal_views
+
+urlpatterns = [
+    path("internal/v1/nodes/heartbeat", internal_views.heartbeat),
+    path("admin/", admin.site.urls),
+    path("healthz", healthz),
+]
+
+__all__ = ["urlpatterns", "handler400", "handler403", "handler404", "handler500"]

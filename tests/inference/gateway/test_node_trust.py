@@ -1,0 +1,159 @@
+"""Node trust: nodes are registered with their URLs; a heartbeat can change neither identity nor URLs; forged or
+malformed heartbeats change nothing; node routes and the admin are not on the public listener."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client, override_settings
+
+from inference.gateway.models import Node, Placement
+from inference.gateway.node_keys import node_credentials
+from inference.gateway.nodes import node_register
+
+pytestmark = pytest.mark.django_db
+URL = "/internal/v1/nodes/heartbeat"
+
+
+def _state(name: str, **extra: Any) -> dict[str, Any]:
+    return {"node": name, "healthy": True, "base_model": "tiny-llama", "engine_url": f"http://{name}:8000",
+            "agent_url": f"http://{name}:8100", "max_loras": 2, "max_cpu_loras": 4, "max_lora_rank": 16,
+            "adapters": [], "kv_cache_usage_perc": 0.1, "num_requests_running": 0, "num_requests_waiting": 0,
+            **extra}
+
+
+def _register(name: str) -> str:
+    _, creds = node_register(name=name, agent_url=f"http://{name}:8100", engine_url=f"http://{name}:8000",
+                             base_model_name="tiny-llama")
+    return creds.token
+
+
+@pytest.fixture
+def internal() -> Any:
+    with override_settings(ROOT_URLCONF="config.internal_urls"):
+        yield Client()
+
+
+def _beat(client: Client, token: str, state: Any) -> Any:
+    return client.post(URL, data=json.dumps(state), content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+def _snapshot() -> list[tuple[Any, ...]]:
+    return list(Node.objects.order_by("name").values_list(
+        "name", "agent_url", "engine_url", "healthy", "last_heartbeat_at", "num_requests_waiting", "state",
+        "key_generation"))
+
+
+def test_a_registered_node_heartbeats_with_its_own_token(internal: Client, base_model: Any) -> None:
+    token = _register("n1")
+    resp = _beat(internal, token, _state("n1", num_requests_waiting=3))
+    assert resp.status_code == 200, resp.content
+    node = Node.objects.get(name="n1")
+    assert node.healthy and node.num_requests_waiting == 3 and node.engine_url == "http://n1:8000"
+
+
+@pytest.mark.parametrize(("forge", "status", "code"), [
+    ("wrong_key", 401, "invalid_node_token"),
+    ("unregistered", 401, "invalid_node_token"),
+    ("other_name", 403, "node_identity_mismatch"),
+    ("new_engine_url", 409, "node_urls_changed"),
+    ("new_agent_url", 409, "node_urls_changed"),
+    ("other_base_model", 409, "base_model_mismatch"),
+])
+def test_a_forged_heartbeat_changes_nothing(internal: Client, base_model: Any, forge: str, status: int,
+                                            code: str) -> None:
+    token_a = _register("node-a")
+    _register("node-b")
+    assert _beat(internal, token_a, _state("node-a")).status_code == 200
+    before = _snapshot()
+    token, state = {
+        "wrong_key": (token_a[:-4] + "AAAA", _state("node-a", num_requests_waiting=99)),
+        "unregistered": (node_credentials("node-x").token, _state("node-x")),
+        "other_name": (token_a, _state("node-b", engine_url="http://node-a:8000", agent_url="http://node-a:8100")),
+        "new_engine_url": (token_a, _state("node-a", engine_url="http://evil:8000")),
+        "new_agent_url": (token_a, _state("node-a", agent_url="http://evil:8100")),
+        "other_base_model": (token_a, _state("node-a", base_model="other-model")),
+    }[forge]
+    resp = _beat(internal, token, state)
+    assert (resp.status_code, resp.json()["code"]) == (status, code)
+    assert _snapshot() == before
+    assert not Node.objects.filter(name="node-x").exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("num_requests_waiting", -1), ("max_loras", 2.5), ("kv_cache_usage_perc", 1.5), ("kv_cache_usage_perc", -0.1),
+    ("healthy", "yes"), ("num_preemptions_total", float("nan")), ("num_preemptions_total", -1.0), ("some_new_gauge", -3),
+    ("adapters", [{"lora_name": "a--b--1", "lora_int_id": 1, "tier": "gpu-ish"}]),
+    ("adapters", [{"lora_name": "../etc", "lora_int_id": 1, "tier": "warm"}]),
+    ("adapters", [{"lora_name": "a--b--1", "lora_int_id": 0, "tier": "warm"}]),
+    ("adapters", "all of them"),
+])
+def test_bad_figures_are_refused_and_change_nothing(internal: Client, base_model: Any, field: str,
+                                                    value: Any) -> None:
+    token = _register("n1")
+    assert _beat(internal, token, _state("n1")).status_code == 200
+    before = _snapshot()
+    body = json.dumps(_state("n1", **{field: value}))  # NaN is written as NaN, which json.loads accepts
+    resp = internal.post(URL, data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 400 and resp.json()["code"] == "invalid"
+    assert field in resp.json()["detail"]
+    assert _snapshot() == before
+
+
+def test_versions_are_recorded_only_under_their_own_name(internal: Client, base_model: Any, make_client: Any) -> None:
+    from tests.test_tenant_isolation import _ready_adapter
+
+    _, tenant, _ = make_client()
+    version = _ready_adapter(tenant, "bot")
+    token = _register("n1")
+    entries = [{"lora_name": "someone--else--1", "lora_int_id": version.pk, "tier": "warm"},
+               {"lora_name": "x--y--999999", "lora_int_id": 999999, "tier": "warm"}]
+    assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
+    assert not Placement.objects.exists()
+    entries = [{"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm"}]
+    assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
+    assert Placement.objects.get().adapter_version == version
+
+
+def test_rotation_revokes_the_old_token(internal: Client, base_model: Any) -> None:
+    old = _register("n1")
+    _, new = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
+                           base_model_name="tiny-llama", rotate=True)
+    assert _beat(internal, old, _state("n1")).status_code == 401
+    assert _beat(internal, new.token, _state("n1")).status_code == 200
+    assert new.key != node_credentials("n1").key
+
+
+def test_the_public_listener_has_no_node_or_admin_routes(base_model: Any) -> None:
+    token = _register("n1")
+    public = Client()
+    assert _beat(public, token, _state("n1")).status_code == 404
+    assert public.get("/admin/").status_code == 404
+    assert not Node.objects.get(name="n1").healthy
+
+
+def test_register_command_prints_the_node_env(base_model: Any) -> None:
+    out = io.StringIO()
+    call_command("quiver_node_register", "gpu-7", "--agent-url", "http://gpu-7:8100", "--engine-url",
+                 "http://gpu-7:8000", "--base-model", "tiny-llama", stdout=out, stderr=io.StringIO())
+    lines = dict(line.split("=", 1) for line in out.getvalue().split())
+    creds = node_credentials("gpu-7")
+    assert lines == {"QUIVER_NODE_NAME": "gpu-7", "QUIVER_NODE_KEY": creds.key, "QUIVER_NODE_TOKEN": creds.token}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"name": "Bad_Name"}, "lowercase"), ({"agent_url": "ftp://x"}, "agent_url"),
+    ({"base_model_name": "nope"}, "Unknown base model"),
+])
+def test_registration_errors_name_the_field(base_model: Any, kwargs: dict[str, str], message: str) -> None:
+    from inference.gateway.nodes import NodeRefused
+
+    args = {"name": "n1", "agent_url": "http://n1:8100", "engine_url": "http://n1:8000",
+            "base_model_name": "tiny-llama", **kwargs}
+    with pytest.raises(NodeRefused, match=message):
+        node_register(**args)
