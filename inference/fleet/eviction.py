@@ -26,9 +26,10 @@ slot (SGLang's rule; shared/notes/fleet.md §7.3).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class EvictionPolicy(StrEnum):
@@ -47,9 +48,9 @@ class PinLimitError(ValueError):
     """A pin would leave no unpinned slot on the node (at most ``slots − 1`` pins)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Resident:
-    """One version resident in a tier of a node.
+class Resident(NamedTuple):
+    """One version resident in a tier of a node (immutable; a NamedTuple since one is built per resident per
+    decision).
 
     Attributes:
         version_id: ``lora_int_id``.
@@ -123,20 +124,24 @@ def check_pin(pinned: int, slots: int) -> None:
                             "unpin one first")
 
 
-def _policy_key(r: Resident, now_s: float, config: EvictionConfig) -> tuple[float, float, int]:
+def _order_key(now_s: float, config: EvictionConfig) -> Callable[[Resident], tuple[bool, bool, float, float, int]]:
+    """The sort key: over-quota tenants first, then undesired, then the policy's order (smallest leaves first)."""
+    half_life = config.half_life_s
     if config.policy is EvictionPolicy.LRU:
-        return (r.last_used_s, 0.0, r.version_id)
-    hits = decayed_hits(r.hits, r.hits_at_s, now_s, config.half_life_s)
+        return lambda r: (not r.tenant_over_quota, r.desired, r.last_used_s, 0.0, r.version_id)
     if config.policy is EvictionPolicy.LFU:
-        return (hits, r.last_used_s, r.version_id)
-    return (hits * r.reload_ms, r.last_used_s, r.version_id)
+        # decayed_hits inlined: this runs for every resident on every miss (the simulator's hot loop).
+        return lambda r: (not r.tenant_over_quota, r.desired,
+                          r.hits * 2.0 ** (min(0.0, r.hits_at_s - now_s) / half_life), r.last_used_s, r.version_id)
+    return lambda r: (not r.tenant_over_quota, r.desired,
+                      r.hits * 2.0 ** (min(0.0, r.hits_at_s - now_s) / half_life) * r.reload_ms, r.last_used_s,
+                      r.version_id)
 
 
 def eviction_order(residents: Sequence[Resident], *, now_s: float,
                    config: EvictionConfig = EvictionConfig()) -> list[Resident]:
     """Unpinned residents, first to leave first: over-quota tenants, then undesired, then by policy."""
-    return sorted((r for r in residents if not r.pinned),
-                  key=lambda r: (not r.tenant_over_quota, r.desired, *_policy_key(r, now_s, config)))
+    return sorted((r for r in residents if not r.pinned), key=_order_key(now_s, config))
 
 
 def choose_victims(residents: Sequence[Resident], *, slots: int, budget_bytes: int | None, incoming_bytes: int,
@@ -168,7 +173,14 @@ def choose_victims(residents: Sequence[Resident], *, slots: int, budget_bytes: i
     victims: list[int] = []
     if fits():
         return ()
-    for r in eviction_order(residents, now_s=now_s, config=config):
+    order: Iterable[Resident]
+    if budget_bytes is None and count + 1 - slots == 1:
+        # The common case (one slot short, no byte budget): one min() instead of a sort.
+        unpinned = [r for r in residents if not r.pinned]
+        order = [min(unpinned, key=_order_key(now_s, config))] if unpinned else []
+    else:
+        order = eviction_order(residents, now_s=now_s, config=config)
+    for r in order:
         victims.append(r.version_id)
         count -= 1
         used -= r.size_bytes

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from functools import lru_cache
 
 
+@lru_cache(maxsize=1 << 17)
 def hrw_weight(key: int | str, node: str) -> int:
-    """The weight of ``node`` for ``key``: an unsigned 64-bit integer, higher = more preferred."""
+    """The weight of ``node`` for ``key``: an unsigned 64-bit integer, higher = more preferred (memoised)."""
     digest = hashlib.blake2b(f"{key}\x00{node}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 

@@ -73,12 +73,13 @@ class PlacementConfig:
     """Placement knobs.
 
     Attributes:
-        load_bound: ``c`` in bounded loads: a node takes at most ``c`` × the mean node rate (1.25 = 25 % headroom).
+        load_bound: ``c`` in bounded loads: a node takes at most ``c`` × the mean node rate (1.05 = 5 % headroom;
+            docs/placement.md shows the trade-off against loads).
         replica_util: one replica may carry this share of a mean node's rate before another is added.
         max_replicas: default ceiling on ``k``.
     """
 
-    load_bound: float = 1.25
+    load_bound: float = 1.05
     replica_util: float = 0.5
     max_replicas: int = 4
 

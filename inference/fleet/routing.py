@@ -11,8 +11,11 @@ the node's disk 0.3, otherwise 0.0. Filters before scoring:
   pile onto one node.
 
 Nodes in the version's placement (its HRW replica set, ``inference.fleet.placement``) win over spill-over nodes;
-among equal scores the less loaded node wins, then the higher HRW weight — never a random pick, which turns
-routing random at low load (llm-d/llm-d-router#1500). Requests for the base model go where the fewest GPU LoRA
+then nodes that hold the version in the engine (GPU slot or CPU cache: no engine load); among those the less loaded
+node wins before the GPU/CPU difference, because a CPU→GPU swap (~0.1 s) costs less than queueing and because
+GPU-first would send all of a replicated version's traffic to the one replica that happens to hold a slot, starving
+the others out of the engine. Then the score, then the higher HRW weight — never a random pick, which turns routing
+random at low load (llm-d/llm-d-router#1500). Requests for the base model go where the fewest GPU LoRA
 slots are busy (#2792), then the least loaded.
 """
 
@@ -20,17 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from inference.fleet.tiers import Tier
+from inference.fleet.tiers import IN_ENGINE, Tier
 
 # llm-d/llm-d-router#2792 tiers; ERRORED never serves.
 TIER_SCORE: dict[Tier, float] = {Tier.GPU: 1.0, Tier.CPU: 0.7, Tier.DISK: 0.3, Tier.COLD: 0.0, Tier.ERRORED: -1.0}
 FREE_SLOT_SCORE = 0.6
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One node that could serve the request, as the control plane last saw it.
+class Candidate(NamedTuple):
+    """One node that could serve the request, as the control plane last saw it (immutable; a NamedTuple because
+    one is built per node per request, and frozen dataclasses cost ~5× more to construct).
 
     Attributes:
         node: node name.
@@ -142,5 +146,6 @@ def route(candidates: Sequence[Candidate], *, base_model: bool = False,
     if saturated:
         best = max(pool, key=lambda c: (-c.load, residency_score(c), c.hrw))
     else:
-        best = max(pool, key=lambda c: (c.in_placement, residency_score(c), -c.load, c.hrw))
+        best = max(pool, key=lambda c: (c.in_placement, c.tier in IN_ENGINE, -c.load if c.tier in IN_ENGINE else 0,
+                                        residency_score(c), -c.load, c.hrw))
     return RouteDecision(best.node, best.tier, residency_score(best), saturated)

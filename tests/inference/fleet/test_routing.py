@@ -51,6 +51,13 @@ def test_equal_tier_balances_by_load_then_hrw() -> None:
     assert route([x, y]).node == "y" and route([y, x]).node == "y"  # deterministic, order-free
 
 
+def test_in_engine_replicas_share_by_load() -> None:
+    # A replicated version: its CPU-resident replica with the shorter queue beats the GPU one (a swap < a queue).
+    assert route([cand("a", Tier.GPU, running=6), cand("b", Tier.CPU, running=2)]).node == "b"
+    assert route([cand("a", Tier.GPU, running=2), cand("b", Tier.CPU, running=2)]).node == "a"
+    assert route([cand("a", Tier.CPU, running=4), cand("b", Tier.DISK, running=0, used=3), cand("c", running=4)]).node == "a"
+
+
 def test_placement_set_wins_over_spillover() -> None:
     assert route([cand("a", Tier.CPU, placed=False), cand("b", Tier.DISK)]).node == "b"
 
