@@ -165,8 +165,12 @@ class QuiverPolicy(Policy):
         for adapter in set(self.rates) | set(self.window):
             self.rates[adapter] = keep * self.rates.get(adapter, 0.0) + (1 - keep) * self.window.get(adapter, 0) / span
         self.window.clear()
-        demands = [Demand(a, BASE, self.ranks[a], self.sizes[a], rate) for a, rate in self.rates.items()
-                   if rate > 1e-4]
+        held: dict[int, set[str]] = {}
+        for n in self.nodes:
+            for a in n.engine.cpu:
+                held.setdefault(a, set()).add(n.name)
+        demands = [Demand(a, BASE, self.ranks[a], self.sizes[a], rate, resident_on=frozenset(held.get(a, ())))
+                   for a, rate in self.rates.items() if rate > 1e-4]
         self.plan = place(demands, self.pnodes, config=self.placement)
         self.last_plan = t
         self._refresh_desired()

@@ -13,6 +13,8 @@
   ``Σ max_cpu_loras`` versions spread over distinct CPU slots — the most an online cache can hold — and no node is
   handed more than its share of traffic.
 - *Pins*: nodes a version is pinned on are always in its set, before the hashed ones.
+- *Stickiness*: nodes already holding the version are tried before the hash order, so re-planning on noisy rates
+  does not shuffle versions between nodes (every move is an engine load).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class Demand:
         min_replicas: operator's floor (desired state), ≥ 1 while the version is servable.
         max_replicas: operator's ceiling, or None for the config's.
         pinned_nodes: nodes the operator pinned it on.
+        resident_on: nodes whose engine holds it now (observed state); they are tried first, so a re-plan moves
+            a version only when its current nodes no longer fit (no churn from rate noise).
     """
 
     version_id: int
@@ -66,6 +70,7 @@ class Demand:
     min_replicas: int = 1
     max_replicas: int | None = None
     pinned_nodes: frozenset[str] = field(default_factory=frozenset)
+    resident_on: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,8 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
             result[d.version_id] = ()
             continue
         eligible = hrw_order(d.version_id, eligible)
+        if d.resident_on:
+            eligible.sort(key=lambda name, held=d.resident_on: name not in held)  # type: ignore[misc]
         mean = by_base[d.base_model] / nodes_per_base[d.base_model]
         k = replicas_wanted(d.rate, mean, config=config, min_replicas=d.min_replicas,
                             max_replicas=d.max_replicas, eligible=len(eligible))
