@@ -50,21 +50,26 @@ class TestApiKeys(TenantScopedAPITests):
         return {"name": "b-key", "key_id": key.key_id}
 
 
-class TestGatewayModels(TenantScopedAPITests):
-    calls: ClassVar = [("get", "/v1/models/{name}", None)]
+class TestGateway(TenantScopedAPITests):
+    """The OpenAI-compatible gateway: models, and inference on another tenant's adapter name."""
+
+    calls: ClassVar = [
+        ("get", "/v1/models/{name}", None),
+        ("post", "/v1/completions", {"model": "{name}", "prompt": "x", "max_tokens": 1}),
+        ("post", "/v1/chat/completions", {"model": "{name}", "messages": [{"role": "user", "content": "x"}],
+                                          "max_tokens": 1}),
+    ]
     auth_kinds = ("key",)  # the OpenAI-compatible gateway takes API keys only
-    list_url = None
+    list_url = "/v1/models"
+    list_field = "id"
 
     def make_object(self, tenant: Tenant) -> dict[str, Any]:
         _ready_adapter(tenant, "secret-bot")
         return {"name": "secret-bot"}
 
-    def test_gateway_list_hides_other_tenants_adapters(self, make_client, base_model) -> None:  # type: ignore[no-untyped-def]
-        _, owner, _ = make_client()
-        self.make_object(owner)
-        intruder, _, _ = make_client()
-        ids = [m["id"] for m in intruder.get("/v1/models").json()["data"]]
-        assert "secret-bot" not in ids and "tiny-llama" in ids
+    def test_every_tenant_sees_the_base_model(self, make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+        client, _, _ = make_client()
+        assert "tiny-llama" in self._list_names(client)
 
 
 class TestMembers(TenantScopedAPITests):
@@ -92,3 +97,74 @@ class TestUsage(TenantScopedAPITests):
                                    endpoint="completions", status_code=200, prompt_tokens=1, completion_tokens=1,
                                    latency_ms=1.0)
         return {"name": "metered"}
+
+
+# --- The matrix itself can fail: remove tenant scoping from a family's read path and its tests must go red.
+
+def _unscoped_usage(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inference.gateway.api as usage_api
+
+    real = usage_api.usage_summary
+    monkeypatch.setattr(usage_api, "usage_summary", lambda qs, **kw: real(UsageRecord.objects.all(), **kw))
+
+
+def _unscoped_gateway_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inference.gateway.views as gateway_views
+    from adapters_app.models import Adapter
+
+    monkeypatch.setattr(gateway_views, "adapter_list_servable",
+                        lambda tenant: Adapter.objects.filter(versions__status="ready").distinct())
+
+
+def _empty_usage(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inference.gateway.api as usage_api
+
+    monkeypatch.setattr(usage_api, "usage_summary", lambda qs, **kw: [])
+
+
+@pytest.mark.parametrize(("family", "break_it", "test_name"), [
+    (TestUsage, _unscoped_usage, "test_lists_hide_other_tenants_objects"),
+    (TestUsage, _empty_usage, "test_owner_reaches_its_object"),
+    (TestGateway, _unscoped_gateway_models, "test_lists_hide_other_tenants_objects"),
+])
+def test_formerly_vacuous_families_fail_without_scoping(family, break_it, test_name, monkeypatch,  # type: ignore[no-untyped-def]
+                                                       make_client, base_model) -> None:
+    break_it(monkeypatch)
+    with pytest.raises(AssertionError):
+        getattr(family(), test_name)(make_client, base_model)
+
+
+# --- Every URL route is covered by a matrix family, or is listed here with the reason it holds no tenant object.
+
+NOT_TENANT_OBJECTS = {
+    "healthz": "liveness probe",
+    "api/v1/schema": "the OpenAPI schema",
+    "api/v1/base-models$": "base models are shared by every tenant",
+    "api/v1/auth/login": "console login (no tenant yet)",
+    "api/v1/auth/logout": "ends the caller's own session",
+    "api/v1/auth/me": "the caller's own identity",
+    "api/v1/auth/tenant": "picks one of the caller's own tenants (membership checked)",
+}
+
+
+def _routes(patterns: list[Any], prefix: str = "") -> list[str]:
+    from django.urls import URLResolver
+
+    found: list[str] = []
+    for pattern in patterns:
+        route = URLResolver._join_route(prefix, str(pattern.pattern))
+        found += _routes(pattern.url_patterns, route) if isinstance(pattern, URLResolver) else [route]
+    return found
+
+
+def test_every_route_is_covered_by_a_matrix_family() -> None:
+    from django.urls import get_resolver, resolve
+
+    sample = {"name": "secret-bot", "key_id": "0123456789ab"}
+    covered = set()
+    for family in TenantScopedAPITests.__subclasses__():
+        urls = [template.format(**sample) for _, template, _ in family.calls]
+        urls += [family.list_url] if family.list_url else []
+        covered |= {resolve(url).route for url in urls}
+    missing = [r for r in _routes(get_resolver().url_patterns) if r not in covered and r not in NOT_TENANT_OBJECTS]
+    assert not missing, f"routes no matrix family covers (add calls, or a reason to NOT_TENANT_OBJECTS): {missing}"
