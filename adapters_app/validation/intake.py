@@ -54,8 +54,22 @@ def is_pickle_name(name: str) -> bool:
     return PurePosixPath(name).suffix.lower() in PICKLE_SUFFIXES
 
 
-def pickle_problem(name: str) -> Problem:
-    """The rejection for one pickle-format weight file."""
+def pickle_problem(name: str, *, beside_safetensors: bool = False) -> Problem:
+    """The rejection for one pickle-format file.
+
+    Args:
+        name: the file's relative path.
+        beside_safetensors: the upload also has ``adapter_model.safetensors``: then the file is a stray (a leftover
+            ``.bin`` checkpoint or padding), and the fix is to remove it, not to convert anything.
+    """
+    if beside_safetensors:
+        return error(
+            "pickle_weights",
+            name,
+            f"{name} is an extra pickle-format file next to adapter_model.safetensors, which already holds the "
+            "weights the engine loads; Quiver never opens pickle files, so it refuses uploads that carry one.",
+            f"Remove {name} from the upload (or the archive) and upload again; nothing needs converting.",
+        )
     return error(
         "pickle_weights",
         name,
@@ -76,8 +90,9 @@ def folder_problems(names: Iterable[str]) -> list[Problem]:
         ``missing_adapter_config``, ``missing_adapter_weights``.
     """
     names = list(names)
-    problems = [pickle_problem(n) for n in names if is_pickle_name(n)]
     top = {n for n in names if "/" not in n}
+    has_weights = WEIGHTS_NAME in top
+    problems = [pickle_problem(n, beside_safetensors=has_weights) for n in names if is_pickle_name(n)]
     if CONFIG_NAME not in top:
         problems.append(
             error(

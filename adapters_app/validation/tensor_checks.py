@@ -40,6 +40,8 @@ class TensorCheckResult:
         b_tensors: Per pair, the half PEFT initialises to zero (``lora_B``; ``lora_embedding_A`` for
             embeddings, PEFT ``lora/layer.py`` ``Embedding.reset_lora_parameters``): all zeros means untrained.
         shape_mismatches: Pairs whose shapes don't fit the base.
+        rank_mismatches: Pairs that fit the base but whose rank disagrees with the config or between A and B
+            (an adapter problem, not a base-model one).
         variant_pairs: Pairs that fit but are spelled so the engine would not load them.
         facts: ``tensor_count``, ``lora_pairs``, ``lora_modules``, ``layers_with_lora``, ``effective_ranks``, ``dtypes``.
     """
@@ -47,6 +49,7 @@ class TensorCheckResult:
     pairs: dict[str, dict[str, TensorInfo]] = field(default_factory=dict)
     b_tensors: list[str] = field(default_factory=list)
     shape_mismatches: int = 0
+    rank_mismatches: int = 0
     variant_pairs: int = 0
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -124,7 +127,8 @@ def check_tensors(
             )
             continue
         (a, na), (b, _) = slot["lora_A"], slot["lora_B"]
-        if _pair_ok(path, a, b, na, base, config, out):
+        outcome = _pair_check(path, a, b, na, base, config, out)
+        if outcome == "ok":
             variants = [(t, tn) for t, tn in (slot["lora_A"], slot["lora_B"]) if tn.variant is not None]
             if variants:
                 # Shapes fit, so this is the base's module under another spelling, not another model.
@@ -135,6 +139,8 @@ def check_tensors(
             result.pairs[path] = {"lora_A": a, "lora_B": b}
             result.b_tensors.append(a.name if na.embedding else b.name)
             ranks.setdefault(na.module or path, set()).add(a.shape[0])
+        elif outcome == "rank":
+            result.rank_mismatches += 1
         else:
             result.shape_mismatches += 1
     result.facts = {
@@ -287,7 +293,7 @@ def _full_weight(n: TensorName, t: TensorInfo, base: BaseModelFacts) -> Problem:
     )
 
 
-def _pair_ok(
+def _pair_check(
     path: str,
     a: TensorInfo,
     b: TensorInfo,
@@ -295,7 +301,9 @@ def _pair_ok(
     base: BaseModelFacts,
     config: AdapterConfig | None,
     out: ProblemCollector,
-) -> bool:
+) -> str:
+    """``"ok"``, ``"rank"`` (fits the base; the rank disagrees) or ``"shape"`` (does not fit the base or is
+    malformed); problems go to ``out``."""
     if len(a.shape) != 2 or len(b.shape) != 2:
         out.add(
             error(
@@ -305,7 +313,7 @@ def _pair_ok(
                 "Upload the adapter as written by PEFT `save_pretrained`.",
             )
         )
-        return False
+        return "shape"
     if na.embedding:
         want_in, want_out = base.vocab_size, base.hidden_size
     elif path == "lm_head":
@@ -319,11 +327,13 @@ def _pair_ok(
                 "Save the adapter with PEFT `save_pretrained`.",
             )
         )
-        return False
+        return "shape"
     else:
         shape = base.modules[na.module or ""]
         want_in, want_out = shape.in_features, shape.out_features
     rank = a.shape[0]
+    # In/out features decide the base model; a rank disagreement alone is the adapter's own inconsistency.
+    fits_base = a.shape[1] == want_in and b.shape[0] == want_out
     if b.shape[1] != rank:
         out.add(
             error(
@@ -333,7 +343,7 @@ def _pair_ok(
                 "Upload the adapter as written by PEFT `save_pretrained`; the two halves come from different adapters.",
             )
         )
-        return False
+        return "rank" if fits_base else "shape"
     if config is not None:
         want_rank, _ = config.rank_and_alpha(path)
         if rank != want_rank:
@@ -345,7 +355,7 @@ def _pair_ok(
                     "Upload the adapter_config.json that was saved with these weights; the engine scales by the config's rank.",
                 )
             )
-            return False
+            return "rank" if fits_base else "shape"
     if a.shape[1] != want_in or b.shape[0] != want_out:
         a_want, b_want = [rank, want_in], [want_out, rank]
         module = a.name.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
@@ -358,5 +368,5 @@ def _pair_ok(
                 f"Train the adapter on {base.base_model_name}, or register the base model it was trained on.",
             )
         )
-        return False
-    return True
+        return "shape"
+    return "ok"

@@ -61,7 +61,7 @@ def validate_adapter_dir(root: Path, *, base: BaseModelFacts, limits: PoolLimits
     if header is not None:
         tensors = check_tensors(header.tensors, base=base, config=config, out=out)
         facts.update(tensors.facts)
-        if not tensors.pairs and tensors.shape_mismatches == 0 and tensors.variant_pairs == 0:
+        if not (tensors.pairs or tensors.shape_mismatches or tensors.rank_mismatches or tensors.variant_pairs):
             out.add(
                 error(
                     "adapter_maps_to_nothing",
@@ -139,8 +139,10 @@ def _decide_base(
     """Decide base-model fit by tensor shapes and say so when the config's name disagrees."""
     if tensors is None:
         decision = "undecided: the weights could not be read"
-    elif (tensors.pairs or tensors.variant_pairs) and tensors.shape_mismatches == 0:
+    elif (tensors.pairs or tensors.variant_pairs or tensors.rank_mismatches) and tensors.shape_mismatches == 0:
         decision = f"tensor shapes match {base.base_model_name}"
+        if tensors.rank_mismatches:
+            decision += " (but their ranks disagree with adapter_config.json)"
     elif tensors.shape_mismatches:
         decision = f"tensor shapes do not match {base.base_model_name}"
     else:

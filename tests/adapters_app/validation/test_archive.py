@@ -211,3 +211,15 @@ def test_encrypted_zip_member_rejected(tmp_path: Path) -> None:
         i = raw.find(b"PK\x01\x02", i + 4)
     path.write_bytes(bytes(raw))
     assert set(_codes(path)) == {"archive_encrypted"}
+
+
+def test_zip_with_padding_bin_names_the_stray_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("adapter_config.json", "{}")
+        zf.writestr("adapter_model.safetensors", b"x")
+        zf.writestr("padding.bin", b"\0" * 64)
+    with pytest.raises(UploadRejected) as info:
+        list(iter_archive(path, max_members=64, max_total_bytes=1 << 20))
+    (problem,) = info.value.problems
+    assert problem.field == "padding.bin" and "Remove padding.bin" in problem.hint

@@ -154,3 +154,17 @@ def test_base_facts_round_trip(base: BaseModelFacts) -> None:
     assert base.modules["k_proj"].out_features == 128 and base.modules["down_proj"].in_features == 512
     with pytest.raises(ValueError, match="vocab_size"):
         BaseModelFacts.from_dict({k: v for k, v in d.items() if k != "vocab_size"})
+
+
+@pytest.mark.parametrize(("config_r", "tensor_r"), [(4, 8), (16, 8)])
+def test_rank_disagreeing_with_tensors_is_not_called_a_base_model_mismatch(
+    tmp_path: Path, base, limits, config_r: int, tensor_r: int  # type: ignore[no-untyped-def]
+) -> None:
+    config = peft_config("meta-llama/some-other-name", r=config_r)
+    root = write_adapter(tmp_path / "a", config, lora_tensors(base, r=tensor_r))
+    report = validate_adapter_dir(root, base=base, limits=limits)
+    assert "tensor_rank_mismatch" in report.codes
+    assert "tensor_shape_mismatch" not in report.codes and "adapter_maps_to_nothing" not in report.codes
+    assert "do not match" not in report.facts["base_model_decision"]
+    assert all("do not match" not in p.message for p in report.problems)
+    assert "ranks disagree with adapter_config.json" in report.facts["base_model_decision"]

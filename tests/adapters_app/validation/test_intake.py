@@ -57,3 +57,13 @@ def test_duplicate_upload_name() -> None:
     assert _codes(["adapter_config.json", "adapter_config.json", "adapter_model.safetensors"]) == [
         "upload_duplicate_name"
     ]
+
+
+@pytest.mark.parametrize("stray", ["padding.bin", "adapter_model.bin"])
+def test_a_stray_pickle_next_to_safetensors_says_remove_it_not_convert(stray: str) -> None:
+    with pytest.raises(UploadRejected) as info:
+        check_upload_names(["adapter_config.json", "adapter_model.safetensors", stray])
+    (problem,) = info.value.problems
+    assert problem.code == "pickle_weights" and problem.field == stray
+    assert f"Remove {stray}" in problem.hint and "nothing needs converting" in problem.hint
+    assert "save_file" not in problem.hint and "already holds the weights" in problem.message
