@@ -77,6 +77,10 @@ class AdapterVersion(models.Model):
     validation_report = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     validated_at = models.DateTimeField(null=True, blank=True)
+    # When validation was last claimed, and how many times: the sweeper re-enqueues stuck versions, and a version
+    # whose validation keeps killing workers is rejected after QUIVER_VALIDATION_MAX_ATTEMPTS.
+    validation_claimed_at = models.DateTimeField(null=True, blank=True)
+    validation_attempts = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -113,3 +117,30 @@ class AdapterVersion(models.Model):
     def served_name(self) -> str:
         """vLLM's ``lora_name`` on nodes: ``<tenant_slug>--<adapter_name>--<version pk>``; never shown to tenants."""
         return f"{self.adapter.tenant.slug}--{self.adapter.name}--{self.pk}"
+
+
+class Purge(models.Model):
+    """A durable cleanup that must finish however long a part is down (``adapters_app.purge``).
+
+    ``kind`` ``s3``: delete ``s3_keys``. ``kind`` ``node``: remove ``lora_name`` from node ``node_id``'s engine and disk
+    (no foreign key: a node deleted meanwhile means nothing is left to clean). Written in the transaction that
+    makes the objects garbage; retried with backoff until ``done_at`` is set.
+    """
+
+    class Kind(models.TextChoices):
+        S3 = "s3"
+        NODE = "node"
+
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    s3_keys = models.JSONField(default=list, blank=True)
+    node_id = models.BigIntegerField(null=True, blank=True)
+    lora_name = models.CharField(max_length=200, blank=True, default="")
+    reason = models.CharField(max_length=40)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    next_attempt_at = models.DateTimeField(db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    done_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"purge {self.kind} {self.pk} ({self.reason})"

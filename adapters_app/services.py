@@ -17,10 +17,12 @@ from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from adapters_app import storage
 from adapters_app.models import Adapter, AdapterVersion, BaseModel
+from adapters_app.purge import purge_node_copy, purge_s3_keys
 from adapters_app.validation import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -34,7 +36,7 @@ from adapters_app.validation import (
 from config.exceptions import QuiverError
 from inference.gateway.models import Node, Placement
 from tenants.models import Tenant
-from workers.tasks import adapter_version_validate_task, node_unload_task
+from workers.tasks import adapter_version_validate_task
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +139,7 @@ def adapter_delete(tenant: Tenant, *, adapter: Adapter) -> None:
     """Delete a tenant's adapter with all its versions: rows now, then (on commit) its S3 objects and engine copies.
 
     The adapter row lock (the one uploads take) keeps a concurrent upload from adding a version whose objects would
-    be missed. Nodes unload through ``node_unload_task`` (placement queue).
+    be missed. The S3 objects and node copies become ``Purge`` rows in the same transaction (``adapters_app.purge``).
     """
     adapter_id = adapter.pk
     with transaction.atomic():
@@ -150,13 +152,10 @@ def adapter_delete(tenant: Tenant, *, adapter: Adapter) -> None:
             )
         ]
         adapter.delete()
-
-        def purge() -> None:
-            storage.delete_keys(keys)
-            for node_id, lora_name in unloads:
-                node_unload_task.delay(node_id, lora_name)
-
-        transaction.on_commit(purge)
+        # Durable records, committed with the delete; a reconciler finishes them however long S3 or a node is down.
+        purge_s3_keys(keys, reason="adapter_deleted")
+        for node_id, lora_name in unloads:
+            purge_node_copy(node_id, lora_name, reason="adapter_deleted")
     logger.info("adapter.deleted", extra={"adapter_id": adapter_id, "objects": len(keys), "unloads": len(unloads)})
 
 
@@ -310,7 +309,7 @@ def adapter_version_revalidate(version: AdapterVersion) -> AdapterVersion:
     """
     with transaction.atomic():
         if AdapterVersion.objects.filter(pk=version.pk, status=AdapterVersion.Status.REJECTED).update(
-            status=AdapterVersion.Status.UPLOADED, validation_report=None, validated_at=None
+            status=AdapterVersion.Status.UPLOADED, validation_report=None, validated_at=None, validation_attempts=0
         ):
             transaction.on_commit(lambda: adapter_version_validate_task.delay(version.pk))
     version.refresh_from_db()
@@ -339,10 +338,18 @@ def adapter_version_validate(version: AdapterVersion) -> AdapterVersion:
     """
     claimed = AdapterVersion.objects.filter(
         pk=version.pk, status__in=[AdapterVersion.Status.UPLOADED, AdapterVersion.Status.VALIDATING]
-    ).update(status=AdapterVersion.Status.VALIDATING)
+    ).update(status=AdapterVersion.Status.VALIDATING, validation_claimed_at=timezone.now(),
+             validation_attempts=F("validation_attempts") + 1)
     if not claimed:
         version.refresh_from_db()
         return version
+    version.refresh_from_db(fields=["validation_attempts"])
+    if version.validation_attempts > settings.QUIVER_VALIDATION_MAX_ATTEMPTS:
+        # Earlier attempts never finished (the worker died each time): this adapter must not take workers down forever.
+        return adapter_version_fail(
+            version, code="validation_crashed",
+            message=f"Validation did not finish in {settings.QUIVER_VALIDATION_MAX_ATTEMPTS} attempts.",
+            hint="Check the adapter for unusual sizes or patterns, or contact support with the version number.")
     base = version.adapter.base_model
     with tempfile.TemporaryDirectory(prefix="quiver-validate-") as tmp:
         root = Path(tmp)

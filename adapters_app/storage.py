@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
@@ -99,6 +100,15 @@ def list_keys(prefix: str) -> list[str]:
     for page in paginator.paginate(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Prefix=prefix):
         keys.extend(obj["Key"] for obj in page.get("Contents", []))
     return keys
+
+
+def list_objects(prefix: str) -> list[tuple[str, datetime]]:
+    """``(key, last_modified)`` of every object under ``prefix`` (timezone-aware UTC times)."""
+    paginator = s3_client().get_paginator("list_objects_v2")
+    found: list[tuple[str, datetime]] = []
+    for page in paginator.paginate(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Prefix=prefix):
+        found.extend((obj["Key"], obj["LastModified"]) for obj in page.get("Contents", []))
+    return found
 
 
 def download_to(key: str, path: Path) -> str:

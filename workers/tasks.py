@@ -12,7 +12,7 @@ logger = logging.getLogger(__name__)
 VALIDATE_RETRIES = 5
 
 
-@shared_task(bind=True, acks_late=True, max_retries=VALIDATE_RETRIES)
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=VALIDATE_RETRIES)
 def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignore[no-untyped-def]
     """Validate a version; on ``ready`` ask for a warm on a node. ``acks_late`` is safe: the status row guards reruns.
 
@@ -90,3 +90,36 @@ def node_mark_stale_task() -> None:
     from inference.gateway.placement import node_mark_stale
 
     node_mark_stale()
+
+
+@shared_task(ignore_result=True)
+def validation_sweep_task() -> None:
+    """Periodic (beat): re-enqueue versions stuck in ``uploaded``/``validating`` (``adapters_app.purge.sweep``)."""
+    from adapters_app.purge import sweep
+
+    sweep(adapter_version_validate_task.delay)
+
+
+@shared_task(ignore_result=True, acks_late=True)
+def purge_run_task(purge_id: int) -> None:
+    """Run one durable cleanup now; a failure is retried by ``purge_reconcile_task`` with backoff."""
+    from adapters_app.purge import purge_run
+
+    purge_run(purge_id)
+
+
+@shared_task(ignore_result=True)
+def purge_reconcile_task() -> None:
+    """Periodic (beat): run every cleanup whose next attempt is due, until each succeeds."""
+    from adapters_app.purge import purge_run, purges_due
+
+    for purge_id in purges_due():
+        purge_run(purge_id)
+
+
+@shared_task(ignore_result=True)
+def gc_s3_orphans_task() -> None:
+    """Periodic (beat): schedule deletion of S3 objects no version references."""
+    from adapters_app.purge import s3_orphans_collect
+
+    s3_orphans_collect()

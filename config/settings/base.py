@@ -160,7 +160,16 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_BEAT_SCHEDULE = {
     "node-mark-stale": {"task": "workers.tasks.node_mark_stale_task", "schedule": 15.0},
+    # Nothing stuck, nothing orphaned (adapters_app.purge).
+    "validation-sweep": {"task": "workers.tasks.validation_sweep_task", "schedule": 60.0},
+    "purge-reconcile": {"task": "workers.tasks.purge_reconcile_task", "schedule": 30.0},
+    "gc-s3-orphans": {"task": "workers.tasks.gc_s3_orphans_task", "schedule": 3600.0},
 }
+# A child killed mid-task (OOM, SIGKILL) puts its acks_late task back on the queue instead of acking it.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+QUIVER_SWEEP_UPLOADED_AFTER_S = env.int("QUIVER_SWEEP_UPLOADED_AFTER_S", default=120)
+QUIVER_VALIDATION_MAX_ATTEMPTS = env.int("QUIVER_VALIDATION_MAX_ATTEMPTS", default=3)
+QUIVER_GC_GRACE_S = env.int("QUIVER_GC_GRACE_S", default=3600)
 
 # --- S3 (conventions §7: AWS_S3_ENDPOINT_URL points boto3 at the local S3 server).
 AWS_S3_ENDPOINT_URL = env("AWS_S3_ENDPOINT_URL", default=None)

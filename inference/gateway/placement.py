@@ -18,6 +18,7 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion, BaseModel
+from adapters_app.purge import purge_node_copy
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_client import NodeCallFailed, node_call
 from workers.tasks import placement_evict_task, placement_warm_task
@@ -61,11 +62,13 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         node.save()
         reported = {a["lora_int_id"]: a for a in state.get("adapters", [])}
         # Known versions only: the id exists, is for this node's base model, and the name is that version's own.
-        known = {
-            v.pk for v in AdapterVersion.objects.select_related("adapter__tenant").filter(
-                pk__in=reported, adapter__base_model_id=node.base_model_id)
-            if reported[v.pk].get("lora_name") == v.served_name
-        }
+        versions = list(AdapterVersion.objects.select_related("adapter__tenant").filter(pk__in=reported))
+        owned = {v.pk for v in versions if reported[v.pk].get("lora_name") == v.served_name}
+        known = {v.pk for v in versions if v.pk in owned and v.adapter.base_model_id == node.base_model_id}
+        # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node.
+        for version_id, entry in reported.items():
+            if version_id not in owned:
+                purge_node_copy(node.pk, entry["lora_name"], reason="gc_orphan_copy")
         current = {p.adapter_version_id: p for p in Placement.objects.filter(node=node, adapter_version_id__in=known)}
         for version_id in known:
             entry = reported[version_id]

@@ -11,6 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.test import Client, override_settings
 
+from adapters_app.models import Purge
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_keys import node_credentials
 from inference.gateway.nodes import node_register
@@ -115,6 +116,10 @@ def test_versions_are_recorded_only_under_their_own_name(internal: Client, base_
                {"lora_name": "x--y--999999", "lora_int_id": 999999, "tier": "warm"}]
     assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
     assert not Placement.objects.exists()
+    # Copies no version owns are garbage on that node: one pending purge each, however many heartbeats.
+    assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
+    purges = Purge.objects.filter(kind="node", node_id=Node.objects.get(name="n1").pk, done_at=None)
+    assert sorted(purges.values_list("lora_name", flat=True)) == ["someone--else--1", "x--y--999999"]
     entries = [{"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm"}]
     assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
     assert Placement.objects.get().adapter_version == version
