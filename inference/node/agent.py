@@ -131,7 +131,8 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cache = AdapterCache(settings.cache_dir, s3_client or make_s3_client(settings), settings.bucket)
+        cache = AdapterCache(settings.cache_dir, s3_client or make_s3_client(settings), settings.bucket,
+                             max_bytes=settings.cache_max_bytes)
         async with (
             httpx.AsyncClient(base_url=settings.engine_url, timeout=ENGINE_TIMEOUT) as engine_http,
             httpx.AsyncClient(timeout=HEARTBEAT_TIMEOUT) as control_http,

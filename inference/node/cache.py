@@ -9,6 +9,7 @@ old weights would be reused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -132,12 +133,15 @@ class AdapterCache:
         root: cache directory (created if missing).
         s3_client: a boto3 S3 client.
         bucket: bucket holding the adapter objects.
+        max_bytes: byte budget of the cache (``QUIVER_NODE_CACHE_MAX_BYTES``); None is unbounded. Enforced by
+            :meth:`evict_to_budget`, least recently staged first.
     """
 
-    def __init__(self, root: Path, s3_client: Any, bucket: str) -> None:
+    def __init__(self, root: Path, s3_client: Any, bucket: str, *, max_bytes: int | None = None) -> None:
         self.root = root
         self.s3 = s3_client
         self.bucket = bucket
+        self.max_bytes = max_bytes
         root.mkdir(parents=True, exist_ok=True)
 
     def adapter_dir(self, lora_name: str, lora_int_id: int) -> Path:
@@ -246,3 +250,42 @@ class AdapterCache:
         target = self.root / lora_name if lora_int_id is None else self.adapter_dir(lora_name, lora_int_id)
         if LORA_NAME_RE.match(lora_name) and target.exists():
             shutil.rmtree(target)
+
+    def usage(self) -> list[tuple[StagedEntry, int, float]]:
+        """``(entry, bytes, last_used)`` for every complete version on disk; ``last_used`` is the marker's mtime
+        (rewritten by every :meth:`stage`, so it orders versions by their last load)."""
+        out = []
+        for entry in self.staged():
+            size = sum(f.stat().st_size for f in entry.path.iterdir() if f.is_file())
+            out.append((entry, size, (entry.path / COMPLETE_MARKER).stat().st_mtime))
+        return out
+
+    def evict_to_budget(self, keep: set[tuple[str, int]]) -> list[StagedEntry]:
+        """Delete least recently used versions until the cache fits ``max_bytes`` (LRU).
+
+        Args:
+            keep: ``(lora_name, lora_int_id)`` the engine serves now (it reloads them from these paths): never
+                deleted, even when they alone exceed the budget.
+
+        Returns:
+            The versions deleted, oldest first.
+        """
+        if self.max_bytes is None:
+            return []
+        entries = sorted(self.usage(), key=lambda item: item[2])
+        total = sum(size for _, size, _ in entries)
+        evicted: list[StagedEntry] = []
+        for entry, size, _ in entries:
+            if total <= self.max_bytes:
+                break
+            if (entry.lora_name, entry.lora_int_id) in keep:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                entry.path.parent.rmdir()  # the name's folder, once its last version is gone
+            total -= size
+            evicted.append(entry)
+        if evicted:
+            logger.info("cache.evicted", extra={"versions": len(evicted), "bytes_left": total,
+                                                "max_bytes": self.max_bytes})
+        return evicted

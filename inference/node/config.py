@@ -42,6 +42,8 @@ class NodeSettings:
         max_loras: `QUIVER_MAX_LORAS` (vLLM `--max-loras`, default 1 as in `vllm/config/lora.py`).
         max_cpu_loras: `QUIVER_MAX_CPU_LORAS` (default: `max_loras`, as vLLM does).
         max_lora_rank: `QUIVER_MAX_LORA_RANK` (default 16, as vLLM does).
+        cache_max_bytes: `QUIVER_NODE_CACHE_MAX_BYTES`, the disk cache's byte budget (LRU beyond it); default
+            50 GiB, `0` for unbounded.
     """
 
     node_name: str
@@ -60,6 +62,7 @@ class NodeSettings:
     max_loras: int
     max_cpu_loras: int
     max_lora_rank: int
+    cache_max_bytes: int | None = 50 * 1024**3
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> NodeSettings:
@@ -100,6 +103,7 @@ class NodeSettings:
             max_loras=max_loras,
             max_cpu_loras=_positive_int(env, "QUIVER_MAX_CPU_LORAS", max_loras),
             max_lora_rank=_positive_int(env, "QUIVER_MAX_LORA_RANK", 16),
+            cache_max_bytes=_cache_budget(env),
         )
 
 
@@ -127,3 +131,16 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise ConfigError(f"{name} must be > 0, got {raw}")
     return value
+
+
+def _cache_budget(env: Mapping[str, str]) -> int | None:
+    raw = env.get("QUIVER_NODE_CACHE_MAX_BYTES")
+    if not raw:
+        return 50 * 1024**3
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"QUIVER_NODE_CACHE_MAX_BYTES must be an integer (bytes), got {raw!r}") from exc
+    if value < 0:
+        raise ConfigError(f"QUIVER_NODE_CACHE_MAX_BYTES must be >= 0 (0 = unbounded), got {value}")
+    return value or None

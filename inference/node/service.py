@@ -121,6 +121,7 @@ class NodeAgent:
             except EngineError as exc:
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
             load_ms = (time.perf_counter() - started) * 1000.0
+        await self._enforce_budget({(lora_name, lora_int_id)})
         logger.info(
             "agent.loaded",
             extra={
@@ -132,6 +133,18 @@ class NodeAgent:
             },
         )
         return LoadResult(lora_name, lora_int_id, bool(result["pinned"]), staged.download_ms, load_ms)
+
+    async def _enforce_budget(self, keep: set[tuple[str, int]]) -> None:
+        """Trim the disk cache to its byte budget (LRU), keeping whatever the engine serves (it reloads from disk)."""
+        if self.cache.max_bytes is None:
+            return
+        try:
+            served = await self.engine.list_loras()
+        except EngineError as exc:
+            logger.warning("agent.budget_skipped", extra={"error": exc.detail})
+            return  # without the engine's list, deleting could pull files from under a served adapter
+        keep |= {(lora["lora_name"], int(lora["lora_int_id"])) for lora in served}
+        await asyncio.to_thread(self.cache.evict_to_budget, keep)
 
     async def _add(self, lora_name: str, lora_int_id: int, lora_path: str, pin: bool) -> dict[str, Any]:
         try:

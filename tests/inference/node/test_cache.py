@@ -69,3 +69,32 @@ def test_remove_deletes_one_version_or_all(cache: AdapterCache, s3_server: S3Ser
     assert [e.lora_int_id for e in cache.staged()] == [2]
     cache.remove("acme--d")
     assert cache.staged() == []
+
+
+def _staged(root: Path, name: str, version: int, size: int, used: float) -> None:
+    import os
+
+    folder = root / name / str(version)
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"x" * size)
+    marker = folder / COMPLETE_MARKER
+    marker.write_text("adapter_model.safetensors\n")
+    os.utime(marker, (used, used))
+
+
+def test_the_disk_cache_keeps_its_byte_budget_least_recently_used_first(tmp_path: Path) -> None:
+    cache = AdapterCache(tmp_path / "c", s3_client=None, bucket="b", max_bytes=2500)
+    _staged(cache.root, "t--old--1", 1, 1000, used=100)
+    _staged(cache.root, "t--served--2", 2, 1000, used=50)  # oldest, but the engine serves it
+    _staged(cache.root, "t--mid--3", 3, 1000, used=200)
+    _staged(cache.root, "t--new--4", 4, 1000, used=300)
+    evicted = cache.evict_to_budget({("t--served--2", 2)})
+    assert [(e.lora_name, e.lora_int_id) for e in evicted] == [("t--old--1", 1), ("t--mid--3", 3)]
+    assert sorted(e.lora_name for e in cache.staged()) == ["t--new--4", "t--served--2"]
+    assert not (cache.root / "t--old--1").exists()
+
+
+def test_an_unbounded_cache_evicts_nothing(tmp_path: Path) -> None:
+    cache = AdapterCache(tmp_path / "c", s3_client=None, bucket="b")
+    _staged(cache.root, "t--a--1", 1, 10, used=1)
+    assert cache.evict_to_budget(set()) == [] and len(cache.staged()) == 1
