@@ -198,7 +198,8 @@ def test_nodes_share_a_node_local_disk_cache_and_register_with_stable_urls(overl
     names = {e["name"] for e in agent["env"]}
     for ref in agent.get("envFrom", []):
         names |= set(objects(docs, "ConfigMap")[ref["configMapRef"]["name"]]["data"])
-    assert set(node_config._REQUIRED) <= names
+    names |= set(re.findall(r"\b([A-Z_]+)=\"", " ".join(agent["command"])))  # exported from the credential files
+    assert set(node_config._REQUIRED) | {"QUIVER_NODE_TOKEN"} <= names
     env = {e["name"]: e for e in agent["env"]}
     assert env["QUIVER_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     headless = objects(docs, "Service")[node["spec"]["serviceName"]]
@@ -283,7 +284,9 @@ def _env_example_keys(name: str) -> set[str]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_secret_is_committed_and_every_referenced_key_is_documented(overlay: str) -> None:
     docs = render(overlay)
-    assert not objects(docs, "Secret")
+    # The one Secret declared is the registration Job's output, without data (an apply never overwrites it).
+    assert {name: {k for k in s if k in ("data", "stringData")} for name, s in objects(docs, "Secret").items()} == {
+        "quiver-node-credentials": set()}
     refs: set[tuple[str, str]] = set()
     for _, template in pod_templates(docs):
         for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
@@ -312,10 +315,10 @@ def test_dev_secrets_are_random_complete_and_valid() -> None:
         assert _env_example_keys(name) - {"HF_TOKEN"} <= set(first[name]), name
         for key, value in first[name].items():
             assert "change-me" not in value.lower(), key
-    for key in ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_KEY", "POSTGRES_PASSWORD"):
+    for key in ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "POSTGRES_PASSWORD"):
         assert first["quiver-secrets"][key] != second["quiver-secrets"][key], key
         assert len(first["quiver-secrets"][key]) >= 32, key
-    assert first["quiver-secrets"]["QUIVER_NODE_KEY"] == first["quiver-node-secrets"]["QUIVER_NODE_KEY"]
+    assert "QUIVER_NODE_SECRET" not in first["quiver-node-secrets"]  # nodes hold only their own derived pair
     assert first["quiver-secrets"]["POSTGRES_PASSWORD"] in first["quiver-secrets"]["DATABASE_URL"]
 
 
@@ -383,8 +386,11 @@ def test_network_policies_let_only_gateway_and_workers_reach_nodes(overlay: str)
             assert not can({**inside, "source_labels": component(other)}, node, port), other
     assert not can({**inside, "source_labels": component("worker", **{"quiver.io/queue": "validation"})}, node, 8100)
     assert not can({**inside, "source_labels": {"app": "stranger"}}, node, 8000)
-    # Heartbeats: node agents reach the web tier.
-    assert can({**inside, "source_labels": node}, component("web"), 8000)
+    # Heartbeats: node agents reach the internal listener, and only they do; it is not the public port.
+    assert can({**inside, "source_labels": node}, component("web-internal"), 8001)
+    assert not can({**inside, "source_labels": node}, component("web"), 8000)
+    assert not can(ingress_controller, component("web-internal"), 8001)
+    assert not can({**inside, "source_labels": component("gateway")}, component("web-internal"), 8001)
     # The labels used above are the real pod labels.
     labels = {where: t["metadata"]["labels"] for where, t in pod_templates(docs)}
     assert labels["StatefulSet/node"] == {**node, **{"app.kubernetes.io/part-of": "quiver"}} or \
@@ -403,3 +409,60 @@ def test_in_cluster_data_services_answer_only_quiver() -> None:
                        port=9000)
     assert not may_connect(docs, source_ns=NAMESPACE, source_labels=component("node"),
                            target_labels=component("postgres"), port=5432)
+
+
+# --- node registration
+
+
+def _register_nodes_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("register_nodes", K8S / "register-nodes.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_node_reads_only_its_own_registered_credentials(overlay: str) -> None:
+    docs = render(overlay)
+    node = objects(docs, "StatefulSet")["node"]
+    spec = node["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["credentials"]["secret"]["secretName"] == "quiver-node-credentials"
+    assert volumes["credentials"]["secret"]["defaultMode"] == 0o440
+    assert "wait-for-credentials" in {c["name"] for c in spec["initContainers"]}
+    vllm, agent = container(node["spec"]["template"], "vllm"), container(node["spec"]["template"], "agent")
+    assert "/etc/quiver/node-credentials/$POD_NAME.key" in " ".join(vllm["command"])
+    assert "VLLM_API_KEY" not in {e["name"] for e in vllm.get("env", [])}  # from the file, never the spec
+    agent_command = " ".join(agent["command"])
+    for suffix in ("key", "token"):
+        assert f"/etc/quiver/node-credentials/$QUIVER_NODE_NAME.{suffix}" in agent_command
+    # The URLs the Job registers are the ones the agent reports (and the gateway calls).
+    module = _register_nodes_module()
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    engine_url, agent_url = module.node_urls("node-3", NAMESPACE)
+    substitute = {"$(QUIVER_NODE_NAME)": "node-3", "$(POD_NAMESPACE)": NAMESPACE}
+    for var, url in (("QUIVER_ENGINE_URL", engine_url), ("QUIVER_AGENT_URL", agent_url)):
+        value = env[var]
+        for placeholder, real in substitute.items():
+            value = value.replace(placeholder, real)
+        assert value == url, var
+    assert module.STATEFULSET == node["metadata"]["name"] and module.SERVICE == node["spec"]["serviceName"]
+
+
+def test_only_the_registration_job_talks_to_the_api_server_and_only_about_its_secret() -> None:
+    docs = render("gpu")
+    accounts = objects(docs, "ServiceAccount")
+    assert accounts["quiver"]["automountServiceAccountToken"] is False
+    for where, template in pod_templates(docs):
+        spec = template["spec"]
+        mounted = spec.get("automountServiceAccountToken",
+                           accounts[spec.get("serviceAccountName", "default")].get("automountServiceAccountToken"))
+        assert bool(mounted) == (where == "Job/register-nodes"), where
+    role = objects(docs, "Role")["quiver-registrar"]
+    assert all(rule.get("resourceNames") and set(rule["verbs"]) <= {"get", "patch"} for rule in role["rules"])
+    assert {n for rule in role["rules"] for n in rule["resourceNames"]} == {"node", "quiver-node-credentials"}
+    binding = objects(docs, "RoleBinding")["quiver-registrar"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "quiver-registrar", "namespace": NAMESPACE}]
