@@ -7,10 +7,12 @@ Runs on the PostgreSQL, Redis and S3 server named by ``DATABASE_URL``, ``REDIS_U
 ``devtools.services`` when absent), each in a fresh database / Redis db / bucket of its own, so it can run beside
 the test suite. It starts the whole data plane as separate processes, as Kubernetes would run pods:
 
-- ``web``: the control plane (REST API, node heartbeats), as the Deployment ``web``;
+- ``web``: the control plane's REST API, and ``web-internal``: its internal listener (node heartbeats), as the
+  Deployments ``web`` and ``web-internal``;
 - ``gateway-1``, ``gateway-2``: ``config.asgi`` on two ports, as two replicas of the Deployment ``gateway``;
 - ``worker-1``, ``worker-2``: Celery workers on every queue;
-- ``node-1``, ``node-2``: a CPU vLLM engine (tiny Llama) and its agent each.
+- ``node-1``, ``node-2``: a CPU vLLM engine (tiny Llama) and its agent each, registered first with
+  ``manage.py quiver_node_register`` (each gets its own key and heartbeat token).
 
 Load: ``--concurrency`` client threads send completions (the base model and two adapters, in turn) through both
 gateways. The client plays the load balancer: round-robin, and a gateway that refuses the connection is skipped
@@ -336,12 +338,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         env["DATABASE_URL"] = stack.enter_context(fresh_database(env["DATABASE_URL"]))
         env["AWS_STORAGE_BUCKET_NAME"] = stack.enter_context(fresh_bucket(env))
         env["REDIS_URL"] = env["CELERY_BROKER_URL"] = redis_db(env["REDIS_URL"], REDIS_DB)
-        node_key = secrets.token_urlsafe(32)
         env.update({
             "DJANGO_SETTINGS_MODULE": "config.settings.local",
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
             "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(48),
-            "QUIVER_NODE_KEY": node_key,
+            "QUIVER_NODE_SECRET": secrets.token_urlsafe(48),
             "QUIVER_NODE_STALE_AFTER_S": str(STALE_AFTER_S),
             "QUIVER_WARM_WAIT_S": "60",
         })
@@ -350,33 +351,41 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
         api_key = manage(env, "quiver_tenant_create", "scaleout", "--name", "Scale-out").splitlines()[-1]
 
-        ports = {name: free_port() for name in ("web", "gateway-1", "gateway-2")}
+        ports = {name: free_port() for name in ("web", "web-internal", "gateway-1", "gateway-2")}
         urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         engines: dict[str, str] = {}
-        say("starting web, 2 gateways, 2 workers, 2 vLLM CPU nodes and their agents")
+        agents: dict[str, str] = {}
+        say("registering 2 nodes; starting web, web-internal, 2 gateways, 2 workers, 2 vLLM CPU nodes, 2 agents")
         for name, port in ports.items():
-            procs.start(name, [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
-                               str(port), "--log-level", "warning"], env)
+            app = "config.internal_asgi:application" if name == "web-internal" else "config.asgi:application"
+            procs.start(name, [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+                               "--log-level", "warning"], env)
         for i in (1, 2):
+            node, agent_url = f"node-{i}", f"http://127.0.0.1:{free_port()}"
+            engine_port = free_port()
+            creds = dict(line.split("=", 1) for line in manage(
+                env, "quiver_node_register", node, "--agent-url", agent_url, "--engine-url",
+                f"http://127.0.0.1:{engine_port}", "--base-model", assets.served_name).splitlines() if "=" in line)
             procs.start(f"worker-{i}", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads",
                                         "--concurrency=2", "-Q", "celery,validation,placement",
                                         "-n", f"scaleout-{i}@%h", "--loglevel=WARNING"], env)
-            engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=free_port(), api_key=node_key)
-            engines[f"node-{i}"] = engine.url
-            procs.start(f"engine-{i}", engine_argv(engine, python=PY), engine_env(engine, env))
+            engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port,
+                                          api_key=creds["QUIVER_NODE_KEY"])
+            engines[node], agents[node] = engine.url, agent_url
+            node_env = {k: v for k, v in env.items() if k != "QUIVER_NODE_SECRET"}  # a node holds only its own pair
+            procs.start(f"engine-{i}", engine_argv(engine, python=PY), engine_env(engine, node_env))
+            agent_env = {
+                **node_env, **creds, "QUIVER_ENGINE_URL": engine.url, "QUIVER_BASE_MODEL": assets.served_name,
+                "QUIVER_NODE_CACHE_DIR": str(args.workdir / f"cache-{i}"), "QUIVER_AGENT_URL": agent_url,
+                "QUIVER_CONTROL_URL": urls["web-internal"], "QUIVER_HEARTBEAT_SECONDS": "1",
+                "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4", "QUIVER_MAX_LORA_RANK": "16"}
+            procs.start(f"agent-{i}", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1",
+                                       "--port", agent_url.rsplit(":", 1)[1], "--log-level", "warning"], agent_env)
         for name, url in urls.items():
             procs.wait_http(name, url + "/healthz", 90)
-        for i, (name, url) in enumerate(engines.items(), start=1):
-            procs.wait_http(f"engine-{i}", url + "/health", 300)
-            agent_port = free_port()
-            procs.start(f"agent-{i}", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1",
-                                       "--port", str(agent_port), "--log-level", "warning"], {
-                **env, "QUIVER_NODE_NAME": name, "QUIVER_ENGINE_URL": url,
-                "QUIVER_BASE_MODEL": assets.served_name, "QUIVER_NODE_CACHE_DIR": str(args.workdir / f"cache-{i}"),
-                "QUIVER_AGENT_URL": f"http://127.0.0.1:{agent_port}", "QUIVER_CONTROL_URL": urls["web"],
-                "QUIVER_HEARTBEAT_SECONDS": "1", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",
-                "QUIVER_MAX_LORA_RANK": "16"})
-            procs.wait_http(f"agent-{i}", f"http://127.0.0.1:{agent_port}/healthz", 60)
+        for i, node in enumerate(engines, start=1):
+            procs.wait_http(f"engine-{i}", engines[node] + "/health", 300)
+            procs.wait_http(f"agent-{i}", agents[node] + "/healthz", 60)
 
         api = stack.enter_context(httpx.Client(base_url=urls["web"], timeout=120,
                                                headers={"Authorization": f"Bearer {api_key}"}))
