@@ -191,6 +191,12 @@ def test_nodes_share_a_node_local_disk_cache_and_register_with_stable_urls(overl
     template = node["spec"]["template"]
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
     assert "emptyDir" in volumes["node-cache"] and volumes["node-cache"]["emptyDir"]["sizeLimit"]
+    # The agent's LRU budget stays under the emptyDir's limit: outgrowing it gets the pod evicted.
+    limit_gib = float(volumes["node-cache"]["emptyDir"]["sizeLimit"].removesuffix("Gi"))
+    config = objects(docs, "ConfigMap")
+    budget = next(int(c["data"]["QUIVER_NODE_CACHE_MAX_BYTES"]) for c in config.values()
+                  if "QUIVER_NODE_CACHE_MAX_BYTES" in c.get("data", {}))
+    assert 0 < budget <= 0.95 * limit_gib * 2**30, (budget, limit_gib)
     mounts = [{m["name"]: m["mountPath"] for m in container(template, c)["volumeMounts"]} for c in ("vllm", "agent")]
     assert mounts[0]["node-cache"] == mounts[1]["node-cache"]
     # The agent's settings are complete: every variable NodeSettings requires comes from env or a ConfigMap.

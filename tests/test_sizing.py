@@ -74,11 +74,9 @@ def test_every_node_plan_adds_up() -> None:
 
 def test_defaults_are_the_manifests_defaults() -> None:
     k8s = REPO_ROOT / "platform" / "k8s" / "base"
-    node = next(d for d in yaml.safe_load_all((k8s / "node.yaml").read_text()) if d["kind"] == "StatefulSet")
-    volumes = {v["name"]: v for v in node["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["node-cache"]["emptyDir"]["sizeLimit"] == f"{sizing.DISK_CACHE_GIB:g}Gi"
     kustomization = yaml.safe_load((k8s / "kustomization.yaml").read_text())
     literals = dict(item.split("=", 1) for gen in kustomization["configMapGenerator"] for item in gen["literals"])
+    assert int(literals["QUIVER_NODE_CACHE_MAX_BYTES"]) == sizing.DISK_CACHE_GIB * 2**30
     assert int(literals["QUIVER_MAX_LORAS"]) == sizing.MAX_LORAS
     assert int(literals["QUIVER_MAX_MODEL_LEN"]) == sizing.MAX_MODEL_LEN
     assert float(literals["QUIVER_GPU_MEMORY_UTILIZATION"]) == sizing.GPU_MEMORY_UTILIZATION
