@@ -173,6 +173,9 @@ def iter_archive(path: Path, *, max_members: int, max_total_bytes: int) -> Itera
     kind = _detect(path)
     budget = _Budget(max_total_bytes)
     if kind == "zip":
+        declared = zip_declared_entries(path)
+        if declared is not None:
+            _check_count(declared, max_members)  # before zipfile parses (and allocates) the central directory
         try:
             zf = zipfile.ZipFile(path)
         except _READ_ERRORS as exc:
@@ -456,6 +459,39 @@ def _tar_open(tf: tarfile.TarFile, ti: tarfile.TarInfo) -> BinaryIO:
     if f is None:  # only for non-regular members, which never get here
         raise RuntimeError(f"tar member {ti.name} has no data")
     return f  # type: ignore[return-value]
+
+
+_EOCD = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_EOCD = b"PK\x06\x06"
+
+
+def zip_declared_entries(path: Path) -> int | None:
+    """The entry count a zip declares in its end-of-central-directory record (ZIP64 included), or None when no
+    record is found (``zipfile`` then reports the corruption).
+
+    Reads at most the last 64 KiB + 22 bytes (the record plus the longest comment, APPNOTE.TXT 4.3.16) and, for
+    ZIP64, the 56-byte ZIP64 record the locator points at; never the central directory itself.
+    """
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        tail_len = min(size, 22 + 0xFFFF)
+        f.seek(size - tail_len)
+        tail = f.read(tail_len)
+        at = tail.rfind(_EOCD)
+        if at < 0 or len(tail) - at < 22:
+            return None
+        count = int.from_bytes(tail[at + 10:at + 12], "little")
+        locator = at - 20
+        if count == 0xFFFF and locator >= 0 and tail[locator:locator + 4] == _ZIP64_LOCATOR:
+            offset = int.from_bytes(tail[locator + 8:locator + 16], "little")
+            if offset + 56 <= size:
+                f.seek(offset)
+                record = f.read(56)
+                if record[:4] == _ZIP64_EOCD:
+                    count = int.from_bytes(record[32:40], "little")
+        return count
 
 
 def _check_count(count: int, max_members: int) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters_app.validation.problems import Problem, error, warning
+from adapters_app.validation.safe_regex import MAX_PATTERNS, regex_problem
 
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -391,15 +392,15 @@ def _target_modules(doc: dict[str, Any], problems: list[Problem]) -> list[str] |
         )
         return None
     if isinstance(tm, str):
-        try:
-            re.compile(tm)
-        except re.error as exc:
+        why = regex_problem(tm)
+        if why is not None:
             problems.append(
                 _err(
                     "config_invalid_field",
                     "target_modules",
-                    f"target_modules is not a valid regex ({exc}).",
-                    "Use a list of module names or a valid Python regex.",
+                    f"target_modules {why}.",
+                    "Use a list of module names (as PEFT save_pretrained writes), or a short regex without nested "
+                    "repeats such as '.*\\.(q_proj|v_proj)'.",
                 )
             )
             return None
@@ -422,15 +423,14 @@ def _exclude_modules(doc: dict[str, Any], problems: list[Problem]) -> list[str] 
     if ex is None or ex == []:
         return None
     if isinstance(ex, str):
-        try:
-            re.compile(ex)
-        except re.error as exc:
+        why = regex_problem(ex)
+        if why is not None:
             problems.append(
                 _err(
                     "config_invalid_field",
                     "exclude_modules",
-                    f"exclude_modules is not a valid regex ({exc}).",
-                    "Use a list of module names or a valid Python regex.",
+                    f"exclude_modules {why}.",
+                    "Use a list of module names, or a short regex without nested repeats.",
                 )
             )
             return None
@@ -465,16 +465,16 @@ def _pattern(doc: dict[str, Any], key: str, kind: type, problems: list[Problem])
         ok_num = _finite_positive(v)
         if kind is int:
             ok_num = ok_num and isinstance(v, int) and v <= MAX_INT
-        try:
-            re.compile(pat)
-        except re.error:
+        why = regex_problem(pat) if len(value) <= MAX_PATTERNS else f"is one of over {MAX_PATTERNS} patterns"
+        if why is not None:
             ok_num = False
         if not ok_num:
             problems.append(
                 _err(
                     "config_invalid_field",
                     key,
-                    f"{key}[{pat[:80]!r}] = {str(v)[:20]!r} is not a valid pattern and positive value.",
+                    f"{key}[{pat[:80]!r}] = {str(v)[:20]!r} is not a valid pattern and positive value"
+                    + (f": the pattern {why}." if why else "."),
                     f"Each {key} key must be a module-name regex and each value a positive "
                     f"{'integer' if kind is int else 'number'}.",
                 )

@@ -223,3 +223,22 @@ def test_zip_with_padding_bin_names_the_stray_file(tmp_path: Path) -> None:
         list(iter_archive(path, max_members=64, max_total_bytes=1 << 20))
     (problem,) = info.value.problems
     assert problem.field == "padding.bin" and "Remove padding.bin" in problem.hint
+
+
+def test_zip_entry_count_is_read_from_the_end_record_before_parsing(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from adapters_app.validation.archive import zip_declared_entries
+
+    path = tmp_path / "many.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        for i in range(70):
+            zf.writestr(f"f{i}.txt", b"")
+    assert zip_declared_entries(path) == 70
+
+    def never(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("the central directory was parsed")
+
+    monkeypatch.setattr(zipfile, "ZipFile", never)
+    with pytest.raises(UploadRejected) as info:
+        list(iter_archive(path, max_members=64, max_total_bytes=1 << 20))
+    assert info.value.problems[0].code == "archive_too_many_members"
+

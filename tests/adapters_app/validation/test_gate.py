@@ -168,3 +168,23 @@ def test_rank_disagreeing_with_tensors_is_not_called_a_base_model_mismatch(
     assert "do not match" not in report.facts["base_model_decision"]
     assert all("do not match" not in p.message for p in report.problems)
     assert "ranks disagree with adapter_config.json" in report.facts["base_model_decision"]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("target_modules", "(a+)+$"), ("target_modules", "(\\w)\\1"), ("exclude_modules", "(q|qq)*_proj"),
+    ("target_modules", ".*a" * 5 + "q_proj"), ("target_modules", "x" * 1100),
+    ("rank_pattern", {"(.*)+q_proj": 4}),
+])
+def test_explosive_regexes_are_refused(tmp_path: Path, base, limits, field: str, value: object) -> None:  # type: ignore[no-untyped-def]
+    config = peft_config(BASE_NAME)
+    config[field] = value
+    root = write_adapter(tmp_path / "a", config, lora_tensors(base))
+    report = validate_adapter_dir(root, base=base, limits=limits)  # refused before any pattern is matched
+    problems = [p for p in report.problems if p.code == "config_invalid_field" and p.field == field]
+    assert problems, report.codes
+
+
+def test_ordinary_peft_regexes_pass(tmp_path: Path, base, limits) -> None:  # type: ignore[no-untyped-def]
+    config = peft_config(BASE_NAME, target_modules=r".*\.(q_proj|v_proj)")
+    root = write_adapter(tmp_path / "a", config, lora_tensors(base))
+    assert validate_adapter_dir(root, base=base, limits=limits).ok
