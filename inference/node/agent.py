@@ -10,6 +10,7 @@ Routes (a fixed contract with the control plane):
 - `POST /v1/adapters/unload` `{"lora_name", "purge"}` -> `{"lora_name", "tier": "staged"}` (`"cold"` with purge)
 - `POST /v1/adapters/pin` `{"lora_name"}` -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned": true}`
 - `GET /v1/state` -> see `NodeAgent.state`
+- `GET /metrics` (no auth) -> Prometheus gauges of residency per tier (`inference.node.residency_metrics`)
 - `GET /healthz` (no auth) -> 200 `{"status": "ok"}` when the engine's `/health` answers, else 503.
 """
 
@@ -29,12 +30,13 @@ import httpx
 from botocore.config import Config
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from inference.node import residency_metrics
 from inference.node.cache import AdapterCache, FileSpec
 from inference.node.config import ConfigError, NodeSettings
 from inference.node.engine_client import EngineHTTPClient
@@ -208,6 +210,12 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
     @app.get("/v1/state", dependencies=auth)
     async def state(request: Request) -> dict[str, Any]:
         return await agent_of(request).state()
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        # Aggregates only (no adapter names), so Prometheus scrapes it without the node key, like /healthz.
+        return Response(residency_metrics.render(await agent_of(request).state()),
+                        media_type=residency_metrics.CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

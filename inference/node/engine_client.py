@@ -85,6 +85,14 @@ class EngineHTTPClient:
         """`POST /quiver/v1/pin_lora`; 404 `lora_not_found` / 409 `pin_failed` raise EngineError."""
         return await self._json("POST", "/quiver/v1/pin_lora", {"lora_name": lora_name})
 
+    async def loras_report(self) -> dict[str, Any]:
+        """`GET /quiver/v1/loras` in full: `{"loras": [...], "engine_lora_int_ids", "residency"}`.
+
+        Raises:
+            EngineError: on any error answer or when unreachable.
+        """
+        return await self._json("GET", "/quiver/v1/loras")
+
     async def list_loras(self) -> list[dict[str, Any]]:
         """`GET /quiver/v1/loras` -> `[{"lora_name", "lora_int_id", "lora_path", "pinned", "in_engine"}]`."""
         body = await self._json("GET", "/quiver/v1/loras")

@@ -210,30 +210,61 @@ async def remove_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     return {"lora_name": lora_name, "lora_int_id": existing.lora_int_id}
 
 
+async def engine_residency(state: Any) -> dict[str, Any] | None:
+    """The engine's own LoRA lists, read in its worker (``inference.node.worker_ext``) through ``collective_rpc``.
+
+    Returns:
+        Worker 0's ``quiver_lora_residency()`` (``gpu``, ``cpu``, ``pinned``, ``bytes``, ``slot_bytes``, …), or None
+        when the worker extension is not mounted or the call fails (the caller falls back to ``list_loras``).
+    """
+    try:
+        answers = await state.engine_client.collective_rpc("quiver_lora_residency")
+    except Exception as exc:  # extension not mounted (AttributeError in the worker) or engine trouble
+        logger.warning("engine_ext.residency_unavailable", extra={"error": str(exc)})
+        return None
+    if not answers or not isinstance(answers[0], dict) or not answers[0].get("enabled"):
+        return None
+    return answers[0]
+
+
 async def list_loras(state: Any) -> dict[str, Any]:
-    """Describe the served adapters.
+    """Describe the served adapters and where each one is in the engine.
 
     Args:
         state: the API server's `app.state`.
 
     Returns:
-        `{"loras": [{"lora_name", "lora_int_id", "lora_path", "pinned", "in_engine"}],
-        "engine_lora_int_ids": [int]}`; `in_engine` means the id is in the engine's CPU cache
-        (`list_loras`); a served adapter that LRU evicted is re-read from `lora_path` on its next request.
+        `{"loras": [{"lora_name", "lora_int_id", "lora_path", "pinned", "in_engine", "tier", "bytes"}],
+        "engine_lora_int_ids": [int], "residency": {...} | None}`; `engine_lora_int_ids` is the engine's own
+        `list_loras()` (its CPU cache). `tier` is `gpu` (in one of the `max_loras`
+        slots), `cpu` (in the engine's CPU cache only) or `disk` (served by name; the engine's LRU dropped it, so
+        its next request reloads it from `lora_path`); `bytes` is its CPU copy's size (0 when not in the engine).
+        `residency` is the worker's own lists (`engine_residency`); without it, `tier` is `cpu` for every id in
+        `list_loras` and GPU cannot be told apart.
     """
-    in_engine = {int(i) for i in await state.engine_client.list_loras()}
-    pinned = _pinned(state)
-    loras = [
-        {
+    residency = await engine_residency(state)
+    listed = {int(i) for i in await state.engine_client.list_loras()}
+    if residency is not None:
+        in_engine = set(residency["cpu"])
+        gpu = set(residency["gpu"])
+        sizes = {int(k): int(v) for k, v in residency["bytes"].items()}
+        pinned = set(residency["pinned"])
+    else:
+        in_engine, gpu, sizes, pinned = listed, set(), {}, _pinned(state)
+    loras = []
+    for req in state.openai_serving_models.lora_requests.values():
+        lora_id = req.lora_int_id
+        tier = "gpu" if lora_id in gpu else ("cpu" if lora_id in in_engine else "disk")
+        loras.append({
             "lora_name": req.lora_name,
-            "lora_int_id": req.lora_int_id,
+            "lora_int_id": lora_id,
             "lora_path": req.lora_path,
-            "pinned": req.lora_int_id in pinned,
-            "in_engine": req.lora_int_id in in_engine,
-        }
-        for req in state.openai_serving_models.lora_requests.values()
-    ]
-    return {"loras": loras, "engine_lora_int_ids": sorted(in_engine)}
+            "pinned": lora_id in pinned or lora_id in _pinned(state),
+            "in_engine": lora_id in in_engine,
+            "tier": tier,
+            "bytes": sizes.get(lora_id, 0),
+        })
+    return {"loras": loras, "engine_lora_int_ids": sorted(listed), "residency": residency}
 
 
 _POST_ROUTES = {"add_lora": add_lora, "remove_lora": remove_lora, "pin_lora": pin_lora}

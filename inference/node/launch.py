@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENGINE_EXTENSION = "inference.node.engine_ext.QuiverEngineExtension"
+# Mixed into vLLM's worker: residency read from the LoRA manager itself, over collective_rpc.
+WORKER_EXTENSION = "inference.node.worker_ext.QuiverWorkerExtension"
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ def engine_argv(config: EngineConfig, python: str | None = None) -> list[str]:
         "--max-model-len", str(config.max_model_len),
         "--max-num-seqs", str(config.max_num_seqs),
         "--middleware", ENGINE_EXTENSION,
+        "--worker-extension-cls", WORKER_EXTENSION,
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
 

@@ -1,9 +1,11 @@
 """The node agent's operations: stage + load, unload, pin, and the state report.
 
-Residency words (shared/notes/conventions.md, Vocabulary): `staged` = complete on this node's disk but not
-in the engine's CPU cache (never loaded, unloaded, or evicted by the engine's LRU); `warm` = in the engine's
-CPU cache (`add_lora` done, id in `list_loras`); `hot` = served with a request in flight (named in
-`vllm:lora_requests_info`).
+Residency words (shared/notes/conventions.md, Vocabulary), read from the engine's own LoRA manager
+(`inference.node.worker_ext`, through `engine_ext`): `hot` = in one of the `max_loras` GPU slots; `warm` = in the
+engine's CPU cache only (`max_cpu_loras`); `staged` = complete on this node's disk but not in the engine (never
+loaded, unloaded, or evicted by the engine's LRU); `errored` = its last load here failed. Without the worker
+extension the agent falls back to the old signal (`hot` = a request in flight, `vllm:lora_requests_info`) and says
+so in `residency.source`.
 """
 
 from __future__ import annotations
@@ -64,13 +66,19 @@ class LoadResult:
         }
 
 
+ENGINE_TIER_WORD = {"gpu": "hot", "cpu": "warm", "disk": "staged"}
+
+
 def _tier(lora: dict[str, Any], hot: set[str]) -> str:
     """Residency of a served adapter.
 
-    `hot` if a request is in flight; `warm` if in the engine's CPU cache; else `staged`: the engine's LRU
-    (`max_cpu_loras`, `LRUCacheWorkerLoRAManager.add_adapter` in `vllm/lora/worker_manager.py`) evicted
-    it, and the name stays served, but its next request reloads it from disk.
+    From the engine's lists when the extension reports them (`tier` = `gpu`/`cpu`/`disk`). Otherwise `hot` if a
+    request is in flight; `warm` if in the engine's CPU cache; else `staged`: the engine's LRU (`max_cpu_loras`,
+    `LRUCacheWorkerLoRAManager.add_adapter` in `vllm/lora/worker_manager.py`) evicted it, and the name stays
+    served, but its next request reloads it from disk.
     """
+    if lora.get("tier") in ENGINE_TIER_WORD:
+        return ENGINE_TIER_WORD[lora["tier"]]
     if lora["lora_name"] in hot:
         return "hot"
     return "warm" if lora["in_engine"] else "staged"
@@ -91,6 +99,8 @@ class NodeAgent:
         self.engine = engine
         # One in-flight operation per lora_name: concurrent loads of one adapter must not race on disk.
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # lora_name -> (lora_int_id, error code) of its last failed load here; cleared by a good load or unload.
+        self.errored: dict[str, tuple[int, str]] = {}
 
     async def load(
         self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool
@@ -114,12 +124,16 @@ class NodeAgent:
                     "agent.stage_failed",
                     extra={"lora_name": lora_name, "lora_int_id": lora_int_id, "code": exc.code},
                 )
+                self.errored[lora_name] = (lora_int_id, exc.code)
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
             started = time.perf_counter()
             try:
                 result = await self._add(lora_name, lora_int_id, str(staged.path), pin)
             except EngineError as exc:
+                if exc.code != "engine_unavailable":
+                    self.errored[lora_name] = (lora_int_id, exc.code)
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
+            self.errored.pop(lora_name, None)
             load_ms = (time.perf_counter() - started) * 1000.0
         await self._enforce_budget({(lora_name, lora_int_id)})
         logger.info(
@@ -179,6 +193,7 @@ class NodeAgent:
                     raise AgentError(
                         404, "lora_not_found", f"'{lora_name}' is neither loaded nor staged"
                     ) from exc
+            self.errored.pop(lora_name, None)
             if purge:
                 await asyncio.to_thread(self.cache.remove, lora_name)
         logger.info("agent.unloaded", extra={"lora_name": lora_name, "purge": purge})
@@ -215,16 +230,25 @@ class NodeAgent:
 
         Returns:
             `{"node", "healthy", "base_model", "engine_url", "agent_url", "max_loras", "max_cpu_loras",
-            "max_lora_rank", "adapters": [{"lora_name", "lora_int_id", "tier", "pinned", "served"}],
-            "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
-            "num_preemptions_total"}`; engine figures are null when the engine cannot be read.
+            "max_lora_rank", "adapters": [{"lora_name", "lora_int_id", "tier", "pinned", "served", "bytes"}],
+            "residency": {"source", "gpu", "cpu", "disk", "errored", "pinned", "gpu_bytes", "cpu_bytes",
+            "disk_bytes", "gpu_slot_bytes"}, "kv_cache_usage_perc", "num_requests_running",
+            "num_requests_waiting", "num_preemptions_total"}`. Tiers are the DB words (`hot` = GPU slot, `warm` =
+            CPU cache only, `staged` = disk, `errored`); `residency` counts adapters per tier (`cpu` excludes the
+            GPU-resident ones), `gpu_bytes` = GPU residents × the rank-padded slot size, `cpu_bytes` = every CPU
+            copy (vLLM keeps one for GPU residents too), `disk_bytes` = staged files; `source` is `engine` when
+            the worker's own lists were read, `activity` when the agent fell back to in-flight requests. Engine
+            figures are null when the engine cannot be read.
         """
         healthy = await self.engine.health()
         served: list[dict[str, Any]] = []
+        engine_residency: dict[str, Any] | None = None
         metrics: EngineMetrics | None = None
         if healthy:
             try:
-                served = await self.engine.list_loras()
+                report = await self.engine.loras_report()
+                served = list(report.get("loras", []))
+                engine_residency = report.get("residency")
             except EngineError as exc:
                 logger.warning("agent.list_loras_failed", extra={"error": exc.detail})
                 healthy = False
@@ -241,9 +265,12 @@ class NodeAgent:
                     "tier": _tier(lora, hot),
                     "pinned": bool(lora["pinned"]),
                     "served": True,
+                    "bytes": int(lora.get("bytes") or 0),
                 }
             )
         staged = await asyncio.to_thread(self.cache.staged)
+        disk_bytes = await asyncio.to_thread(lambda: {(e.lora_name, e.lora_int_id): _dir_bytes(e.path) for e in staged})
+        served_names = {name for name, _ in served_keys}
         for entry in staged:
             if (entry.lora_name, entry.lora_int_id) not in served_keys:
                 adapters.append(
@@ -253,8 +280,14 @@ class NodeAgent:
                         "tier": "staged",
                         "pinned": False,
                         "served": False,
+                        "bytes": disk_bytes[(entry.lora_name, entry.lora_int_id)],
                     }
                 )
+        for name, (lora_int_id, code) in self.errored.items():
+            if name not in served_names:
+                adapters = [a for a in adapters if a["lora_name"] != name]
+                adapters.append({"lora_name": name, "lora_int_id": lora_int_id, "tier": "errored",
+                                 "pinned": False, "served": False, "bytes": 0, "error_code": code})
         adapters.sort(key=lambda a: (a["lora_name"], a["lora_int_id"]))
         s = self.settings
         return {
@@ -267,8 +300,38 @@ class NodeAgent:
             "max_cpu_loras": s.max_cpu_loras,
             "max_lora_rank": s.max_lora_rank,
             "adapters": adapters,
+            "residency": residency_summary(adapters, engine_residency, sum(disk_bytes.values())),
             "kv_cache_usage_perc": metrics.kv_cache_usage_perc if metrics else None,
             "num_requests_running": metrics.num_requests_running if metrics else None,
             "num_requests_waiting": metrics.num_requests_waiting if metrics else None,
             "num_preemptions_total": metrics.num_preemptions_total if metrics else None,
         }
+
+
+def _dir_bytes(path: Any) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def residency_summary(adapters: list[dict[str, Any]], engine: dict[str, Any] | None, disk_bytes: int) -> dict[str, Any]:
+    """Counts and bytes per tier for the state report (see `NodeAgent.state`).
+
+    Args:
+        adapters: the report's adapter entries.
+        engine: the worker's residency (`engine_ext.engine_residency`), None when unavailable.
+        disk_bytes: bytes of every staged version on this node's disk.
+    """
+    tiers = [a["tier"] for a in adapters]
+    slot_bytes = int(engine.get("slot_bytes", 0)) if engine else 0
+    gpu = tiers.count("hot")
+    return {
+        "source": "engine" if engine is not None else "activity",
+        "gpu": gpu,
+        "cpu": tiers.count("warm"),
+        "disk": tiers.count("staged"),
+        "errored": tiers.count("errored"),
+        "pinned": sum(1 for a in adapters if a["pinned"]),
+        "gpu_bytes": gpu * slot_bytes,
+        "cpu_bytes": sum(int(v) for v in engine.get("bytes", {}).values()) if engine else 0,
+        "disk_bytes": disk_bytes,
+        "gpu_slot_bytes": slot_bytes,
+    }

@@ -79,9 +79,12 @@ def upload(s3_server: S3Server) -> Upload:
 
 
 def _state_adapters(agent: TestClient) -> list[dict[str, Any]]:
+    """The state's adapters without their sizes (checked where they matter)."""
     response = agent.get("/v1/state")
     assert response.status_code == 200
-    return response.json()["adapters"]  # type: ignore[no-any-return]
+    adapters = response.json()["adapters"]
+    assert all(isinstance(a["bytes"], int) and a["bytes"] >= 0 for a in adapters)
+    return [{k: v for k, v in a.items() if k != "bytes"} for a in adapters]
 
 
 def test_load_stages_verified_files_and_serves_the_adapter(
@@ -115,9 +118,11 @@ def test_load_stages_verified_files_and_serves_the_adapter(
         headers=clean_vllm_engine.headers,
     )
     assert completion.status_code == 200
+    # The request activated it: it now sits in a GPU slot (the engine's own lists, not request activity).
     assert _state_adapters(agent) == [
-        {"lora_name": "acme--bot", "lora_int_id": 31, "tier": "warm", "pinned": False, "served": True}
+        {"lora_name": "acme--bot", "lora_int_id": 31, "tier": "hot", "pinned": False, "served": True}
     ]
+    assert agent.get("/v1/state").json()["adapters"][0]["bytes"] > 0
 
 
 def test_load_is_idempotent_and_reuses_the_disk_copy(
@@ -135,7 +140,7 @@ def test_load_is_idempotent_and_reuses_the_disk_copy(
     assert set(second.json()) == {"lora_name", "lora_int_id", "tier", "pinned", "download_ms", "load_ms"}
     assert second.json()["pinned"] is True
     assert _state_adapters(agent) == [
-        {"lora_name": "acme--idem", "lora_int_id": 32, "tier": "warm", "pinned": True, "served": True}
+        {"lora_name": "acme--idem", "lora_int_id": 32, "tier": "hot", "pinned": True, "served": True}
     ]
 
 
@@ -153,7 +158,8 @@ def test_sha256_mismatch_deletes_the_download_and_loads_nothing(
     assert response.json()["code"] == "sha256_mismatch"
     folder = settings.cache_dir / "acme--bad" / "33"
     assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json"]  # no bad file, no temp file
-    assert _state_adapters(agent) == []
+    assert _state_adapters(agent) == [{"lora_name": "acme--bad", "lora_int_id": 33, "tier": "errored",
+                                       "pinned": False, "served": False, "error_code": "sha256_mismatch"}]
 
 
 def test_missing_s3_object(agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path]) -> None:
@@ -233,7 +239,7 @@ def test_new_version_under_the_same_name_swaps_ids(
     assert swapped.status_code == 200 and swapped.json()["lora_int_id"] == 42
     assert _state_adapters(agent) == [
         {"lora_name": "acme--v", "lora_int_id": 41, "tier": "staged", "pinned": False, "served": False},
-        {"lora_name": "acme--v", "lora_int_id": 42, "tier": "warm", "pinned": False, "served": True},
+        {"lora_name": "acme--v", "lora_int_id": 42, "tier": "hot", "pinned": False, "served": True},
     ]
 
 
@@ -262,7 +268,7 @@ def test_state_reports_node_and_engine_figures_and_hot_adapters(
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and seen_hot is None:
         state = agent.get("/v1/state").json()
-        if state["adapters"] and state["adapters"][0]["tier"] == "hot":
+        if state["adapters"] and state["adapters"][0]["tier"] == "hot" and state["num_requests_running"]:
             seen_hot = state
         time.sleep(0.1)
     long_request.join()
@@ -381,8 +387,18 @@ def test_lru_eviction_past_max_cpu_loras_reports_staged(
 
     tiers = {a["lora_name"]: (a["tier"], a["served"]) for a in _state_adapters(agent)}
 
-    # The oldest fell out of the engine's CPU cache (LRU) but its name is still served; the others are resident.
-    assert tiers == {f"acme--lru{i}": ("staged" if i == 0 else "warm", True) for i in range(count)}
+    # The oldest fell out of the engine's CPU cache (LRU) but its name is still served; the others are resident,
+    # the last two loaded in the GPU slots (add_lora activates), the rest in the CPU cache only.
+    slots = clean_vllm_engine.max_loras
+    assert tiers == {f"acme--lru{i}": ("staged" if i == 0 else "hot" if i >= count - slots else "warm", True)
+                     for i in range(count)}
+    residency = agent.get("/v1/state").json()["residency"]
+    assert {k: residency[k] for k in ("source", "gpu", "cpu", "disk", "errored", "pinned")} == {
+        "source": "engine", "gpu": slots, "cpu": count - 1 - slots, "disk": 1, "errored": 0, "pinned": 0}
+    assert residency["cpu_bytes"] > 0 and residency["disk_bytes"] > 0 and residency["gpu_slot_bytes"] > 0
+    scrape = agent.get("/metrics", headers={"Authorization": ""})  # Prometheus needs no node key: aggregates only
+    assert scrape.status_code == 200
+    assert f'quiver_node_lora_adapters{{tier="gpu"}} {float(slots)}' in scrape.text
     # Still served: a request reloads it from its staged path.
     completion = httpx.post(
         clean_vllm_engine.url + "/v1/completions",
@@ -390,3 +406,28 @@ def test_lru_eviction_past_max_cpu_loras_reports_staged(
         headers=clean_vllm_engine.headers,
     )
     assert completion.status_code == 200
+
+
+def test_failed_load_is_reported_errored_until_a_good_load(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    config = json.loads((tiny_adapters["qv-r8"] / "adapter_config.json").read_text())
+    folder = tmp_path / "too-big"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 32}))
+    (folder / "adapter_model.safetensors").write_bytes(
+        (tiny_adapters["qv-r8"] / "adapter_model.safetensors").read_bytes()
+    )
+    bad = agent.post("/v1/adapters/load", json={"lora_name": "acme--err", "lora_int_id": 61, "files": upload(folder)})
+    assert bad.status_code == 422
+
+    state = agent.get("/v1/state").json()
+    errored = [a for a in state["adapters"] if a["lora_name"] == "acme--err"]
+    assert [(a["tier"], a["error_code"]) for a in errored] == [("errored", "engine_load_failed")]
+    assert state["residency"]["errored"] == 1
+
+    good = agent.post("/v1/adapters/load",
+                      json={"lora_name": "acme--err", "lora_int_id": 62, "files": upload(tiny_adapters["qv-r8"])})
+    assert good.status_code == 200
+    tiers = {(a["lora_int_id"], a["tier"]) for a in _state_adapters(agent) if a["lora_name"] == "acme--err"}
+    assert (62, "hot") in tiers and not any(t == "errored" for _, t in tiers)

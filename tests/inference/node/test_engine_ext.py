@@ -15,6 +15,7 @@ import torch
 from peft import PeftModel
 
 from demo.tiny_model import load_base
+from inference.fleet.engine_model import LoRAEngineModel
 from tests.fixtures.vllm import RunningEngine
 
 PROMPTS = ["the red cat sees", "one big dog runs and", "a king reads the book", "blue river"]
@@ -119,8 +120,11 @@ def test_add_lora_uses_the_given_id_and_serves_the_name(
             "lora_path": str(tiny_adapters["qv-r8"]),
             "pinned": True,
             "in_engine": True,
+            "tier": "gpu",  # pin_lora activates into a GPU slot (vllm#5603)
+            "bytes": listing["residency"]["bytes"]["4242"],
         }
     ]
+    assert listing["residency"]["bytes"]["4242"] > 0
     models = {m["id"]: m for m in engine_http.get("/v1/models").json()["data"]}
     assert models["acme--support"]["parent"] == "tiny-llama"
     completion = engine_http.post(
@@ -161,7 +165,8 @@ def test_remove_lora_frees_the_engine_slot_and_the_name(
 
     assert removed.status_code == 200 and removed.json() == {"lora_name": "acme--gone", "lora_int_id": 77}
     listing = engine_http.get("/quiver/v1/loras").json()
-    assert listing == {"loras": [], "engine_lora_int_ids": []}
+    assert (listing["loras"], listing["engine_lora_int_ids"]) == ([], [])
+    assert (listing["residency"]["gpu"], listing["residency"]["cpu"], listing["residency"]["pinned"]) == ([], [], [])
     completion = engine_http.post(
         "/v1/completions", json={"model": "acme--gone", "prompt": "the", "max_tokens": 2}
     )
@@ -196,3 +201,34 @@ def test_node_key_guards_quiver_and_stock_lora_routes(clean_vllm_engine: Running
     assert stock.status_code == 401
     assert httpx.get(url + "/v1/models").status_code == 401
     assert httpx.get(url + "/health").status_code == 200
+
+
+def test_residency_is_the_engines_own_gpu_and_cpu_lists(
+    engine_http: httpx.Client, clean_vllm_engine: RunningEngine, tiny_adapters: dict[str, Path]
+) -> None:
+    """The reported GPU/CPU split is vLLM's LoRA manager's, and matches ``inference.fleet``'s model of its LRUs."""
+    model = LoRAEngineModel(clean_vllm_engine.max_loras, clean_vllm_engine.max_cpu_loras)
+    ids = {f"acme--res{i}": 900 + i for i in range(3)}
+    for name, lora_id in ids.items():
+        assert _add(engine_http, name, lora_id, tiny_adapters["qv-r8"]).status_code == 200
+        model.add_lora(lora_id)
+    for name, lora_id in ids.items():  # one request each, in turn: each activates into a GPU slot
+        done = engine_http.post("/v1/completions", json={"model": name, "prompt": "the", "max_tokens": 1})
+        assert done.status_code == 200
+        model.activate(lora_id)
+
+    listing = engine_http.get("/quiver/v1/loras").json()
+    residency = listing["residency"]
+    assert residency["cpu"] == listing["engine_lora_int_ids"] == sorted(model.cpu)  # the engine's own list
+    assert sorted(residency["gpu"]) == sorted(model.gpu) == [901, 902]  # the LRU one (900) lost its slot
+    assert (residency["max_loras"], residency["max_cpu_loras"]) == (2, 4)
+    assert residency["slot_bytes"] > 0
+    tiers = {lora["lora_int_id"]: lora["tier"] for lora in listing["loras"]}
+    assert tiers == {900: "cpu", 901: "gpu", 902: "gpu"}
+
+    # A pin takes a GPU slot (the LRU active adapter leaves it) and shows in the engine's pinned set.
+    assert engine_http.post("/quiver/v1/pin_lora", json={"lora_name": "acme--res0"}).status_code == 200
+    model.pin_lora(900)
+    after = engine_http.get("/quiver/v1/loras").json()["residency"]
+    assert after["pinned"] == [900]
+    assert sorted(after["gpu"]) == sorted(model.gpu)

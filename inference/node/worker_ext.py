@@ -1,0 +1,77 @@
+"""A vLLM worker extension that reports the engine's true LoRA residency (GPU slots vs CPU cache).
+
+Mounted with ``--worker-extension-cls inference.node.worker_ext.QuiverWorkerExtension`` (vLLM mixes the class into
+its worker: ``vllm/v1/worker/worker_base.py``), so the API-server process can ask every worker through the engine's
+own RPC: ``await engine_client.collective_rpc("quiver_lora_residency")``. The lists are the LoRA manager's own
+(``vllm/lora/model_manager.py``, ``LRUCacheLoRAModelManager``): ``_active_adapters`` = the ``max_loras`` GPU slots,
+``_registered_adapters`` = the ``max_cpu_loras`` CPU cache, ``pinned_items`` of the latter = pins
+(shared/notes/fleet.md §1, §7.1). Engine metrics only show adapters with requests in flight (vllm#45325), so this is
+the one source that tells an idle GPU-resident adapter from one that was dropped to disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _tensor_bytes(tensor: Any) -> int:
+    if tensor is None:
+        return 0
+    if isinstance(tensor, list | tuple):
+        return sum(_tensor_bytes(t) for t in tensor)
+    return int(tensor.numel()) * int(tensor.element_size())
+
+
+def _adapter_bytes(lora_model: Any) -> int:
+    """Bytes of one registered adapter's CPU copy (``LoRAModel.loras``: ``lora_a``/``lora_b`` per module)."""
+    return sum(_tensor_bytes(w.lora_a) + _tensor_bytes(w.lora_b) for w in getattr(lora_model, "loras", {}).values())
+
+
+def _slot_bytes(manager: Any) -> int:
+    """Bytes of one GPU slot: every wrapped module's ``lora_a_stacked``/``lora_b_stacked`` buffers, which vLLM
+    preallocates at ``max_lora_rank`` for ``max_loras`` slots, divided by the slot count (so it is rank-padded)."""
+    total = 0
+    for module in getattr(manager, "modules", {}).values():
+        total += _tensor_bytes(getattr(module, "lora_a_stacked", None))
+        total += _tensor_bytes(getattr(module, "lora_b_stacked", None))
+    slots = int(getattr(manager, "lora_slots", 0) or 0)
+    return total // slots if slots else 0
+
+
+def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
+    """Read one worker's LoRA manager.
+
+    Args:
+        worker_lora_manager: the worker's ``LRUCacheWorkerLoRAManager`` (``model_runner.lora_manager``).
+
+    Returns:
+        ``{"gpu": [lora_int_id], "cpu": [lora_int_id], "pinned": [lora_int_id], "max_loras": int,
+        "max_cpu_loras": int, "slot_bytes": int, "bytes": {lora_int_id: int}}``: ``gpu`` in slot order (``None``
+        slots skipped), ``cpu`` every registered id (GPU residents included, as in vLLM), sorted; ``bytes`` per
+        registered adapter's CPU copy.
+    """
+    manager = worker_lora_manager._adapter_manager
+    registered = manager._registered_adapters
+    gpu = [i for i in manager.lora_index_to_id if i is not None and i in manager._active_adapters]
+    return {
+        "gpu": gpu,
+        "cpu": sorted(int(i) for i in registered),
+        "pinned": sorted(int(i) for i in getattr(registered, "pinned_items", ())),
+        "max_loras": int(manager.lora_slots),
+        "max_cpu_loras": int(manager.capacity),
+        "slot_bytes": _slot_bytes(manager),
+        # ``.cache`` reads without touching the LRU order (``registered[i]`` would refresh it).
+        "bytes": {int(i): _adapter_bytes(registered.cache[i]) for i in registered},
+    }
+
+
+class QuiverWorkerExtension:
+    """Mixed into vLLM's worker; its methods are reachable through ``collective_rpc`` by name."""
+
+    def quiver_lora_residency(self) -> dict[str, Any]:
+        """This worker's residency (see ``lora_residency``); ``{"enabled": False}`` when LoRA is off."""
+        runner = getattr(self, "model_runner", None)
+        manager = getattr(runner, "lora_manager", None)
+        if manager is None:
+            return {"enabled": False}
+        return {"enabled": True, **lora_residency(manager)}
