@@ -20,6 +20,10 @@ MAX_ADAPTERS = 10_000
 # (num_preemptions_total is a Prometheus counter, a float: the generic non-negative rule covers it.)
 COUNTS = ("max_loras", "max_cpu_loras", "max_lora_rank", "num_requests_running", "num_requests_waiting")
 FRACTIONS = ("kv_cache_usage_perc",)
+# Counts land in PostgreSQL integer columns: anything past int4 would fail the write (a 500) instead of a 400.
+MAX_COUNT = 2**31 - 1
+# Echoed by the agent and compared with the registry (inference.gateway.nodes): strings or absent.
+STRINGS = ("agent_url", "engine_url", "base_model")
 
 
 class HeartbeatInvalid(ValueError):
@@ -66,8 +70,8 @@ def heartbeat_parse(state: Any, *, tiers: Collection[str]) -> tuple[dict[str, An
         ``(state, adapters)``: the body as a dict, and each adapter entry parsed.
 
     Raises:
-        HeartbeatInvalid: not an object; ``node`` not a string; ``healthy`` not a boolean; a count that is not an
-            integer >= 0; ``kv_cache_usage_perc`` outside [0, 1]; any other top-level number negative or not finite;
+        HeartbeatInvalid: not an object; ``node`` not a string; ``agent_url``, ``engine_url`` or ``base_model``
+            present but not a string; ``healthy`` not a boolean; a count that is not an integer in [0, 2**31 - 1]; ``kv_cache_usage_perc`` outside [0, 1]; any other top-level number negative or not finite;
             ``adapters`` not a list, longer than 10,000, or an entry with a bad ``lora_name``, ``lora_int_id`` < 1,
             an unknown ``tier``, non-boolean ``pinned``/``served``, or a duplicate ``lora_int_id``.
     """
@@ -77,8 +81,13 @@ def heartbeat_parse(state: Any, *, tiers: Collection[str]) -> tuple[dict[str, An
         raise HeartbeatInvalid("node", "must be the node's name")
     if not isinstance(state.get("healthy", False), bool):
         raise HeartbeatInvalid("healthy", "must be true or false")
+    for field in STRINGS:
+        if state.get(field) is not None and not isinstance(state[field], str):
+            raise HeartbeatInvalid(field, f"must be a string or null, got {type(state[field]).__name__}")
     for field in COUNTS:
         _non_negative(field, state.get(field), integer=True)
+        if (state.get(field) or 0) > MAX_COUNT:
+            raise HeartbeatInvalid(field, f"must be at most {MAX_COUNT}, got {state[field]!r}")
     for field in FRACTIONS:
         value = state.get(field)
         _non_negative(field, value, integer=False)

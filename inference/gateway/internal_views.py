@@ -26,7 +26,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     token = bearer_token(request.headers.get("Authorization", "")) or ""
     try:
         body = json.loads(request.body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested past the parser's depth
         body = None  # refused as 400 once the token is checked
     try:
         node = node_heartbeat_accept(token=token, body=body)

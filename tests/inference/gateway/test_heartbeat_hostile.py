@@ -1,0 +1,57 @@
+"""Hostile heartbeats from a node holding a valid token: wrong types, figures past the database's range, deep JSON.
+
+Each is a 400 naming the field (never a 500) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client, override_settings
+
+from inference.gateway.models import Node
+from inference.gateway.nodes import node_register
+
+pytestmark = pytest.mark.django_db
+URL = "/internal/v1/nodes/heartbeat"
+
+
+@pytest.fixture
+def token(base_model: Any) -> str:
+    _, creds = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
+                             base_model_name="tiny-llama")
+    return creds.token
+
+
+@pytest.fixture
+def internal() -> Any:
+    with override_settings(ROOT_URLCONF="config.internal_urls"):
+        yield Client(raise_request_exception=False)
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"agent_url": 5}, "agent_url"),
+    ({"engine_url": ["http://evil:8000"]}, "engine_url"),
+    ({"base_model": {"name": "tiny-llama"}}, "base_model"),
+    ({"max_loras": 10**30}, "max_loras"),
+    ({"num_requests_running": 2**63}, "num_requests_running"),
+    ({"max_lora_rank": 2**31}, "max_lora_rank"),
+])
+def test_bad_field_is_a_400_naming_it_and_changes_nothing(internal: Client, token: str, extra: dict[str, Any],
+                                                          field: str) -> None:
+    before = list(Node.objects.values())
+    resp = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, **extra}),
+                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["code"] == "invalid" and field in resp.json()["detail"]
+    assert list(Node.objects.values()) == before
+
+
+@pytest.mark.parametrize("auth", ["valid", "bogus"])
+def test_deeply_nested_json_is_a_400(internal: Client, token: str, auth: str) -> None:
+    header = f"Bearer {token}" if auth == "valid" else "Bearer qvn_n1.forged"
+    resp = internal.post(URL, data=b"[" * 100_000 + b"]" * 100_000, content_type="application/json",
+                         HTTP_AUTHORIZATION=header)
+    assert resp.status_code == (400 if auth == "valid" else 401), resp.content
