@@ -271,7 +271,11 @@ def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
 
 
 def test_prometheus_scrapes_web_gateway_and_nodes() -> None:
-    for where, template in pod_templates(render("gpu")):
+    docs = render("gpu")
+    agent_port = objects(docs, "Service")["node"]["metadata"]["annotations"]["prometheus.io/port"]
+    assert {"containerPort": int(agent_port), "name": "agent"} in container(
+        objects(docs, "StatefulSet")["node"]["spec"]["template"], "agent")["ports"]
+    for where, template in pod_templates(docs):
         notes = template["metadata"].get("annotations", {})
         if any(where.endswith(f"/{n}") for n in ("web", "gateway", "node")):
             assert notes["prometheus.io/scrape"] == "true", where
