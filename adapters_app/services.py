@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from adapters_app import storage
@@ -95,12 +95,6 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
     if BaseModel.objects.filter(base_model_name=name).exists():
         raise QuiverError(f"'{name}' is a base model's name; choose another adapter name.",
                           code="adapter_name_reserved", status_code=409)
-    if Adapter.objects.filter(tenant=tenant).count() >= tenant.max_adapters:
-        raise QuiverError(
-            f"Tenant quota of {tenant.max_adapters} adapters reached; delete one or ask an operator to raise max_adapters.",
-            code="quota_exceeded",
-            status_code=403,
-        )
     adapter = Adapter(tenant=tenant, name=name, base_model=base, description=description)
     try:
         adapter.full_clean(validate_unique=False, validate_constraints=False)  # the insert enforces uniqueness
@@ -110,6 +104,12 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
         raise QuiverError(f"Invalid {first} '{name}': {fields[first][0]}", code="invalid", fields=fields) from exc
     try:
         with transaction.atomic():
+            # The tenant row lock makes count-then-insert race-free (two requests cannot both take the last slot).
+            locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+            if Adapter.objects.filter(tenant=tenant).count() >= locked.max_adapters:
+                raise QuiverError(
+                    f"Tenant quota of {locked.max_adapters} adapters reached; delete one or ask an operator to raise "
+                    "max_adapters.", code="quota_exceeded", status_code=403)
             adapter.save()
     except IntegrityError as exc:
         raise QuiverError(f"Adapter '{name}' already exists.", code="adapter_exists", status_code=409) from exc
@@ -157,6 +157,24 @@ def adapter_delete(tenant: Tenant, *, adapter: Adapter) -> None:
         for node_id, lora_name in unloads:
             purge_node_copy(node_id, lora_name, reason="adapter_deleted")
     logger.info("adapter.deleted", extra={"adapter_id": adapter_id, "objects": len(keys), "unloads": len(unloads)})
+
+
+def _check_version_quota(tenant: Tenant, adapter: Adapter) -> None:
+    if adapter.versions.count() >= tenant.max_versions_per_adapter:
+        raise QuiverError(
+            f"Adapter '{adapter.name}' has reached the quota of {tenant.max_versions_per_adapter} versions; upload "
+            "under a new adapter name, delete this adapter, or ask an operator to raise max_versions_per_adapter.",
+            code="quota_exceeded", status_code=403)
+
+
+def _check_storage_quota(tenant: Tenant, *, adding: int) -> None:
+    """Refuse when the tenant's stored versions plus ``adding`` bytes would pass ``max_stored_bytes``."""
+    used = AdapterVersion.objects.filter(tenant=tenant).aggregate(total=Sum("size_bytes"))["total"] or 0
+    if used + adding > tenant.max_stored_bytes or (adding == 0 and used >= tenant.max_stored_bytes):
+        raise QuiverError(
+            f"Tenant storage quota of {tenant.max_stored_bytes} bytes would be exceeded ({used} stored, {adding} "
+            "more); delete adapters or ask an operator to raise max_stored_bytes.",
+            code="quota_exceeded", status_code=403)
 
 
 def _rejected(exc: UploadRejected) -> QuiverError:
@@ -249,6 +267,7 @@ def adapter_version_upload(
             code="adapter_not_found",
             status_code=404,
         )
+    _check_storage_quota(tenant, adding=0)  # early: a tenant at its quota streams nothing to S3
     prefix = f"tenants/{tenant.pk}/uploads/{uuid.uuid4().hex}/"
     stored: list[storage.StoredObject] = []
     remaining = settings.QUIVER_MAX_UPLOAD_BYTES
@@ -262,10 +281,13 @@ def adapter_version_upload(
         sha256 = _content_sha256(files)
         with transaction.atomic():
             adapter = _adapter_for_upload(tenant, name=adapter_name, base_model_name=base_model_name)
-            # The row lock serialises version numbering and duplicate detection per adapter.
+            # Lock order tenant → adapter (as adapter_create): quotas, version numbering and duplicate detection.
+            locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
             adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
             existing = adapter.versions.filter(sha256=sha256).first()
             if existing is None:
+                _check_version_quota(locked, adapter)
+                _check_storage_quota(locked, adding=sum(o.size for o in stored))
                 number = (adapter.versions.order_by("-number").values_list("number", flat=True).first() or 0) + 1
                 version = AdapterVersion(
                     tenant=tenant, adapter=adapter, number=number, sha256=sha256,

@@ -22,6 +22,10 @@ class Tenant(models.Model):
     slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
     max_adapters = models.PositiveIntegerField(default=100, validators=[MinValueValidator(0)])
+    # Abuse limits, enforced under a lock on this row (adapters_app.services, tenants.services).
+    max_versions_per_adapter = models.PositiveIntegerField(default=50)
+    max_stored_bytes = models.PositiveBigIntegerField(default=20 * 1024**3)
+    max_api_keys = models.PositiveIntegerField(default=50)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -88,6 +88,20 @@ def api_key_create(
         raise ValidationError({"expires_at": "Expiry must be in the future."})
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
+    from config.exceptions import QuiverError  # here: DRF imports this module while config.exceptions loads
+
+    with transaction.atomic():
+        # The tenant row lock makes count-then-insert race-free across concurrent requests.
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        active = ApiKey.objects.filter(tenant=tenant, enabled=True).count()
+        if active >= locked.max_api_keys:
+            raise QuiverError(f"Tenant quota of {locked.max_api_keys} active API keys reached; revoke one or ask an "
+                              "operator to raise max_api_keys.", code="quota_exceeded", status_code=403)
+        return _api_key_insert(tenant, key_id, secret, name, scopes, expires_at, actor)
+
+
+def _api_key_insert(tenant: Tenant, key_id: str, secret: str, name: str, scopes: Sequence[str],
+                    expires_at: datetime | None, actor: User | None) -> tuple[ApiKey, str]:
     key = ApiKey(
         tenant=tenant,
         key_id=key_id,

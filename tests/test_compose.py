@@ -76,7 +76,8 @@ def test_a_broken_copy_is_rejected(tmp_path: Path, old: str, new: str, message: 
 def test_every_long_running_service_has_a_healthcheck(tmp_path: Path) -> None:
     services = _rendered(tmp_path)["services"]
     one_shots = {"createbuckets", "migrate"}
-    assert {"postgres", "redis", "minio", "web", "web-internal", "worker", "beat", "vllm", "node-agent"} <= set(services)
+    assert {"postgres", "redis", "minio", "web", "web-internal", "worker", "worker-validation", "beat", "vllm",
+            "node-agent"} <= set(services)
     for name, service in services.items():
         if name not in one_shots:
             assert "test" in service.get("healthcheck", {}), name
