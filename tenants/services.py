@@ -73,6 +73,7 @@ def api_key_create(
         django.core.exceptions.ValidationError: unknown scope (field ``scopes``), a scope the granting key lacks (a key
             cannot mint a stronger key) or outside ``grantable`` (what the creating user's role may grant), or an
             expiry in the past (``expires_at``).
+        config.exceptions.QuiverError: 403 ``quota_exceeded`` when the tenant has ``max_api_keys`` active keys.
     """
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:

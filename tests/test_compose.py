@@ -111,3 +111,10 @@ def test_nodes_heartbeat_to_the_unpublished_internal_listener(tmp_path: Path) ->
     assert agent["QUIVER_CONTROL_URL"] == "http://web-internal:8001"
     assert agent["QUIVER_NODE_TOKEN"] and "QUIVER_NODE_SECRET" not in agent
     assert "QUIVER_NODE_SECRET" in services["web"]["environment"]
+
+
+def test_validation_and_placement_run_on_separate_worker_pools(tmp_path: Path) -> None:
+    services = _rendered(tmp_path)["services"]
+    queues = {name: svc["command"][svc["command"].index("-Q") + 1].split(",")
+              for name, svc in services.items() if "worker" in (svc.get("command") or [])}
+    assert queues == {"worker": ["celery", "placement"], "worker-validation": ["validation"]}
