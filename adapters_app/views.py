@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 from rest_framework import mixins, status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -20,6 +20,7 @@ from adapters_app.serializers import (
     BaseModelOutputSerializer,
 )
 from config.exceptions import QuiverError
+from config.parsers import JSONParser
 from tenants.models import Membership
 from tenants.permissions import DEFAULT_ROLE_MAP
 from tenants.viewsets import TenantScopedViewSet
