@@ -97,10 +97,11 @@ def test_vllm_node_has_a_gpu_lora_and_the_quiver_extension(tmp_path: Path) -> No
     assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert vllm["environment"]["VLLM_API_KEY"] == services["node-agent"]["environment"]["QUIVER_NODE_KEY"]
     assert vllm["build"]["dockerfile"] == "platform/node/Dockerfile"
-    # Tenants must never reach the engine's LoRA routes or the agent: only web (and loopback admin UIs) publish.
+    # Tenants must never reach the engine's LoRA routes or the agent: only the TLS proxy (and loopback admin UIs)
+    # publish.
     for name, service in services.items():
         for port in service.get("ports", []):
-            assert name == "web" or port.get("host_ip") == "127.0.0.1", (name, port)
+            assert name == "proxy" or port.get("host_ip") == "127.0.0.1", (name, port)
 
 
 def test_nodes_heartbeat_to_the_unpublished_internal_listener(tmp_path: Path) -> None:
@@ -118,3 +119,13 @@ def test_validation_and_placement_run_on_separate_worker_pools(tmp_path: Path) -
     queues = {name: svc["command"][svc["command"].index("-Q") + 1].split(",")
               for name, svc in services.items() if "worker" in (svc.get("command") or [])}
     assert queues == {"worker": ["celery", "placement"], "worker-validation": ["validation"]}
+
+
+def test_the_public_side_is_https_only_through_the_proxy(tmp_path: Path) -> None:
+    services = _rendered(tmp_path)["services"]
+    assert [p["target"] for p in services["proxy"]["ports"]] == [443]
+    assert not services["web"].get("ports") and services["web"]["environment"]["QUIVER_BEHIND_TLS_PROXY"] == "true"
+    caddyfile = (REPO_ROOT / "platform" / "caddy" / "Caddyfile").read_text()
+    for needle in ("auto_https disable_redirects", "Strict-Transport-Security", "X-Frame-Options", "max_size",
+                   "respond @internal 404", "header_up X-Forwarded-Proto https"):
+        assert needle in caddyfile, needle
