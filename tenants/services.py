@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tenants.models import ApiKey, LoginFailure, Membership, Tenant
-from tenants.scopes import ALL_SCOPES
+from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 
 
 class ApiKeyInvalid(Exception):
@@ -71,8 +71,9 @@ def api_key_create(
 
     Raises:
         django.core.exceptions.ValidationError: unknown scope (field ``scopes``), a scope the granting key lacks (a key
-            cannot mint a stronger key) or outside ``grantable`` (what the creating user's role may grant), or an
-            expiry in the past (``expires_at``).
+            cannot mint a stronger key) or outside ``grantable`` (what the creating user's role may grant), an
+            expiry in the past, or one later than the granting key's own (``expires_at``: a key cannot mint a key
+            that outlives it; without ``expires_at`` the new key inherits the granting key's expiry).
         config.exceptions.QuiverError: 403 ``quota_exceeded`` when the tenant has ``max_api_keys`` active keys.
     """
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
@@ -87,6 +88,14 @@ def api_key_create(
                                          f"{sorted(grantable)}."})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "Expiry must be in the future."})
+    if granted_by is not None and actor is None:
+        actor = granted_by.created_by  # a key's keys belong to its creator, so removing them revokes the whole chain
+    if granted_by is not None and granted_by.expires_at is not None:
+        if expires_at is None:
+            expires_at = granted_by.expires_at
+        elif expires_at > granted_by.expires_at:
+            raise ValidationError({"expires_at": f"This key expires at {granted_by.expires_at.isoformat()}; a key it "
+                                                 "mints cannot outlive it. Pick an earlier expiry."})
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     from config.exceptions import QuiverError  # here: DRF imports this module while config.exceptions loads
@@ -206,8 +215,27 @@ def login_failures_clear(*, username: str) -> None:
     LoginFailure.objects.filter(username=username.lower()).delete()
 
 
+# Scopes a role may hold on keys it created (tenants.views: members cannot grant keys:manage; viewers mint no keys).
+ROLE_KEY_SCOPES = {
+    Membership.Role.OWNER: frozenset(ALL_SCOPES),
+    Membership.Role.MEMBER: frozenset(ALL_SCOPES) - {KEYS_MANAGE},
+    Membership.Role.VIEWER: frozenset(),
+}
+
+
+def _revoke_keys_beyond(tenant: Tenant, *, user: User, allowed: frozenset[str]) -> int:
+    """Revoke ``user``'s enabled keys in ``tenant`` holding any scope outside ``allowed``; returns how many."""
+    now = timezone.now()
+    keys = ApiKey.objects.select_for_update().filter(tenant=tenant, created_by=user, enabled=True)
+    stale = [k.pk for k in keys if not set(k.scopes) <= allowed]
+    return ApiKey.objects.filter(pk__in=stale).update(enabled=False, revoked_at=now)
+
+
 def membership_set_role(tenant: Tenant, *, membership: Membership, role: str) -> Membership:
     """Change a member's role, keeping at least one owner.
+
+    A demoted user's keys that hold scopes the new role could not grant are revoked (an owner made member loses
+    ``keys:manage`` keys; a viewer keeps no key), so a demotion is not undone by a key minted before it.
 
     Raises:
         django.core.exceptions.ValidationError: unknown role, or demoting the tenant's last owner.
@@ -219,11 +247,12 @@ def membership_set_role(tenant: Tenant, *, membership: Membership, role: str) ->
         membership.role = role
         membership.full_clean()
         membership.save(update_fields=["role"])
+        _revoke_keys_beyond(tenant, user=membership.user, allowed=ROLE_KEY_SCOPES[Membership.Role(role)])
     return membership
 
 
 def membership_delete(tenant: Tenant, *, membership: Membership) -> None:
-    """Remove a member, keeping at least one owner.
+    """Remove a member, keeping at least one owner, and revoke every key they created in the tenant.
 
     Raises:
         django.core.exceptions.ValidationError: removing the tenant's last owner.
@@ -232,6 +261,7 @@ def membership_delete(tenant: Tenant, *, membership: Membership) -> None:
         _lock_owners(tenant)
         if membership.role == Membership.Role.OWNER:
             _ensure_other_owner(tenant, membership)
+        _revoke_keys_beyond(tenant, user=membership.user, allowed=frozenset())
         membership.delete()
 
 
