@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
@@ -12,7 +13,7 @@ from rest_framework.response import Response
 
 from adapters_app import services
 from adapters_app.models import Adapter, AdapterVersion, BaseModel
-from adapters_app.selectors import adapter_get
+from adapters_app.selectors import adapter_get, adapter_residency
 from adapters_app.serializers import (
     AdapterInputSerializer,
     AdapterOutputSerializer,
@@ -49,6 +50,19 @@ class AdapterViewSet(
         newest_first = AdapterVersion.objects.order_by("-number")
         return queryset.prefetch_related(Prefetch("versions", queryset=newest_first, to_attr="versions_newest_first"))
 
+    def list(self, request: Request) -> Response:
+        """``GET /api/v1/adapters``: the tenant's adapters with serving version and residency (three queries)."""
+        adapters = list(self.get_queryset())
+        context = {**self.get_serializer_context(), "residency": adapter_residency([a.pk for a in adapters])}
+        return Response(AdapterOutputSerializer(adapters, many=True, context=context).data)
+
+    def retrieve(self, request: Request, name: str) -> Response:
+        """``GET /api/v1/adapters/{name}``: one adapter with serving version and residency."""
+        adapter = self.get_object()
+        context = {**self.get_serializer_context(), "residency": adapter_residency([adapter.pk])}
+        return Response(AdapterOutputSerializer(adapter, context=context).data)
+
+    @extend_schema(request=AdapterInputSerializer, responses={201: AdapterOutputSerializer})
     def create(self, request: Request) -> Response:
         """``POST /api/v1/adapters``: create an empty adapter (uploads may also create it). 201 or the service's error."""
         data = AdapterInputSerializer(data=request.data)
@@ -88,6 +102,11 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         """``GET .../versions/{number}``: one version with its validation report."""
         return Response(self.get_serializer(self.get_object()).data)
 
+    @extend_schema(
+        request={"multipart/form-data": {"type": "object", "properties": {
+            "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+            "base_model": {"type": "string"}}, "required": ["files"]}},
+        responses={200: AdapterVersionOutputSerializer, 201: AdapterVersionOutputSerializer})
     def create(self, request: Request, adapter_name: str) -> Response:
         """``POST .../versions``: upload (201 new, 200 identical bytes); 413 before parsing when the body is too large."""
         # Refuse oversized bodies before Django spools them to disk (multipart framing adds a few KiB).

@@ -3,12 +3,14 @@
 from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
 from adapters_app.views import AdapterVersionViewSet, AdapterViewSet, BaseModelViewSet
+from config.console import console_index
 from inference.gateway.api import UsageViewSet
+from inference.gateway.operator_api import NodeViewSet
 from tenants.auth_views import LoginView, LogoutView, MeView, TenantPickView
 from tenants.views import ApiKeyViewSet, MemberViewSet
 
@@ -18,6 +20,7 @@ router.register("base-models", BaseModelViewSet, basename="base-model")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("members", MemberViewSet, basename="member")
+router.register("operator/nodes", NodeViewSet, basename="operator-node")
 router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersionViewSet, basename="adapter-version")
 
 
@@ -35,6 +38,8 @@ urlpatterns = [
     path("api/v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", healthz),
     path("", include("inference.gateway.urls")),
+    # Everything else is a console route (SPA fallback); API-looking paths keep their JSON 404.
+    re_path(r"^(?!api/|v1/|internal/|admin/|static/|healthz|metrics)(?P<path>.*)$", console_index),
 ]
 # Node heartbeats and the admin are on the internal listener (config.internal_urls), not here.
 if settings.QUIVER_PUBLIC_ADMIN:

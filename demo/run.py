@@ -5,6 +5,9 @@ Starts SeaweedFS (pip), a SQLite-backed control plane served by uvicorn, a Celer
 uploads the demo adapters through the public REST API, waits until they are ready, then asks each adapter its
 training prompts through the gateway with the official ``openai`` SDK and prints answers next to the expected ones.
 
+Then, unless ``--once``, it keeps the stack and the web console up until Ctrl-C, printing the console URL and two
+logins (an operator and a tenant owner), with light traffic on the demo adapters so the usage charts move.
+
 Exit status: 0 when every answer matches, 1 otherwise.
 """
 
@@ -28,6 +31,8 @@ from transformers.utils import logging as transformers_logging
 
 from demo.api_client import upload_adapter, wait_validated
 from demo.assets import ensure_demo_assets
+from demo.console import create_logins, serve_until_interrupted
+from devtools.frontend import ensure_console_built
 from devtools.proc import free_port
 from devtools.services import start_seaweedfs
 from inference.node.launch import EngineConfig, engine_argv, engine_env
@@ -108,12 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--assets", type=Path, default=REPO / ".cache" / "demo-assets")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "demo-run")
+    parser.add_argument("--once", action="store_true",
+                        help="exit after the printed check instead of keeping the stack and console up (CI)")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
     transformers_logging.disable_progress_bar()  # keep the printed run readable
     _say("building the tiny base model and training the demo adapters (cached after the first run)")
     assets = ensure_demo_assets(args.assets)
+    if not args.once:
+        _say("building the web console (npm ci and vite, when its sources changed)")
+        ensure_console_built()
     shutil.rmtree(args.workdir, ignore_errors=True)
     (args.workdir / "logs").mkdir(parents=True)
     procs = Processes(args.workdir / "logs")
@@ -273,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['model']:<12} v{row['version'] or '-':<3} requests={row['requests']:<3} "
                   f"prompt_tokens={row['prompt_tokens']:<4} completion_tokens={row['completion_tokens']}")
         _say(f"{total - failures}/{total} answers match; total {time.monotonic() - started:.0f} s")
+        if not args.once:
+            logins = create_logins(env, "demo")
+            serve_until_interrupted(web_url, logins, client, assets.examples)
         return 0 if failures == 0 else 1
 
 

@@ -6,3 +6,7 @@ class TenantsConfig(AppConfig):
 
     name = "tenants"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Register the OpenAPI description of API-key auth."""
+        from tenants import schema  # noqa: F401

@@ -23,6 +23,7 @@ from rest_framework.views import APIView
 from config.exceptions import QuiverError
 from tenants import services
 from tenants.access import SESSION_TENANT_KEY, tenant_choices
+from tenants.models import Membership
 
 
 class LoginInputSerializer(serializers.Serializer):
@@ -35,7 +36,7 @@ class TenantChoiceSerializer(serializers.Serializer):
     """A tenant the user may act in, with their role there."""
     slug = serializers.CharField()
     name = serializers.CharField()
-    role = serializers.ChoiceField(choices=["owner", "member", "viewer"])
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
 
 
 class MeSerializer(serializers.Serializer):

@@ -20,7 +20,16 @@ class ApiKeyInputSerializer(serializers.Serializer):
 class ApiKeyOutputSerializer(serializers.ModelSerializer):
     """Output: a key's metadata with its masked form; never the secret or digest."""
     key = serializers.CharField(source="masked")
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=ALL_SCOPES))
 
     class Meta:
         model = ApiKey
         fields = ["key_id", "key", "name", "scopes", "enabled", "expires_at", "last_used_at", "revoked_at", "created_at"]
+
+
+class ApiKeyCreatedSerializer(ApiKeyOutputSerializer):
+    """Output of ``POST /api/v1/api-keys``: the key plus its ``secret``, shown this once."""
+    secret = serializers.CharField()
+
+    class Meta(ApiKeyOutputSerializer.Meta):
+        fields = [*ApiKeyOutputSerializer.Meta.fields, "secret"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -18,7 +19,7 @@ from config.exceptions import QuiverError
 from tenants import services
 from tenants.models import ApiKey, Membership
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
-from tenants.serializers import ApiKeyInputSerializer, ApiKeyOutputSerializer
+from tenants.serializers import ApiKeyCreatedSerializer, ApiKeyInputSerializer, ApiKeyOutputSerializer
 from tenants.viewsets import TenantScopedViewSet
 
 ALL_METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")
@@ -44,6 +45,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             return queryset.filter(created_by=access.user)
         return queryset
 
+    @extend_schema(request=ApiKeyInputSerializer, responses={201: ApiKeyCreatedSerializer})
     def create(self, request: Request) -> Response:
         """``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's."""
         data = ApiKeyInputSerializer(data=request.data)
@@ -57,6 +59,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=ApiKeyOutputSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, key_id: str | None = None) -> Response:
         """``POST /api/v1/api-keys/{key_id}/revoke``: disable the key for good (idempotent)."""
@@ -96,6 +99,7 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     scope_map = KEYS_SCOPE_MAP
     role_map = MEMBERS_ROLE_MAP
 
+    @extend_schema(request=MemberInputSerializer, responses={201: MemberOutputSerializer})
     def create(self, request: Request) -> Response:
         """``POST /api/v1/members``: add a user; 400 ``user_not_found``, 409 ``member_exists``."""
         data = MemberInputSerializer(data=request.data)
@@ -109,6 +113,7 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         membership = services.membership_create(self.tenant, user=user, role=data.validated_data["role"])
         return Response(MemberOutputSerializer(membership).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=MemberRoleSerializer, responses=MemberOutputSerializer)
     def partial_update(self, request: Request, username: str | None = None) -> Response:
         """``PATCH /api/v1/members/{username}``: change the role (the last owner stays owner)."""
         data = MemberRoleSerializer(data=request.data)

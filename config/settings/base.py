@@ -68,6 +68,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "config.listener.ListenerUrlconfMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "config.console.AsyncWhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -107,8 +108,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_TZ = True
-STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_URL = "/static/"
+# Only for `collectstatic` in deployments that want it; embedded mode serves straight from the finders.
+STATIC_ROOT = env("DJANGO_STATIC_ROOT", default=None)
+# The console's Vite build (base "/static/"); whitenoise serves it straight from the finders, so no collectstatic
+# step is needed in embedded mode (production may still collect into STATIC_ROOT).
+QUIVER_CONSOLE_DIR = Path(env("QUIVER_CONSOLE_DIR", default=str(BASE_DIR / "frontend" / "dist")))
+STATICFILES_DIRS = [QUIVER_CONSOLE_DIR] if QUIVER_CONSOLE_DIR.is_dir() else []
+WHITENOISE_USE_FINDERS = True
 
 # Uploads above this stay on disk, never whole in memory (Django's TemporaryFileUploadHandler).
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from inference.gateway.models import UsageRecord
 from inference.gateway.selectors import usage_summary
+from inference.gateway.usage_series import BUCKETS, usage_series
 from tenants.viewsets import TenantScopedViewSet
 
 
@@ -16,13 +22,52 @@ class UsageQuerySerializer(serializers.Serializer):
     since = serializers.DateTimeField(required=False)
 
 
+class UsageSeriesQuerySerializer(serializers.Serializer):
+    """Query of ``GET /api/v1/usage/series``: ``since`` (default: an hour ago) and ``bucket`` (minute, hour)."""
+    since = serializers.DateTimeField(required=False)
+    bucket = serializers.ChoiceField(choices=sorted(BUCKETS), default="minute")
+
+
+class UsageRowSerializer(serializers.Serializer):
+    """One row of ``GET /api/v1/usage`` (see ``usage_summary``)."""
+    model = serializers.CharField()
+    adapter = serializers.CharField(allow_null=True)
+    version = serializers.IntegerField(allow_null=True)
+    requests = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+
+
+class UsageSeriesRowSerializer(serializers.Serializer):
+    """One row of ``GET /api/v1/usage/series`` (see ``usage_series``)."""
+    t = serializers.DateTimeField()
+    model = serializers.CharField()
+    requests = serializers.IntegerField()
+    failures = serializers.IntegerField(help_text="requests answered with status >= 400")
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    latency_ms_avg = serializers.FloatField()
+
+
 class UsageViewSet(TenantScopedViewSet):
     """The caller's token usage per adapter version (and per base model), as metered by the gateway."""
 
     queryset = UsageRecord.objects.all()
+    serializer_class = UsageRowSerializer
+    pagination_class = None
 
+    @extend_schema(parameters=[UsageQuerySerializer], responses=UsageRowSerializer(many=True))
     def list(self, request: Request) -> Response:
         """``GET /api/v1/usage``: token totals per adapter version (see ``usage_summary``)."""
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(usage_summary(self.get_queryset(), since=query.validated_data.get("since")))
+
+    @extend_schema(parameters=[UsageSeriesQuerySerializer], responses=UsageSeriesRowSerializer(many=True))
+    @action(detail=False, methods=["get"])
+    def series(self, request: Request) -> Response:
+        """``GET /api/v1/usage/series``: requests, tokens, errors and latency per model per bucket (charts)."""
+        query = UsageSeriesQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        since = query.validated_data.get("since") or timezone.now() - timedelta(hours=1)
+        return Response(usage_series(self.get_queryset(), since=since, bucket=query.validated_data["bucket"]))

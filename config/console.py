@@ -1,0 +1,60 @@
+"""Serving the built console (``frontend/dist``) from Django, so embedded mode needs no Node server.
+
+Hashed assets go through whitenoise under ``STATIC_URL``; every other non-API path answers ``index.html`` (SPA
+fallback: the console's router handles ``/adapters/x`` and friends). whitenoise's middleware is sync-only, which would
+push every async gateway request through a thread; :class:`AsyncWhiteNoiseMiddleware` only takes that hop for static
+paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import ensure_csrf_cookie
+from whitenoise.middleware import WhiteNoiseMiddleware
+
+
+class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
+    """whitenoise for static paths, usable in an async middleware chain without a thread hop for other paths."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[..., Any]) -> None:
+        super().__init__(get_response)
+        self._async = iscoroutinefunction(get_response)
+        if self._async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        """Serve a static file, or pass the request on (awaitable when the chain is async)."""
+        if self._async:
+            return self._acall(request)
+        return super().__call__(request)
+
+    def _static_response(self, request: HttpRequest) -> Any:
+        found = self.find_file(request.path_info) if self.autorefresh else self.files.get(request.path_info)
+        return self.serve(found, request) if found is not None else None
+
+    async def _acall(self, request: HttpRequest) -> Any:
+        if request.path_info.startswith(self.static_prefix):
+            response = await sync_to_async(self._static_response, thread_sensitive=False)(request)
+            if response is not None:
+                return response
+        return await self.get_response(request)
+
+
+@ensure_csrf_cookie
+def console_index(request: HttpRequest, path: str = "") -> HttpResponse:
+    """``index.html`` of the built console for any console route; 503 with the build command when not built."""
+    index = settings.QUIVER_CONSOLE_DIR / "index.html"
+    if not index.is_file():
+        return JsonResponse({"detail": "The console is not built; run `npm ci && npm run build` in frontend/.",
+                             "code": "console_not_built"}, status=503)
+    response = HttpResponse(index.read_bytes(), content_type="text/html; charset=utf-8")
+    response["Cache-Control"] = "no-cache"  # assets are hashed; the page itself must be revalidated
+    return response

@@ -1,0 +1,69 @@
+"""The demo's second half: console logins, light traffic on the demo adapters, and staying up until Ctrl-C."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from openai import OpenAI
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Login:
+    """A console login the demo created: what it is for, its username and its (random, per run) password."""
+
+    who: str
+    username: str
+    password: str
+
+
+def create_logins(env: Mapping[str, str], tenant: str) -> list[Login]:
+    """An operator (staff, sees every tenant) and an owner of ``tenant``, each with a fresh random password."""
+    logins = [Login("operator (staff: every tenant, nodes and residency)", "operator", secrets.token_urlsafe(9)),
+              Login(f"tenant user (owner of '{tenant}')", f"{tenant}-owner", secrets.token_urlsafe(9))]
+    for login, extra in zip(logins, (["--staff"], ["--tenant", tenant, "--role", "owner"]), strict=True):
+        subprocess.run([sys.executable, "manage.py", "quiver_user_create", login.username, *extra], cwd=REPO,
+                       env={**env, "QUIVER_USER_PASSWORD": login.password}, check=True, capture_output=True)
+    return logins
+
+
+def traffic(client: OpenAI, examples: Mapping[str, Sequence[Mapping[str, str]]], stop: threading.Event,
+            every_s: float = 4.0) -> None:
+    """Ask the demo adapters their training prompts in turn, one short request every ``every_s`` seconds."""
+    pairs = [(name, ex["prompt"]) for name in sorted(examples) for ex in examples[name]]
+    for name, prompt in itertools.cycle(pairs):
+        if stop.wait(every_s):
+            return
+        try:
+            client.completions.create(model=name, prompt=prompt, max_tokens=4, temperature=0)
+        except Exception:  # noqa: BLE001  (the demo keeps going; failures show in the console's error chart)
+            continue
+
+
+def serve_until_interrupted(web_url: str, logins: Sequence[Login], client: OpenAI,
+                            examples: Mapping[str, Sequence[Mapping[str, str]]]) -> None:
+    """Print the console URL and logins, keep light traffic flowing, and return on Ctrl-C."""
+    print(f"\n== the console is up: {web_url}/ ==")
+    for login in logins:
+        print(f"  {login.who:<52} username {login.username:<14} password {login.password}")
+    print("Press Ctrl-C to stop the stack.", flush=True)
+    stop = threading.Event()
+    worker = threading.Thread(target=traffic, args=(client, examples, stop), name="demo-traffic", daemon=True)
+    worker.start()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\nstopping…", flush=True)
+    finally:
+        stop.set()
+        worker.join(timeout=10)

@@ -1,0 +1,60 @@
+"""Build the console (``frontend/``) when its build is missing or older than its sources: ``npm ci``, ``npm run build``.
+
+Used by ``./scripts/demo`` and the browser tests, so a fresh clone serves the console without a manual step. Node 20
+and npm come from the machine (Debian packages or nodesource); packages come from the committed lockfile only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+FRONTEND = Path(__file__).resolve().parents[1] / "frontend"
+SOURCES = ("src", "index.html", "package.json", "package-lock.json", "vite.config.ts", "tsconfig.app.json", "public")
+
+
+def _newest(root: Path) -> float:
+    mtimes = [0.0]
+    for name in SOURCES:
+        path = root / name
+        if path.is_dir():
+            mtimes.extend(p.stat().st_mtime for p in path.rglob("*") if p.is_file())
+        elif path.exists():
+            mtimes.append(path.stat().st_mtime)
+    return max(mtimes)
+
+
+def ensure_node_modules(root: Path = FRONTEND) -> None:
+    """``npm ci`` when ``node_modules`` is missing or older than the lockfile.
+
+    Raises:
+        RuntimeError: npm is not installed, or ``npm ci`` failed (its output is in the message).
+    """
+    stamp = root / "node_modules" / ".package-lock.json"
+    if stamp.exists() and stamp.stat().st_mtime >= (root / "package-lock.json").stat().st_mtime:
+        return
+    _npm(root, "ci", "--no-audit", "--no-fund")
+
+
+def ensure_console_built(root: Path = FRONTEND) -> Path:
+    """The built ``dist/`` folder, rebuilt when a source is newer than ``dist/index.html``.
+
+    Raises:
+        RuntimeError: npm is missing or the build failed.
+    """
+    index = root / "dist" / "index.html"
+    if index.exists() and index.stat().st_mtime >= _newest(root):
+        return index.parent
+    ensure_node_modules(root)
+    _npm(root, "run", "build")
+    return index.parent
+
+
+def _npm(root: Path, *args: str) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is not installed; the console needs Node 20+ and npm (apt-get install nodejs npm).")
+    out = subprocess.run([npm, *args], cwd=root, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"npm {' '.join(args)} failed in {root}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")

@@ -1,0 +1,94 @@
+// The app frame: header with the tenant picker and logout, a navbar that collapses behind a burger below 768 px.
+import { AppShell, Burger, Button, Group, NavLink, Select, Text, Title } from '@mantine/core'
+import { useDisclosure } from '@mantine/hooks'
+import { useQueryClient } from '@tanstack/react-query'
+import { NavLink as RouterLink, Navigate, Outlet, useLocation, useNavigate } from 'react-router'
+import { api, currentTenant, setCurrentTenant } from './api/client'
+import { useMe, usePickTenant } from './auth'
+
+const TENANT_LINKS = [
+  { to: '/adapters', label: 'Adapters' },
+  { to: '/keys', label: 'API keys' },
+  { to: '/playground', label: 'Playground' },
+  { to: '/usage', label: 'Usage' },
+]
+const OPERATOR_LINKS = [{ to: '/operator/nodes', label: 'Nodes and residency' }]
+
+export function Shell() {
+  const { data: me, isLoading } = useMe()
+  const [opened, { toggle, close }] = useDisclosure()
+  const pick = usePickTenant()
+  const qc = useQueryClient()
+  const navigate = useNavigate()
+  const location = useLocation()
+  if (isLoading) return null
+  if (!me) return <Navigate to="/login" replace state={{ from: location.pathname }} />
+  const tenant = currentTenant()
+  const logout = async () => {
+    await api.POST('/api/v1/auth/logout')
+    setCurrentTenant(null)
+    qc.clear()
+    navigate('/login')
+  }
+  const links = [...(tenant ? TENANT_LINKS : []), ...(me.is_staff ? OPERATOR_LINKS : [])]
+  return (
+    <AppShell header={{ height: 60 }} navbar={{ width: 220, breakpoint: 'sm', collapsed: { mobile: !opened } }} padding="md">
+      <AppShell.Header>
+        <Group h="100%" px="md" justify="space-between" wrap="nowrap">
+          <Group wrap="nowrap" gap="sm">
+            <Burger opened={opened} onClick={toggle} hiddenFrom="sm" size="sm" aria-label="Toggle navigation" />
+            <Title order={3}>Quiver</Title>
+          </Group>
+          <Group wrap="nowrap" gap="xs">
+            <Select
+              aria-label="Tenant"
+              placeholder="Pick a tenant"
+              data={me.tenants.map((t) => ({ value: t.slug, label: `${t.name} (${t.role})` }))}
+              value={tenant}
+              onChange={(v) => v && pick(v)}
+              allowDeselect={false}
+              w={{ base: 150, sm: 240 }}
+              comboboxProps={{ withinPortal: true }}
+            />
+            <Button variant="subtle" onClick={logout} visibleFrom="xs">
+              Log out
+            </Button>
+          </Group>
+        </Group>
+      </AppShell.Header>
+      <AppShell.Navbar p="xs" aria-label="Main">
+        {links.map((l) => (
+          <NavLink key={l.to} component={RouterLink} to={l.to} label={l.label} onClick={close} />
+        ))}
+        <Text size="xs" c="dimmed" mt="auto" p="xs">
+          Signed in as {me.username}
+          {me.is_staff ? ' (operator)' : ''}
+        </Text>
+        <Button variant="subtle" onClick={logout} hiddenFrom="xs">
+          Log out
+        </Button>
+      </AppShell.Navbar>
+      <AppShell.Main>{tenant || location.pathname.startsWith('/operator') ? <Outlet /> : <TenantPicker />}</AppShell.Main>
+    </AppShell>
+  )
+}
+
+function TenantPicker() {
+  const { data: me } = useMe()
+  const pick = usePickTenant()
+  return (
+    <div>
+      <Title order={2} mb="md">
+        Pick a tenant
+      </Title>
+      {me?.tenants.length === 0 && <Text>You belong to no tenant yet; ask a tenant owner to add you.</Text>}
+      <Group>
+        {me?.tenants.map((t) => (
+          <Button key={t.slug} variant="light" onClick={() => pick(t.slug)}>
+            {t.name} ({t.role})
+          </Button>
+        ))}
+      </Group>
+    </div>
+  )
+}

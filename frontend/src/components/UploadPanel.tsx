@@ -1,0 +1,156 @@
+// Upload a PEFT folder (drag and drop, or pick a folder / files / one archive) with per-file and overall
+// progress and cancel. The version then appears in the adapter's list and turns ready or rejected live.
+import { Alert, Button, Group, Paper, Progress as Bar, Select, Stack, Text, TextInput } from '@mantine/core'
+import { useRef, useState } from 'react'
+import { pickAdapterFiles, filesFromDrop, xhrUploader, type Progress, type Uploader } from './upload'
+
+export interface UploadPanelProps {
+  baseModels: string[]
+  defaultAdapter?: string
+  lockAdapter?: boolean
+  uploader?: Uploader
+  onUploaded?: (version: { adapter: string; number: number; status: string }) => void
+}
+
+const fmt = (n: number) => (n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : `${(n / 1024).toFixed(1)} KiB`)
+
+export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = false, uploader = xhrUploader, onUploaded }: UploadPanelProps) {
+  const [adapter, setAdapter] = useState(defaultAdapter)
+  const [baseModel, setBaseModel] = useState<string | null>(baseModels[0] ?? null)
+  const [files, setFiles] = useState<File[]>([])
+  const [pickError, setPickError] = useState<string | null>(null)
+  const [progress, setProgress] = useState<Progress | null>(null)
+  const [result, setResult] = useState<{ ok: boolean; text: string } | null>(null)
+  const [busy, setBusy] = useState(false)
+  const [over, setOver] = useState(false)
+  const cancelRef = useRef<(() => void) | null>(null)
+
+  const choose = (list: File[]) => {
+    const picked = pickAdapterFiles(list)
+    setFiles(picked.files)
+    setPickError(picked.error)
+    setProgress(null)
+    setResult(null)
+  }
+
+  const start = async () => {
+    setBusy(true)
+    setResult(null)
+    const handle = uploader(adapter, files, lockAdapter ? null : baseModel, setProgress)
+    cancelRef.current = handle.cancel
+    try {
+      const { status, body } = await handle.promise
+      if (status < 300) {
+        setResult({ ok: true, text: `Uploaded ${body.adapter} v${body.number}: ${body.status}.` })
+        onUploaded?.(body)
+      } else {
+        setResult({ ok: false, text: body?.detail ?? `Upload failed (HTTP ${status}).` })
+      }
+    } catch (e) {
+      setResult({ ok: false, text: (e as Error).message })
+      setProgress(null)
+    } finally {
+      setBusy(false)
+      cancelRef.current = null
+    }
+  }
+
+  const overall = progress ? Math.round((progress.loaded / Math.max(progress.total, 1)) * 100) : 0
+  const validName = /^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$/.test(adapter)
+
+  return (
+    <Paper withBorder p="md" radius="md">
+      <Stack gap="sm">
+        <Group grow align="flex-start" wrap="wrap">
+          <TextInput
+            label="Adapter name"
+            description="Lowercase letters, digits, hyphens; applications send it as `model`."
+            value={adapter}
+            onChange={(e) => setAdapter(e.currentTarget.value)}
+            disabled={lockAdapter || busy}
+            error={adapter && !validName ? 'Use 1-40 lowercase letters, digits or single hyphens.' : null}
+          />
+          {!lockAdapter && (
+            <Select label="Base model" data={baseModels} value={baseModel} onChange={(v) => setBaseModel(v as string | null)} disabled={busy} allowDeselect={false} />
+          )}
+        </Group>
+        <Paper
+          withBorder
+          p="lg"
+          radius="md"
+          bg={over ? 'var(--mantine-color-blue-light)' : undefined}
+          style={{ borderStyle: 'dashed', textAlign: 'center' }}
+          onDragOver={(e) => {
+            e.preventDefault()
+            setOver(true)
+          }}
+          onDragLeave={() => setOver(false)}
+          onDrop={async (e) => {
+            e.preventDefault()
+            setOver(false)
+            choose(e.dataTransfer.items?.length ? await filesFromDrop(e.dataTransfer.items) : [...e.dataTransfer.files])
+          }}
+          data-testid="dropzone"
+        >
+          <Text>Drop the PEFT folder (adapter_config.json + adapter_model.safetensors) or one .zip / .tar.gz here</Text>
+          <Group justify="center" mt="sm">
+            <Button component="label" variant="default" disabled={busy}>
+              Choose folder
+              <input
+                hidden
+                type="file"
+                aria-label="Choose adapter folder"
+                {...({ webkitdirectory: '', directory: '' } as Record<string, string>)}
+                onChange={(e) => choose([...(e.currentTarget.files ?? [])])}
+              />
+            </Button>
+            <Button component="label" variant="default" disabled={busy}>
+              Choose files
+              <input hidden type="file" multiple aria-label="Choose adapter files" onChange={(e) => choose([...(e.currentTarget.files ?? [])])} />
+            </Button>
+          </Group>
+        </Paper>
+        {pickError && <Alert color="orange">{pickError}</Alert>}
+        {files.length > 0 && (
+          <Stack gap={6} aria-label="Files to upload">
+            {files.map((f, i) => (
+              <div key={f.name}>
+                <Group justify="space-between" gap="xs">
+                  <Text size="sm">{f.name}</Text>
+                  <Text size="sm" c="dimmed">
+                    {fmt(f.size)} · {Math.round((progress?.perFile[i] ?? 0) * 100)} %
+                  </Text>
+                </Group>
+                <Bar value={(progress?.perFile[i] ?? 0) * 100} size="sm" aria-label={`${f.name} progress`} />
+              </div>
+            ))}
+            <Group justify="space-between">
+              <Text size="sm" fw={600}>
+                Overall
+              </Text>
+              <Text size="sm" data-testid="overall-progress">
+                {overall} %
+              </Text>
+            </Group>
+            <Bar value={overall} aria-label="Overall progress" />
+          </Stack>
+        )}
+        <Group>
+          <Button onClick={start} disabled={busy || !validName || files.length === 0 || !!pickError} loading={busy}>
+            Upload
+          </Button>
+          {busy && (
+            <Button variant="outline" color="red" onClick={() => cancelRef.current?.()}>
+              Cancel
+            </Button>
+          )}
+        </Group>
+        {result && (
+          <Alert color={result.ok ? 'green' : 'red'} role="status">
+            {result.text}
+          </Alert>
+        )}
+      </Stack>
+    </Paper>
+  )
+}

@@ -1,0 +1,94 @@
+import { Anchor, Badge, Group, Stack, Table, Text, Title } from '@mantine/core'
+import { useQuery, useQueryClient } from '@tanstack/react-query'
+import { Link } from 'react-router'
+import { api, unwrap, type Adapter } from '../api/client'
+import { useMe, useRole } from '../auth'
+import { StatusBadge, isSettled } from '../components/StatusBadge'
+import { UploadPanel } from '../components/UploadPanel'
+
+export function useBaseModels() {
+  return useQuery({
+    queryKey: ['base-models'],
+    queryFn: async () => unwrap(await api.GET('/api/v1/base-models')).map((b) => b.base_model_name),
+  })
+}
+
+const TIER_COLOR: Record<string, string> = { hot: 'red', warm: 'orange', staged: 'yellow', cold: 'gray', errored: 'dark' }
+
+export function Residency({ residency }: { residency: Record<string, number> }) {
+  const tiers = Object.entries(residency)
+  if (tiers.length === 0) return <Text c="dimmed" size="sm">not placed</Text>
+  return (
+    <Group gap={4}>
+      {tiers.map(([tier, n]) => (
+        <Badge key={tier} color={TIER_COLOR[tier] ?? 'gray'} variant="light">
+          {n} {tier}
+        </Badge>
+      ))}
+    </Group>
+  )
+}
+
+export function Adapters() {
+  const qc = useQueryClient()
+  const { data: me } = useMe()
+  const role = useRole(me)
+  const adapters = useQuery({
+    queryKey: ['adapters'],
+    queryFn: async () => unwrap(await api.GET('/api/v1/adapters')),
+    // Poll while any newest version is still being validated, so status changes without a reload.
+    refetchInterval: (q) => (q.state.data?.some((a: Adapter) => a.latest_version && !isSettled(a.latest_version.status)) ? 1000 : 10_000),
+  })
+  const baseModels = useBaseModels()
+  return (
+    <Stack>
+      <Title order={2}>Adapters</Title>
+      <Table.ScrollContainer minWidth={640}>
+        <Table striped highlightOnHover aria-label="Adapters">
+          <Table.Thead>
+            <Table.Tr>
+              <Table.Th>Name</Table.Th>
+              <Table.Th>Base model</Table.Th>
+              <Table.Th>Newest version</Table.Th>
+              <Table.Th>Serving</Table.Th>
+              <Table.Th>Residency</Table.Th>
+            </Table.Tr>
+          </Table.Thead>
+          <Table.Tbody>
+            {adapters.data?.map((a) => (
+              <Table.Tr key={a.name}>
+                <Table.Td>
+                  <Anchor component={Link} to={`/adapters/${a.name}`}>
+                    {a.name}
+                  </Anchor>
+                </Table.Td>
+                <Table.Td>{a.base_model}</Table.Td>
+                <Table.Td>
+                  {a.latest_version ? (
+                    <Group gap={6}>
+                      <Text size="sm">v{a.latest_version.number}</Text>
+                      <StatusBadge status={a.latest_version.status} />
+                    </Group>
+                  ) : (
+                    <Text c="dimmed">none</Text>
+                  )}
+                </Table.Td>
+                <Table.Td>{a.serving_version ? `v${a.serving_version}` : <Text c="dimmed">—</Text>}</Table.Td>
+                <Table.Td>
+                  <Residency residency={a.residency as Record<string, number>} />
+                </Table.Td>
+              </Table.Tr>
+            ))}
+          </Table.Tbody>
+        </Table>
+      </Table.ScrollContainer>
+      {adapters.data?.length === 0 && <Text c="dimmed">No adapters yet: upload one below.</Text>}
+      {role && role !== 'viewer' && baseModels.data && (
+        <>
+          <Title order={3}>Upload an adapter</Title>
+          <UploadPanel baseModels={baseModels.data} onUploaded={() => qc.invalidateQueries({ queryKey: ['adapters'] })} />
+        </>
+      )}
+    </Stack>
+  )
+}

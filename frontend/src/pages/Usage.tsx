@@ -1,0 +1,62 @@
+import { Paper, SegmentedControl, Stack, Table, Title } from '@mantine/core'
+import { useQuery } from '@tanstack/react-query'
+import { useState } from 'react'
+import { api, unwrap } from '../api/client'
+import { UsageChart, type Metric } from '../components/UsageChart'
+
+const METRICS: { value: Metric; label: string }[] = [
+  { value: 'requests', label: 'Requests' },
+  { value: 'completion_tokens', label: 'Completion tokens' },
+  { value: 'prompt_tokens', label: 'Prompt tokens' },
+  { value: 'latency_ms_avg', label: 'Latency (ms)' },
+  { value: 'failures', label: 'Errors' },
+]
+
+export function Usage() {
+  const [metric, setMetric] = useState<Metric>('requests')
+  const [range, setRange] = useState('1h')
+  const since = new Date(Date.now() - (range === '1h' ? 3600e3 : 86400e3)).toISOString()
+  const bucket = range === '1h' ? 'minute' : 'hour'
+  const series = useQuery({
+    queryKey: ['usage-series', range],
+    queryFn: async () => unwrap(await api.GET('/api/v1/usage/series', { params: { query: { since, bucket } } })),
+    refetchInterval: 15_000,
+  })
+  const totals = useQuery({ queryKey: ['usage'], queryFn: async () => unwrap(await api.GET('/api/v1/usage')) })
+  const label = METRICS.find((m) => m.value === metric)!.label
+  return (
+    <Stack>
+      <Title order={2}>Usage</Title>
+      <SegmentedControl aria-label="Time range" value={range} onChange={(v) => setRange(String(v))} data={[{ label: 'Last hour', value: '1h' }, { label: 'Last day', value: '1d' }]} w="fit-content" />
+      <SegmentedControl aria-label="Metric" value={metric} onChange={(v) => setMetric(v as Metric)} data={METRICS} style={{ flexWrap: 'wrap' }} />
+      <Paper withBorder p="md" radius="md">
+        <UsageChart rows={series.data ?? []} metric={metric} label={label} />
+      </Paper>
+      <Title order={3}>Totals</Title>
+      <Table.ScrollContainer minWidth={480}>
+        <Table striped aria-label="Usage totals">
+          <Table.Thead>
+            <Table.Tr>
+              <Table.Th>Model</Table.Th>
+              <Table.Th>Version</Table.Th>
+              <Table.Th>Requests</Table.Th>
+              <Table.Th>Prompt tokens</Table.Th>
+              <Table.Th>Completion tokens</Table.Th>
+            </Table.Tr>
+          </Table.Thead>
+          <Table.Tbody>
+            {totals.data?.map((r) => (
+              <Table.Tr key={`${r.model}-${r.version}`}>
+                <Table.Td>{r.model}</Table.Td>
+                <Table.Td>{r.version ?? 'base'}</Table.Td>
+                <Table.Td>{r.requests}</Table.Td>
+                <Table.Td>{r.prompt_tokens}</Table.Td>
+                <Table.Td>{r.completion_tokens}</Table.Td>
+              </Table.Tr>
+            ))}
+          </Table.Tbody>
+        </Table>
+      </Table.ScrollContainer>
+    </Stack>
+  )
+}

@@ -1,0 +1,183 @@
+"""User journeys in a real browser against the real stack (uvicorn + PostgreSQL + S3 + Celery; vLLM for the playground).
+
+Each journey also saves screenshots of the pages it passes at 1280 px and 390 px (see ``conftest.SHOTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from adapters_app.models import AdapterVersion
+from demo.assets import DemoAssets
+from tenants.models import ApiKey
+from tests.console.conftest import WIDTHS, login, screenshot
+from tests.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _upload_folder(page: Any, folder: Path, adapter: str | None = None) -> None:
+    if adapter is not None:
+        page.get_by_label("Adapter name").fill(adapter)
+    page.locator('input[aria-label="Choose adapter folder"]').set_input_files(str(folder))
+    page.get_by_role("button", name="Upload", exact=True).click()
+
+
+def test_log_in_upload_the_demo_folder_and_watch_it_turn_ready(
+    console: Any, make_user: Any, demo_assets: DemoAssets, base_model: Any, celery_worker: None
+) -> None:
+    tenant = TenantFactory(slug="acme", name="Acme")
+    make_user("alice", tenant, role="member")
+    page = console()
+    page.goto("/adapters")  # not logged in: sent to the login form
+    expect(page).to_have_url(re.compile(r"/login$"))
+    screenshot(page, "login")
+    login(page, "alice")
+    expect(page).to_have_url(re.compile(r"/adapters$"))
+    _upload_folder(page, demo_assets.adapters["capitals"], adapter="capitals")
+    expect(page.get_by_test_id("overall-progress")).to_have_text("100 %")
+    expect(page.get_by_label("adapter_model.safetensors progress")).to_be_visible()
+    expect(page.get_by_role("status")).to_contain_text("Uploaded capitals v1")
+    row = page.get_by_role("row", name=re.compile("capitals"))
+    expect(row.get_by_text("ready")).to_be_visible(timeout=120_000)  # live: polled, no reload
+    version = AdapterVersion.objects.get(adapter__tenant=tenant, adapter__name="capitals")
+    assert version.status == "ready" and {f["name"] for f in version.files} == {
+        "adapter_config.json", "adapter_model.safetensors"}
+    screenshot(page, "adapters")
+    page.get_by_role("link", name="capitals").click()
+    expect(page.get_by_test_id("version-1")).to_contain_text("ready")
+    screenshot(page, "adapter-detail")
+
+
+def test_a_rejected_upload_shows_its_report(
+    console: Any, make_user: Any, demo_assets: DemoAssets, base_model: Any, celery_worker: None, tmp_path: Path
+) -> None:
+    tenant = TenantFactory(slug="acme", name="Acme")
+    make_user("alice", tenant)
+    broken = tmp_path / "too-high-rank"
+    shutil.copytree(demo_assets.adapters["upper"], broken)
+    config = json.loads((broken / "adapter_config.json").read_text())
+    config["r"] = 64  # above the pool's max_lora_rank (16)
+    (broken / "adapter_config.json").write_text(json.dumps(config))
+    page = console()
+    login(page, "alice")
+    _upload_folder(page, broken, adapter="too-big")
+    expect(page.get_by_role("status")).to_contain_text("Uploaded too-big v1")
+    page.get_by_role("link", name="too-big").click()
+    expect(page.get_by_test_id("version-1")).to_contain_text("rejected", timeout=120_000)
+    page.get_by_test_id("version-1").get_by_role("button", name="Show report").click()
+    report = AdapterVersion.objects.get(adapter__name="too-big").validation_report
+    first = next(p for p in report["problems"] if p["severity"] == "error")
+    table = page.get_by_role("table", name="Problems")
+    expect(page.get_by_text("Rejected by validation")).to_be_visible()
+    expect(table).to_contain_text(first["code"])
+    expect(table).to_contain_text(first["hint"][:40])
+    screenshot(page, "validation-report")
+
+
+def test_create_a_key_see_it_once_and_revoke_it(console: Any, make_user: Any, gateway_server: str) -> None:
+    tenant = TenantFactory(slug="acme", name="Acme")
+    make_user("alice", tenant)
+    page = console()
+    login(page, "alice")
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_role("textbox", name="Name").fill("ci-deploy")
+    page.get_by_role("checkbox", name="adapters:read").check()
+    page.get_by_role("button", name="Create key").click()
+    secret = page.get_by_test_id("new-secret").inner_text().strip()
+    assert secret.startswith("qv_")
+    expect(page.get_by_role("button", name="Copy to clipboard")).to_be_visible()
+    screenshot(page, "api-key-created")
+    page.get_by_role("button", name="Done").click()
+    row = page.get_by_test_id("key-ci-deploy")
+    expect(row).to_contain_text(".****")
+    assert secret not in page.content()  # shown once: gone after the dialog closes
+    headers = {"Authorization": f"Bearer {secret}"}
+    assert httpx.get(f"{gateway_server}/api/v1/adapters", headers=headers).status_code == 200
+    screenshot(page, "api-keys")
+    row.get_by_role("button", name="Revoke ci-deploy").click()
+    page.get_by_role("button", name="Revoke key").click()
+    expect(row).to_contain_text("revoked")
+    assert not ApiKey.objects.get(name="ci-deploy").enabled
+    assert httpx.get(f"{gateway_server}/api/v1/adapters", headers=headers).status_code == 401
+
+
+def test_a_tenant_b_user_sees_nothing_of_tenant_a(
+    console: Any, make_user: Any, base_model: Any, gateway_server: str
+) -> None:
+    from adapters_app.services import adapter_create
+
+    a, b = TenantFactory(slug="acme", name="Acme"), TenantFactory(slug="beta", name="Beta")
+    adapter_create(a, name="acme-secret", base_model_name="tiny-llama")
+    adapter_create(b, name="beta-bot", base_model_name="tiny-llama")
+    make_user("bob", b)
+    page = console()
+    login(page, "bob")
+    expect(page.get_by_role("link", name="beta-bot")).to_be_visible()
+    expect(page.get_by_text("acme-secret")).to_have_count(0)
+    page.goto("/adapters/acme-secret")
+    expect(page.get_by_role("alert")).to_contain_text("not found")
+    # The API under bob's session: another tenant is a 404, by header or by name.
+    api = page.context.request
+    assert api.get("/api/v1/adapters/acme-secret").status == 404
+    assert api.get("/api/v1/adapters", headers={"X-Quiver-Tenant": "acme"}).status == 404
+    assert [x["name"] for x in api.get("/api/v1/adapters").json()] == ["beta-bot"]
+    assert api.get("/api/v1/operator/nodes").status == 403
+
+
+def test_playground_streams_the_adapter_beside_the_base_model(
+    console: Any, make_user: Any, demo_assets: DemoAssets, base_model: Any, celery_worker: None, live_node: Any,
+    gateway_server: str
+) -> None:
+    from demo.api_client import upload_adapter, wait_validated
+    from tenants.services import api_key_create
+
+    tenant = TenantFactory(slug="acme", name="Acme")
+    _, key = api_key_create(tenant, name="setup")
+    api = httpx.Client(base_url=gateway_server, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    number = upload_adapter(api, "capitals", demo_assets.adapters["capitals"], base_model="tiny-llama")["number"]
+    assert wait_validated(api, "capitals", number)["status"] == "ready"
+    make_user("alice", tenant)
+    page = console()
+    login(page, "alice")
+    page.get_by_role("link", name="Playground").click()
+    example = demo_assets.examples["capitals"][0]
+    page.get_by_label("Prompt").fill(example["prompt"])
+    page.get_by_label("Max tokens").fill("12")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_test_id("answer-adapter")).to_contain_text(example["completion"].strip(), timeout=120_000)
+    expect(page.get_by_test_id("answer-base")).not_to_have_text("…", timeout=60_000)
+    screenshot(page, "playground")
+
+
+def test_screenshots_of_every_page_at_both_widths(
+    console: Any, make_user: Any, base_model: Any, gateway_server: str
+) -> None:
+    from adapters_app.services import adapter_create
+
+    tenant = TenantFactory(slug="acme", name="Acme")
+    adapter_create(tenant, name="capitals", base_model_name="tiny-llama")
+    make_user("alice", tenant)
+    make_user("operator", staff=True)
+    pages = {"alice": ["/adapters", "/adapters/capitals", "/keys", "/playground", "/usage"],
+             "operator": ["/", "/operator/nodes"]}
+    for width in WIDTHS:
+        for user, paths in pages.items():
+            page = console(width)
+            login(page, user)
+            for path in paths:
+                page.goto(path)
+                page.get_by_role("heading", level=2).first.wait_for()
+                if width == "mobile":  # nothing may overflow the 390 px viewport horizontally
+                    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+                    assert overflow <= 0, (path, overflow)
+                name = "tenant-picker" if path == "/" else path.strip("/").replace("/", "-")
+                screenshot(page, f"{user}-{name}")
