@@ -37,7 +37,10 @@ class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
         return super().__call__(request)
 
     def _static_response(self, request: HttpRequest) -> Any:
-        found = self.find_file(request.path_info) if self.autorefresh else self.files.get(request.path_info)
+        # A miss is looked up again through the finders, so a console rebuilt after start-up is served too.
+        found = self.files.get(request.path_info) if not self.autorefresh else None
+        if found is None:
+            found = self.find_file(request.path_info)
         return self.serve(found, request) if found is not None else None
 
     async def _acall(self, request: HttpRequest) -> Any:

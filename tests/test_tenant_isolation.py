@@ -99,6 +99,12 @@ class TestUsage(TenantScopedAPITests):
         return {"name": "metered"}
 
 
+class TestUsageSeries(TenantScopedAPITests):
+    list_url = "/api/v1/usage/series"
+    list_field = "model"
+    make_object = TestUsage.make_object
+
+
 # --- The matrix itself can fail: remove tenant scoping from a family's read path and its tests must go red.
 
 def _unscoped_usage(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,6 +150,9 @@ NOT_TENANT_OBJECTS = {
     "api/v1/auth/logout": "ends the caller's own session",
     "api/v1/auth/me": "the caller's own identity",
     "api/v1/auth/tenant": "picks one of the caller's own tenants (membership checked)",
+    "api/v1/operator/nodes$": "staff-only fleet view; tenants' keys and sessions get 403 (tests/inference/gateway/"
+                              "test_operator_api.py)",
+    "^(?!api/|v1/|internal/|admin/|static/|healthz|metrics)(?P<path>.*)$": "the console's index.html, no tenant data",
 }
 
 

@@ -89,7 +89,8 @@ def test_create_a_key_see_it_once_and_revoke_it(console: Any, make_user: Any, ga
     page = console()
     login(page, "alice")
     page.get_by_role("link", name="API keys").click()
-    page.get_by_role("textbox", name="Name").fill("ci-deploy")
+    page.get_by_role("heading", name="API keys").wait_for()
+    page.get_by_role("textbox", name="Name", exact=True).fill("ci-deploy")
     page.get_by_role("checkbox", name="adapters:read").check()
     page.get_by_role("button", name="Create key").click()
     secret = page.get_by_test_id("new-secret").inner_text().strip()
@@ -149,6 +150,7 @@ def test_playground_streams_the_adapter_beside_the_base_model(
     page = console()
     login(page, "alice")
     page.get_by_role("link", name="Playground").click()
+    page.get_by_role("heading", name="Playground").wait_for()
     example = demo_assets.examples["capitals"][0]
     page.get_by_label("Prompt").fill(example["prompt"])
     page.get_by_label("Max tokens").fill("12")
@@ -176,6 +178,7 @@ def test_screenshots_of_every_page_at_both_widths(
             for path in paths:
                 page.goto(path)
                 page.get_by_role("heading", level=2).first.wait_for()
+                page.wait_for_load_state("networkidle")
                 if width == "mobile":  # nothing may overflow the 390 px viewport horizontally
                     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
                     assert overflow <= 0, (path, overflow)
