@@ -10,7 +10,7 @@ could fill the disk without a key. Here, before the application sees a byte:
   ``QUIVER_MAX_ANONYMOUS_BODY_BYTES`` (enough for a login form);
 - routes that only ever serve credentialed callers (``/v1/*``, ``/internal/*``, the upload route) refuse a request
   without credentials with 401 before reading its body; the upload route also verifies the API key or session first,
-  since its cap is large.
+  and that it may upload at all (scope ``adapters:write``, or an owner/member session), since its cap is large.
 
 Refusals use the envelope of the route: OpenAI's ``{"error": {...}}`` on ``/v1/*``, ``{"detail", "code"}`` elsewhere.
 """
@@ -84,27 +84,42 @@ def _session_key(headers: dict[str, str]) -> str | None:
     return None
 
 
-def credentials_valid(authorization: str, session_key: str | None) -> bool:
-    """Whether a bearer API key or a logged-in session backs the request (database lookups; run in a thread).
+def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, str, str] | None:
+    """Why the upload route must refuse before reading the body, or None when the caller may upload.
+
+    The body may be ``QUIVER_MAX_UPLOAD_BYTES`` (hundreds of MB, spooled to disk by Django), so it is read only for
+    a caller able to upload: an active API key with ``adapters:write``, or a logged-in user who is owner or member of
+    some tenant (the tenant itself is resolved later). Database lookups: run in a thread.
 
     Args:
         authorization: the ``Authorization`` header value ("" if absent).
         session_key: the session cookie's value, or None.
+
+    Returns:
+        ``(status, code, message)`` (401 ``invalid_api_key``, 403 ``insufficient_scope``), or None.
     """
     from tenants.authentication import bearer_token
+    from tenants.models import Membership
+    from tenants.scopes import ADAPTERS_WRITE
     from tenants.services import ApiKeyInvalid, api_key_verify
 
+    invalid = (401, "invalid_api_key", "Invalid, revoked or expired API key or session.")
+    scope = (403, "insufficient_scope", f"Uploading needs an API key with scope '{ADAPTERS_WRITE}' (or a console "
+             "session of a tenant owner or member).")
     token = bearer_token(authorization) if authorization else None
     if token is not None:
         try:
-            api_key_verify(token)
-            return True
+            key = api_key_verify(token)
         except ApiKeyInvalid:
-            return False
+            return invalid
+        return None if ADAPTERS_WRITE in key.scopes else scope
     if session_key:
-        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-        return bool(store.get("_auth_user_id"))
-    return False
+        user_id = import_module(settings.SESSION_ENGINE).SessionStore(session_key).get("_auth_user_id")
+        if not user_id:
+            return invalid
+        writer = Membership.objects.filter(user_id=user_id, role__in=[Membership.Role.OWNER, Membership.Role.MEMBER])
+        return None if writer.exists() else scope
+    return invalid
 
 
 def _refusal(path: str, status: int, code: str, message: str) -> tuple[dict[str, Any], list[tuple[bytes, bytes]]]:
@@ -158,8 +173,9 @@ class FrontDoor:
         if declared.isdigit() and int(declared) > rule.max_bytes:
             await _respond(send, path, 413, "request_too_large", _too_large(rule))
             return
-        if rule.verify and not await sync_to_async(credentials_valid)(authorization, session_key):
-            await _respond(send, path, 401, "invalid_api_key", "Invalid, revoked or expired API key or session.")
+        refusal = await sync_to_async(upload_refusal)(authorization, session_key) if rule.verify else None
+        if refusal is not None:
+            await _respond(send, path, *refusal)
             return
         await self._bounded(scope, receive, send, rule, path)
 

@@ -87,6 +87,24 @@ def test_an_invalid_key_on_the_upload_route_is_refused_before_reading() -> None:
 
 
 @pytest.mark.django_db
+def test_a_key_without_adapters_write_is_refused_on_the_upload_route_before_reading() -> None:
+    # The applications' inference keys are the most exposed; they must not spool upload-sized bodies to disk.
+    _, secret = api_key_create(TenantFactory(), name="app", scopes=["inference", "adapters:read"])
+    body = Body(10)
+    status, data = _call("POST", UPLOAD, body, {"authorization": f"Bearer {secret}", "transfer-encoding": "chunked"})
+    assert (status, data["code"], body.pulled) == (403, "insufficient_scope", 0)
+
+
+@pytest.mark.django_db
+def test_a_viewer_session_is_refused_on_the_upload_route_before_reading(make_session_client: Any) -> None:
+    client, _, _ = make_session_client(role="viewer")
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    body = Body(10)
+    status, data = _call("POST", UPLOAD, body, {"cookie": cookie, "transfer-encoding": "chunked"})
+    assert (status, data["code"], body.pulled) == (403, "insufficient_scope", 0)
+
+
+@pytest.mark.django_db
 @override_settings(QUIVER_MAX_UPLOAD_BYTES=1024 * 1024)
 def test_a_chunked_upload_past_the_cap_stops_being_read() -> None:
     _, key = api_key_create(TenantFactory(), name="k")
