@@ -31,7 +31,6 @@ K8S = REPO_ROOT / "platform" / "k8s"
 K8S_VERSION = "1.34"
 OVERLAYS = ("gpu", "cpu-dev")
 NAMESPACE = "quiver"
-INTERNAL_PREFIXES = ("/internal", "/admin")
 
 
 def kubectl() -> str:
@@ -355,12 +354,19 @@ def test_only_public_routes_leave_the_cluster(overlay: str) -> None:
             "secretName"]
         for rule in ingress["spec"]["rules"]:
             for entry in rule["http"]["paths"]:
-                path = entry["path"]
                 assert entry["pathType"] in {"Prefix", "Exact"}
-                assert path != "/" and not any(p.startswith(path.rstrip("/") + "/") or p == path
-                                               for p in INTERNAL_PREFIXES), (name, path)
                 backend = entry["backend"]["service"]
-                assert backend["name"] in {"web", "gateway"} and backend["port"] == {"name": "http"}, (name, path)
+                # Only the public listener (config.asgi on port "http"), never web-internal or a node.
+                assert backend["name"] in {"web", "gateway"} and backend["port"] == {"name": "http"}, name
+                service = objects(docs, "Service")[backend["name"]]
+                http_port = next(p for p in service["spec"]["ports"] if p["name"] == "http")
+                workload = objects(docs, "Deployment")[backend["name"]]["spec"]["template"]
+                main = workload["spec"]["containers"][0]
+                assert "config.asgi:application" in main["command"]
+                assert {"name": http_port["targetPort"], "containerPort": 8000} in main["ports"]
+    assert ingresses["gateway"]["spec"]["rules"][0]["http"]["paths"][0]["path"] == "/v1"
+    for config in objects(docs, "ConfigMap").values():  # nobody mounts the admin on the public listener
+        assert config.get("data", {}).get("QUIVER_PUBLIC_ADMIN", "false").lower() in {"false", "0", ""}
     assert _size(ingresses["gateway"]["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]) >= \
         settings.QUIVER_MAX_JSON_BYTES  # the app's own 413 (JSON, names the limit) comes first
     upload_cap = objects(docs, "ConfigMap")
@@ -406,6 +412,18 @@ def test_network_policies_let_only_gateway_and_workers_reach_nodes(overlay: str)
     assert labels["StatefulSet/node"] == {**node, **{"app.kubernetes.io/part-of": "quiver"}} or \
         selects({"matchLabels": node}, labels["StatefulSet/node"])
     assert selects({"matchLabels": {"quiver.io/queue": "placement"}}, labels["Deployment/worker-placement"])
+
+
+@pytest.mark.parametrize("path", ["/internal/v1/nodes/heartbeat", "/admin/", "/admin/login/"])
+def test_the_public_listener_has_no_internal_route(path: str) -> None:
+    """What the Ingress reaches (config.asgi → config.urls) answers internal paths with a 404, not their views."""
+    from django.urls import Resolver404, resolve
+
+    assert not settings.QUIVER_PUBLIC_ADMIN
+    with pytest.raises(Resolver404):
+        resolve(path, urlconf="config.urls")
+    internal = resolve(path, urlconf="config.internal_urls")  # they do exist, on the internal listener
+    assert internal.func is not None
 
 
 def test_in_cluster_data_services_answer_only_quiver() -> None:
