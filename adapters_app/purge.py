@@ -32,10 +32,11 @@ S3_BATCH = 1000
 
 
 def _enqueue_on_commit(purges: Iterable[Purge]) -> None:
+    from workers.enqueue import enqueue_on_commit
     from workers.tasks import purge_run_task
 
     for purge in purges:
-        transaction.on_commit(functools.partial(purge_run_task.delay, purge.pk))
+        enqueue_on_commit(purge_run_task, purge.pk)
 
 
 def _run_on_commit(purges: Iterable[Purge]) -> None:

@@ -36,6 +36,7 @@ from adapters_app.validation import (
 from config.exceptions import QuiverError
 from inference.gateway.models import Node, Placement
 from tenants.models import Tenant
+from workers.enqueue import enqueue_on_commit
 from workers.tasks import adapter_version_validate_task
 
 logger = logging.getLogger(__name__)
@@ -295,7 +296,7 @@ def adapter_version_upload(
                 )
                 version.full_clean()
                 version.save()
-                transaction.on_commit(lambda: adapter_version_validate_task.delay(version.pk))
+                enqueue_on_commit(adapter_version_validate_task, version.pk)
     except UploadRejected as exc:
         storage.delete_keys(o.key for o in stored)
         raise _rejected(exc) from exc
@@ -333,7 +334,7 @@ def adapter_version_revalidate(version: AdapterVersion) -> AdapterVersion:
         if AdapterVersion.objects.filter(pk=version.pk, status=AdapterVersion.Status.REJECTED).update(
             status=AdapterVersion.Status.UPLOADED, validation_report=None, validated_at=None, validation_attempts=0
         ):
-            transaction.on_commit(lambda: adapter_version_validate_task.delay(version.pk))
+            enqueue_on_commit(adapter_version_validate_task, version.pk)
     version.refresh_from_db()
     return version
 

@@ -6,7 +6,6 @@ CPU/GPU LoRA cache), ``staged`` (on node disk), ``cold`` (only in S3), ``errored
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -21,6 +20,7 @@ from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.purge import purge_node_copy
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_client import NodeCallFailed, node_call
+from workers.enqueue import enqueue_on_commit
 from workers.tasks import placement_evict_task, placement_warm_task
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
             return placement
         placement.warming_since = timezone.now()
         placement.save(update_fields=["warming_since", "updated_at"])
-        transaction.on_commit(lambda: placement_warm_task.delay(placement.pk))
+        enqueue_on_commit(placement_warm_task, placement.pk)
     return placement
 
 
@@ -174,7 +174,7 @@ def placement_on_ready(version: AdapterVersion) -> Placement | None:
         adapter_version__number__lt=version.number,
     ).values_list("pk", flat=True)
     for placement_id in list(older):
-        transaction.on_commit(functools.partial(placement_evict_task.delay, placement_id))
+        enqueue_on_commit(placement_evict_task, placement_id)
     node = node_select_for_warm(version.adapter.base_model, r=version.r)
     return placement_request_warm(version, node=node) if node else None
 
