@@ -96,6 +96,8 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     serializer_class = MemberOutputSerializer
     lookup_field = "user__username"
     lookup_url_kwarg = "username"
+    # Django usernames may contain '.', '@', '+' (DRF's default lookup regex stops at '.').
+    lookup_value_regex = r"[\w.@+-]+"
     scope_map = KEYS_SCOPE_MAP
     role_map = MEMBERS_ROLE_MAP
 
