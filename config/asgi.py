@@ -1,7 +1,9 @@
 """ASGI entry point served by uvicorn: the control-plane API and the streaming OpenAI-compatible gateway.
 
 Without ``DJANGO_SETTINGS_MODULE`` the production settings apply (missing or placeholder secrets stop the start);
-the demo and the tests choose theirs explicitly.
+the demo and the tests choose theirs explicitly. ``POST /v1/completions`` and ``/v1/chat/completions`` go to the
+gateway's lean ASGI app (``inference.gateway.app``, no Django request cycle on the hot path); everything else, other
+``/v1/*`` paths included, to Django.
 """
 
 import os
@@ -12,6 +14,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 django_application = get_asgi_application()
 
 from config.front_door import FrontDoor  # noqa: E402  (needs settings configured)
+from inference.gateway import app as gateway  # noqa: E402
 
-# Body caps and credential checks happen before Django reads (and spools) a request body.
-application = FrontDoor(django_application)
+
+async def _route(scope, receive, send):  # type: ignore[no-untyped-def]
+    if scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] in gateway.ROUTES):
+        await gateway.application(scope, receive, send)
+    else:
+        await django_application(scope, receive, send)
+
+
+# Body caps and credential checks happen before Django (or the gateway) reads a request body.
+application = FrontDoor(_route)

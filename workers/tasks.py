@@ -123,3 +123,11 @@ def gc_s3_orphans_task() -> None:
     from adapters_app.purge import s3_orphans_collect
 
     s3_orphans_collect()
+
+
+@shared_task(ignore_result=True, max_retries=0)
+def usage_drain_task() -> None:
+    """Beat, every second: move metered usage from the Redis stream into PostgreSQL (``metering.usage_drain``)."""
+    from inference.gateway.metering import usage_drain
+
+    usage_drain()

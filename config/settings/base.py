@@ -171,6 +171,7 @@ CELERY_BEAT_SCHEDULE = {
     "validation-sweep": {"task": "workers.tasks.validation_sweep_task", "schedule": 60.0},
     "purge-reconcile": {"task": "workers.tasks.purge_reconcile_task", "schedule": 30.0},
     "gc-s3-orphans": {"task": "workers.tasks.gc_s3_orphans_task", "schedule": 3600.0},
+    "usage-drain": {"task": "workers.tasks.usage_drain_task", "schedule": 1.0},
 }
 # A child killed mid-task (OOM, SIGKILL) puts its acks_late task back on the queue instead of acking it.
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -204,6 +205,19 @@ QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)
 QUIVER_PROXY_TIMEOUT_S = env.float("QUIVER_PROXY_TIMEOUT_S", default=300.0)
+
+# --- Gateway fast path (issue 7). Redis carries cache invalidation, rate limits and the usage stream; without it
+# (the SQLite demo) caches live QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S and usage is written straight to the database.
+QUIVER_GATEWAY_REDIS_URL = env("QUIVER_GATEWAY_REDIS_URL",
+                               default=REDIS_URL if CELERY_BROKER_URL.startswith("redis") else "")
+QUIVER_GATEWAY_BUS_CHANNEL = "quiver:gateway:invalidate"
+QUIVER_GATEWAY_CACHE_TTL_S = env.float("QUIVER_GATEWAY_CACHE_TTL_S", default=60.0)
+QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S = env.float("QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S", default=1.0)
+QUIVER_GATEWAY_FLEET_REFRESH_S = env.float("QUIVER_GATEWAY_FLEET_REFRESH_S", default=0.5)
+# Keep-alive connections per gateway process to all engines together (httpx pool).
+QUIVER_GATEWAY_UPSTREAM_POOL = env.int("QUIVER_GATEWAY_UPSTREAM_POOL", default=512)
+QUIVER_USAGE_STREAM = "quiver:usage"
+QUIVER_USAGE_GROUP = "usage-writers"
 
 LOGGING = {
     "version": 1,

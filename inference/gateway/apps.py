@@ -7,3 +7,9 @@ class GatewayConfig(AppConfig):
     name = "inference.gateway"
     label = "gateway"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Connect the cache-invalidation receivers (``inference.gateway.signals``)."""
+        from inference.gateway import signals
+
+        signals.connect()

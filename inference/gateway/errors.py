@@ -14,11 +14,13 @@ class GatewayError(Exception):
         code: stable code, e.g. ``model_not_found``.
         type_: OpenAI error type (``invalid_request_error``, ``authentication_error``, ``server_error``...).
         param: the request field concerned, if any.
+        headers: extra response headers (``Allow``, ``Retry-After``, ``x-ratelimit-*``...).
     """
 
     def __init__(self, status: int, message: str, *, code: str, type_: str = "invalid_request_error",
-                 param: str | None = None):
+                 param: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
+        self.headers = dict(headers or {})
         self.status = status
         self.message = message
         self.code = code
@@ -29,6 +31,8 @@ class GatewayError(Exception):
         """The OpenAI-shaped JSON response (with ``WWW-Authenticate`` on 401)."""
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         resp = JsonResponse(body, status=self.status)
+        for name, value in self.headers.items():
+            resp[name] = value
         if self.status == 401:
             resp["WWW-Authenticate"] = 'Bearer realm="quiver"'
         return resp

@@ -7,6 +7,7 @@ show activity, not residency (shared/notes/anchors.md §5.1; vllm-project/vllm#4
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 from adapters_app.models import AdapterVersion, BaseModel
 from tenants.models import ApiKey, Tenant
@@ -74,7 +75,12 @@ class Placement(models.Model):
 
 
 class UsageRecord(models.Model):
-    """One proxied request's token counts, per tenant, key and adapter version (null = the base model)."""
+    """One proxied request's token counts, per tenant, key and adapter version (null = the base model).
+
+    Written in batches off the request path (``metering.usage_drain``); ``request_id`` makes a redelivered batch a
+    no-op, and ``created_at`` is when the request arrived, not when the row was written. ``status_code`` 499 = the
+    client went away mid-stream, 502 = the engine died; tokens are those actually sent either way.
+    """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
     api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL)
@@ -90,7 +96,9 @@ class UsageRecord(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     latency_ms = models.FloatField()
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    request_id = models.CharField(max_length=40, unique=True, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     def __str__(self) -> str:
         return f"{self.endpoint}:{self.status_code}"

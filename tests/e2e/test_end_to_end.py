@@ -21,6 +21,7 @@ from adapters_app.storage import delete_keys, s3_client
 from demo.api_client import upload_adapter, wait_validated
 from demo.assets import DemoAssets
 from demo.tiny_model import load_base
+from inference.gateway.metering import usage_drain
 from inference.gateway.models import Placement, UsageRecord
 from inference.gateway.node_client import node_call
 from tenants.services import api_key_create, api_key_revoke
@@ -74,7 +75,12 @@ def test_upload_validate_warm_and_serve_two_adapters_and_the_base(
         base_out = f_base.result()
     assert base_out.choices[0].model_extra["token_ids"] == _hf_greedy_ids(demo_assets.base_dir, base_prompt, 8)
 
-    # Residency and metering were recorded per version.
+    # Residency and metering were recorded per version (usage goes through the Redis stream; drain it).
+    deadline = time.monotonic() + 10
+    while UsageRecord.objects.filter(tenant=tenant).count() < 4:
+        assert time.monotonic() < deadline, "usage records never reached the database"
+        usage_drain()
+        time.sleep(0.1)
     assert Placement.objects.filter(adapter_version__adapter__name__in=names,
                                     tier__in=["warm", "hot"]).count() == 2
     usage = UsageRecord.objects.filter(tenant=tenant, adapter_version__isnull=False, status_code=200)

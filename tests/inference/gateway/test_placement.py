@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload, adapter_version_validate
-from inference.gateway.errors import GatewayError
+from inference.gateway.directory import load_fleet, load_target
 from inference.gateway.models import Node, Placement
 from inference.gateway.nodes import node_register
 from inference.gateway.placement import (
@@ -20,7 +20,7 @@ from inference.gateway.placement import (
     placement_on_ready,
     placement_request_warm,
 )
-from inference.gateway.routing import Target, node_for, target_resolve
+from inference.gateway.snapshot import NodeView, TargetView, node_choose
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +39,17 @@ def _beat(state: dict) -> Node:
         node, _ = node_register(name=state["node"], agent_url=state["agent_url"], engine_url=state["engine_url"],
                                 base_model_name="tiny-llama")
     return node_heartbeat(node=node, state=state)
+
+
+def node_for(target: TargetView) -> NodeView | None:
+    """The fast path's node choice over a fresh fleet read."""
+    return node_choose(load_fleet(), target)
+
+
+def _target(version: AdapterVersion) -> TargetView:
+    target = load_target(version.tenant_id, version.adapter.name)
+    assert isinstance(target, TargetView)
+    return target
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +85,7 @@ def test_routing_prefers_hot_then_short_queue_and_skips_stale_nodes(ready_versio
     hot = {**warm, "tier": "hot"}
     _beat(_state("a", [warm]))
     _beat(_state("b", [hot]))
-    target = Target(requested="bot", base_model=ready_version.adapter.base_model, version=ready_version)
+    target = _target(ready_version)
     assert node_for(target).name == "b"  # equal load: the GPU slot wins
     _beat(_state("b", [hot], num_requests_waiting=3))
     assert node_for(target).name == "a"  # both in the engine: a swap costs less than 3 queued requests
@@ -97,18 +108,19 @@ def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_cap
 
 def test_resolve_maps_names_and_hides_other_tenants(ready_version: AdapterVersion, make_client) -> None:  # type: ignore[no-untyped-def]
     tenant = ready_version.tenant
-    assert target_resolve(tenant, model="bot").version == ready_version
-    assert target_resolve(tenant, model="tiny-llama").version is None
+    bot = load_target(tenant.pk, "bot")
+    assert isinstance(bot, TargetView) and bot.version_id == ready_version.pk
+    assert bot.served_name == ready_version.served_name
+    base = load_target(tenant.pk, "tiny-llama")
+    assert isinstance(base, TargetView) and base.version_id is None and base.served_name == "tiny-llama"
     _, other, _ = make_client(slug="other")
-    with pytest.raises(GatewayError) as err:
-        target_resolve(other, model="bot")
-    assert err.value.status == 404 and err.value.code == "model_not_found"
+    assert load_target(other.pk, "bot") == "not_found"
 
 
 def test_a_name_still_served_from_disk_is_routable_without_a_warm(ready_version: AdapterVersion) -> None:
     entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "staged"}
     _beat(_state("disk-only", [{**entry, "served": False}]))
-    target = Target(requested="bot", base_model=ready_version.adapter.base_model, version=ready_version)
+    target = _target(ready_version)
     assert node_for(target) is None
     _beat(_state("disk-only", [{**entry, "served": True}]))
     assert node_for(target).name == "disk-only"

@@ -1,49 +1,74 @@
-"""SSE relay: model names rewritten back, usage captured, the usage-only chunk hidden unless asked for."""
+"""SSE relay: model names rewritten back, usage captured, the usage-only chunk hidden unless asked for, and a
+stream the engine cuts ends with an OpenAI error event metered as 502 with the tokens sent."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 
-from inference.gateway.proxy import relay_sse
+from inference.gateway.app import GatewayApp
+from inference.gateway.snapshot import TargetView
 
 SSE = (
-    'data: {"id":"1","model":"acme--bot--7","choices":[{"index":0,"delta":{"content":"Pa"}}]}\n\n'
-    'data: {"id":"1","model":"acme--bot--7","choices":[{"index":0,"delta":{"content":"ris"}}],"usage":null}\n\n'
+    'data: {"id":"1","model":"acme--bot--7","choices":[{"index":0,"text":"Pa"}],'
+    '"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n'
+    'data: {"id":"1","model":"acme--bot--7","choices":[{"index":0,"text":"ris"}],'
+    '"usage":{"prompt_tokens":4,"completion_tokens":2}}\n\n'
     'data: {"id":"1","model":"acme--bot--7","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}\n\n'
     "data: [DONE]\n\n"
 )
+TARGET = TargetView(requested="bot", base_model_id=1, base_model_name="tiny", served_name="acme--bot--7",
+                    version_id=7, version_number=1)
 
 
-def _relay(keep_usage: bool) -> tuple[list[str], list[object]]:
-    seen: list[object] = []
+def _relay(stream: Any, keep_usage: bool) -> tuple[list[str], list[tuple[int, Any]]]:
+    seen: list[tuple[int, Any]] = []
 
-    async def done(usage: object) -> None:
-        seen.append(usage)
+    def record(status: int, usage: Any, ttft_ms: float | None = None) -> None:
+        seen.append((status, usage))
 
     async def run() -> list[str]:
-        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=SSE))
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, stream=stream))
         client = httpx.AsyncClient(transport=transport)
         response = await client.send(client.build_request("POST", "http://engine/v1/completions"), stream=True)
-        return [c.decode() async for c in relay_sse(client, response, served="acme--bot--7", requested="bot",
-                                                    keep_usage=keep_usage, on_done=done)]
+        events = GatewayApp._relay(response, target=TARGET, keep_usage=keep_usage, record=record, started=0.0)
+        return [c.decode() async for c in events]
 
     return asyncio.run(run()), seen
 
 
+class _Cut(httpx.AsyncByteStream):
+    """The engine sends one chunk, then its connection drops."""
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        yield SSE.split("\n\n")[0].encode() + b"\n\n"
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
 def test_relay_rewrites_model_and_meters_without_leaking_usage() -> None:
-    events, seen = _relay(keep_usage=False)
+    events, seen = _relay(httpx.ByteStream(SSE.encode()), keep_usage=False)
     payloads = [json.loads(e[6:]) for e in events if e != "data: [DONE]\n\n"]
     assert [p["model"] for p in payloads] == ["bot", "bot"]
     assert all("usage" not in p for p in payloads)
     assert events[-1] == "data: [DONE]\n\n"
-    assert seen == [{"prompt_tokens": 4, "completion_tokens": 2}]
+    assert seen == [(200, {"prompt_tokens": 4, "completion_tokens": 2})]
 
 
 def test_relay_keeps_usage_when_the_client_asked() -> None:
-    events, _ = _relay(keep_usage=True)
+    events, _ = _relay(httpx.ByteStream(SSE.encode()), keep_usage=True)
     assert len(events) == 4
+    assert json.loads(events[0][6:])["usage"] is None  # OpenAI: usage only on the final chunk
     assert json.loads(events[2][6:])["usage"]["completion_tokens"] == 2
     assert "acme--bot--7" not in "".join(events)
+
+
+def test_a_cut_stream_ends_with_an_error_event_and_is_metered_502_with_tokens_sent() -> None:
+    events, seen = _relay(_Cut(), keep_usage=False)
+    assert json.loads(events[0][6:])["choices"][0]["text"] == "Pa"
+    error = json.loads(events[-1][6:])["error"]
+    assert error["code"] == "upstream_stream_cut" and error["type"] == "server_error"
+    assert "[DONE]" not in "".join(events)
+    assert seen == [(502, {"prompt_tokens": 4, "completion_tokens": 1})]

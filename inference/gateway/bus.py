@@ -1,0 +1,84 @@
+"""Cache invalidation across gateway processes: Redis pub/sub on ``QUIVER_GATEWAY_BUS_CHANNEL``.
+
+Writers (signal receivers in ``inference.gateway.signals``) publish ``{"kind", "id"}`` after their transaction
+commits; every gateway process subscribes and drops the matching cache entries (``Directory.invalidate``). Pub/sub
+is at-most-once, so a (re)subscription flushes every cache, and while the subscription is down the caches fall back
+to TTLs of ``QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S``: a revoked key stops within about a second either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from inference.gateway.directory import Directory
+
+logger = logging.getLogger(__name__)
+_client: redis.Redis | None = None
+
+
+def _sync_client() -> redis.Redis | None:
+    global _client
+    if not settings.QUIVER_GATEWAY_REDIS_URL:
+        return None
+    if _client is None:
+        _client = redis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    return _client
+
+
+def invalidation_publish(kind: str, ident: Any = None) -> None:
+    """Tell every gateway process to drop cached ``kind`` entries for ``ident`` (see ``Directory.invalidate``).
+
+    Never raises: a lost message is covered by the subscribers' flush on reconnect and the TTL fallback.
+    """
+    client = _sync_client()
+    if client is None:
+        return
+    try:
+        client.publish(settings.QUIVER_GATEWAY_BUS_CHANNEL, json.dumps({"kind": kind, "id": ident}))
+    except redis.RedisError as exc:
+        logger.warning("gateway.bus_publish_failed", extra={"kind": kind, "error": str(exc)})
+
+
+async def subscribe_forever(directory: Directory) -> None:
+    """Apply invalidations to ``directory`` until cancelled; reconnects every second while Redis is away."""
+    url = settings.QUIVER_GATEWAY_REDIS_URL
+    if not url:
+        return
+    while True:
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=5)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(settings.QUIVER_GATEWAY_BUS_CHANNEL)
+            directory.invalidate("all")  # messages may have been missed while unsubscribed
+            directory.bus_ok = True
+            while True:
+                message = await pubsub.get_message(timeout=5.0)
+                if message is None:
+                    await pubsub.ping()
+                    continue
+                try:
+                    data = json.loads(message["data"])
+                    directory.invalidate(str(data["kind"]), data.get("id"))
+                except (ValueError, KeyError, TypeError):
+                    directory.invalidate("all")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any Redis or socket failure: fall back to short TTLs and retry
+            if directory.bus_ok:
+                logger.warning("gateway.bus_lost", extra={"error": repr(exc)})
+            directory.bus_ok = False
+            await asyncio.sleep(1.0)
+        finally:
+            directory.bus_ok = False
+            try:
+                await pubsub.aclose()
+                await client.aclose()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass

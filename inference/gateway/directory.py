@@ -1,0 +1,243 @@
+"""In-process caches of keys, model targets and the fleet, so an ordinary gateway request makes no database query.
+
+Loaders are plain ORM reads run in one worker thread (one database connection per gateway process, never held
+while a request streams or waits for a warm). Entries are served while fresh; past ``soft_ttl`` the next hit
+refreshes in the background and still serves the old view; past ``hard_ttl`` the hit waits for the database.
+Invalidation messages (``inference.gateway.bus``) drop entries at once on every process; without a working bus the
+TTLs shrink to ``QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S`` so a revoked key still stops within about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, PlacementView, TargetView
+
+logger = logging.getLogger(__name__)
+V = TypeVar("V")
+
+# One thread, so one database connection per process however many requests miss at once.
+_db_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
+
+
+def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    close_old_connections()  # drop a connection PostgreSQL closed (restart, idle timeout) before using it
+    try:
+        return fn(*args)
+    except Exception:
+        connection.close()
+        raise
+
+
+async def db_call(fn: Callable[..., V], *args: Any) -> V:
+    """Run a synchronous ORM function in the gateway's database thread."""
+    return await asyncio.get_running_loop().run_in_executor(_db_pool, _in_db_thread, fn, *args)
+
+
+def _limits(obj: Any) -> Limits:
+    return Limits(rpm=getattr(obj, "rpm_limit", None), tpm=getattr(obj, "tpm_limit", None),
+                  concurrency=getattr(obj, "concurrency_limit", None), max_tokens=getattr(obj, "max_tokens_limit", None))
+
+
+def load_key(key_id: str) -> KeyView | None:
+    """The key with ``key_id`` (any state: the caller checks enabled/expiry), or None."""
+    from tenants.models import ApiKey
+
+    key = ApiKey.objects.select_related("tenant").filter(key_id=key_id).first()
+    if key is None:
+        return None
+    return KeyView(pk=key.pk, key_id=key.key_id, digest=key.digest, enabled=key.enabled, expires_at=key.expires_at,
+                   scopes=frozenset(key.scopes), tenant_id=key.tenant_id, tenant_slug=key.tenant.slug,
+                   tenant_limits=_limits(key.tenant), key_limits=_limits(key),
+                   priority=getattr(key, "priority", None) or getattr(key.tenant, "priority", 0) or 0)
+
+
+def load_target(tenant_id: int, model: str) -> TargetView | str:
+    """The base model or the tenant's newest ready version named ``model``; else ``"not_found"``/``"not_ready"``."""
+    from adapters_app.models import Adapter, AdapterVersion, BaseModel
+
+    base = BaseModel.objects.filter(base_model_name=model).first()
+    if base is not None:
+        return TargetView(requested=model, base_model_id=base.pk, base_model_name=base.base_model_name,
+                          served_name=base.base_model_name)
+    adapter = Adapter.objects.select_related("base_model", "tenant").filter(tenant_id=tenant_id, name=model).first()
+    if adapter is None:
+        return "not_found"
+    version = (AdapterVersion.objects.filter(adapter=adapter, status=AdapterVersion.Status.READY)
+               .order_by("-number").first())
+    if version is None:
+        return "not_ready"
+    version.adapter = adapter
+    return TargetView(requested=model, base_model_id=adapter.base_model_id,
+                      base_model_name=adapter.base_model.base_model_name, served_name=version.served_name,
+                      version_id=version.pk, version_number=version.number, r=version.r)
+
+
+def _gpu_used(node: Any) -> int:
+    residency = node.state.get("residency") if isinstance(node.state, dict) else None
+    return int((residency.get("gpu", 0) if isinstance(residency, dict) else 0) or 0)
+
+
+def load_fleet() -> FleetView:
+    """Live nodes (healthy, heartbeat within ``QUIVER_NODE_STALE_AFTER_S``) and every placement on them that
+    serves or failed: two queries."""
+    from inference.gateway.models import Node, Placement
+    from inference.gateway.node_client import node_key
+
+    fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
+    nodes = tuple(
+        NodeView(pk=n.pk, name=n.name, engine_url=n.engine_url.rstrip("/"), base_model_id=n.base_model_id,
+                 key=node_key(n), max_lora_rank=n.max_lora_rank, max_loras=n.max_loras, gpu_used=_gpu_used(n),
+                 num_requests_running=n.num_requests_running or 0, num_requests_waiting=n.num_requests_waiting or 0,
+                 kv_cache_usage_perc=n.kv_cache_usage_perc or 0.0)
+        for n in Node.objects.filter(healthy=True, last_heartbeat_at__gte=fresh, base_model__isnull=False)
+    )
+    placements: dict[int, list[PlacementView]] = {}
+    rows = Placement.objects.filter(node_id__in=[n.pk for n in nodes]).exclude(
+        tier=Placement.Tier.COLD, served=False).values_list(
+        "node_id", "adapter_version_id", "tier", "served", "last_error", "warming_since")
+    for node_id, version_id, tier, served, last_error, warming_since in rows:
+        code = last_error.split(":", 1)[0] if tier == Placement.Tier.ERRORED and warming_since is None else ""
+        placements.setdefault(version_id, []).append(
+            PlacementView(node_id=node_id, version_id=version_id, tier=tier, served=served, error_code=code))
+    return FleetView(nodes=nodes, placements={k: tuple(v) for k, v in placements.items()}, read_at=time.monotonic())
+
+
+class _Entry(Generic[V]):
+    __slots__ = ("value", "at", "refreshing")
+
+    def __init__(self, value: V, at: float):
+        self.value = value
+        self.at = at
+        self.refreshing = False
+
+
+class TtlCache(Generic[V]):
+    """Async read-through cache over a synchronous loader (stale-while-revalidate, one load per key at a time).
+
+    Args:
+        loader: ``loader(*key)`` run in the database thread; its result (including None) is cached.
+        ttl: ``ttl() -> (soft, hard)`` seconds, read on every hit so a bus outage shortens them at once.
+    """
+
+    def __init__(self, loader: Callable[..., V], ttl: Callable[[], tuple[float, float]]):
+        self._loader = loader
+        self._ttl = ttl
+        self._entries: dict[tuple[Hashable, ...], _Entry[V]] = {}
+        self._loading: dict[tuple[Hashable, ...], asyncio.Future[V]] = {}
+        self.generation = 0
+
+    async def get(self, *key: Hashable) -> V:
+        """The cached value for ``key``, loading it when absent or past the hard TTL."""
+        entry = self._entries.get(key)
+        now = time.monotonic()
+        if entry is not None:
+            soft, hard = self._ttl()
+            age = now - entry.at
+            if age < soft:
+                return entry.value
+            if age < hard:
+                if not entry.refreshing:
+                    entry.refreshing = True
+                    task = asyncio.get_running_loop().create_task(self._load(tuple(key)))
+                    task.add_done_callback(_log_failure)
+                return entry.value
+        return await self._load(tuple(key))
+
+    async def _load(self, key: tuple[Hashable, ...]) -> V:
+        pending = self._loading.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        generation = self.generation
+        try:
+            value = await db_call(self._loader, *key)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it
+            raise
+        finally:
+            self._loading.pop(key, None)
+        if generation == self.generation:  # an invalidation during the load must not be overwritten by stale data
+            self._entries[key] = _Entry(value, time.monotonic())
+        future.set_result(value)
+        return value
+
+    def invalidate(self, predicate: Callable[[tuple[Hashable, ...]], bool] | None = None) -> int:
+        """Drop entries whose key matches ``predicate`` (all when None); returns how many."""
+        self.generation += 1
+        if predicate is None:
+            dropped = len(self._entries)
+            self._entries.clear()
+            return dropped
+        doomed = [k for k in self._entries if predicate(k)]
+        for k in doomed:
+            del self._entries[k]
+        return len(doomed)
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("gateway.cache_refresh_failed", extra={"error": repr(task.exception())})
+
+
+class Directory:
+    """The gateway process's caches: ``keys`` (key_id → KeyView | None), ``targets`` ((tenant_id, model) →
+    TargetView | error code) and the fleet view (refreshed every ``QUIVER_GATEWAY_FLEET_REFRESH_S``)."""
+
+    def __init__(self) -> None:
+        self.bus_ok = False
+        self.keys: TtlCache[KeyView | None] = TtlCache(load_key, self._ttl)
+        self.targets: TtlCache[TargetView | str] = TtlCache(load_target, self._ttl)
+        self._fleet: TtlCache[FleetView] = TtlCache(load_fleet, self._fleet_ttl)
+
+    def _ttl(self) -> tuple[float, float]:
+        if self.bus_ok:
+            hard = settings.QUIVER_GATEWAY_CACHE_TTL_S
+            return hard / 2, hard
+        fallback = settings.QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S
+        return fallback / 2, fallback
+
+    @staticmethod
+    def _fleet_ttl() -> tuple[float, float]:
+        refresh = settings.QUIVER_GATEWAY_FLEET_REFRESH_S
+        return refresh, max(5.0, 10 * refresh)
+
+    async def fleet(self) -> FleetView:
+        """The fleet view (stale by at most the refresh interval, except right after a long idle)."""
+        return await self._fleet.get()
+
+    async def fleet_fresh(self, max_age_s: float) -> FleetView:
+        """The fleet view read at most ``max_age_s`` ago (waits for a reload otherwise; concurrent callers share it)."""
+        view = await self._fleet.get()
+        if time.monotonic() - view.read_at <= max_age_s:
+            return view
+        return await self._fleet._load(())
+
+    def invalidate(self, kind: str, ident: Any = None) -> None:
+        """Apply one invalidation message: ``key`` (key_id), ``tenant`` (tenant id: its keys and targets),
+        ``targets`` (tenant id, or None for every tenant), ``fleet``, or ``all``."""
+        if kind == "key":
+            self.keys.invalidate(lambda k: k[0] == ident)
+        elif kind == "tenant":
+            self.keys.invalidate(lambda k: True)
+            self.targets.invalidate(lambda k: k[0] == ident)
+        elif kind == "targets":
+            self.targets.invalidate(None if ident is None else (lambda k: k[0] == ident))
+        elif kind == "fleet":
+            self._fleet.invalidate()
+        else:
+            self.keys.invalidate()
+            self.targets.invalidate()
+            self._fleet.invalidate()

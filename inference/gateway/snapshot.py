@@ -1,0 +1,144 @@
+"""Frozen views the gateway's fast path works from, and the one node-choice function.
+
+The fast path never touches the ORM: caches (``inference.gateway.directory``) hold these views, filled from the
+database off the request path. Node choice is a pure function over a :class:`FleetView` (conventions "Decisions are
+pure"); it is the single call a fleet routing policy replaces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from inference.fleet.hrw import hrw_weight
+from inference.fleet.routing import Candidate, route
+from inference.fleet.tiers import FROM_DB_WORD, Tier
+
+RESIDENT_TIERS = frozenset({"warm", "hot"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-tenant or per-key limits; None = unlimited. Units: requests/min, tokens/min, concurrent requests, tokens."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrency: int | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class KeyView:
+    """An API key as the gateway needs it: digest to check the secret, tenant, scopes, expiry and limits."""
+
+    pk: int
+    key_id: str
+    digest: str
+    enabled: bool
+    expires_at: datetime | None
+    scopes: frozenset[str]
+    tenant_id: int
+    tenant_slug: str
+    tenant_limits: Limits = Limits()
+    key_limits: Limits = Limits()
+    priority: int = 0
+
+    def secret_matches(self, secret: str, hmac_key: bytes) -> bool:
+        """Constant-time check of the presented secret against the stored HMAC-SHA256 digest (conventions §4)."""
+        digest = hmac.new(hmac_key, secret.encode(), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(self.digest, digest)
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """What a request runs on. ``version_id`` None means the base model itself.
+
+    ``served_name`` is vLLM's ``model`` (the version's ``lora_name`` or the base model's name).
+    """
+
+    requested: str
+    base_model_id: int
+    base_model_name: str
+    served_name: str
+    version_id: int | None = None
+    version_number: int | None = None
+    r: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A live node: where to send requests (``engine_url`` with bearer ``key``, the node's own derived key), and the
+    gauges last reported by its heartbeat."""
+
+    pk: int
+    name: str
+    engine_url: str
+    base_model_id: int | None
+    key: str = field(default="", repr=False)
+    max_lora_rank: int = 0
+    max_loras: int = 0
+    gpu_used: int = 0
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    kv_cache_usage_perc: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlacementView:
+    """Residency of one version on one node (``tier`` in the database's words; ``served``: the engine answers for
+    the name; ``error_code``: the code of a finished failed warm, else empty)."""
+
+    node_id: int
+    version_id: int
+    tier: str
+    served: bool
+    error_code: str = ""
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """Every live node and the placements on them, as read at ``read_at`` (monotonic seconds)."""
+
+    nodes: tuple[NodeView, ...] = ()
+    placements: dict[int, tuple[PlacementView, ...]] = field(default_factory=dict)
+    read_at: float = 0.0
+
+    def nodes_for_base(self, base_model_id: int) -> list[NodeView]:
+        """Live nodes serving ``base_model_id``."""
+        return [n for n in self.nodes if n.base_model_id == base_model_id]
+
+    def warm_error(self, version_id: int) -> str:
+        """The error code of the latest finished failed warm of ``version_id`` on a live node, else empty."""
+        return next((p.error_code for p in self.placements.get(version_id, ()) if p.error_code), "")
+
+
+def _candidate(node: NodeView, tier: Tier, version_id: int | str) -> Candidate:
+    return Candidate(node=node.name, tier=tier, gpu_slots=node.max_loras, gpu_used=node.gpu_used,
+                     running=node.num_requests_running, waiting=node.num_requests_waiting,
+                     kv_cache_usage_perc=node.kv_cache_usage_perc, in_placement=True,
+                     hrw=hrw_weight(version_id, node.name))
+
+
+def node_choose(fleet: FleetView, target: TargetView) -> NodeView | None:
+    """The node to send ``target`` to now, or None (no live node; for an adapter: none serves it yet).
+
+    ``inference.fleet.routing.route`` over the live nodes that hold the version (``hot`` = GPU slot, ``warm`` = CPU
+    cache, ``staged`` but still served by name = disk), fed from the nodes' last heartbeats: residency first, never a
+    saturated node while another qualifies, bounded load, ties by HRW rank (its docstring has the rules and sources).
+    Base-model requests go where the fewest GPU LoRA slots are busy. This is the gateway's one node-choice call.
+    """
+    live = fleet.nodes_for_base(target.base_model_id)
+    by_name = {n.name: n for n in live}
+    if target.version_id is None:
+        decision = route([_candidate(n, Tier.COLD, "base") for n in live], base_model=True)
+        return by_name[decision.node] if decision else None
+    by_pk = {n.pk: n for n in live}
+    candidates = [
+        _candidate(by_pk[p.node_id], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK, target.version_id)
+        for p in fleet.placements.get(target.version_id, ())
+        if p.node_id in by_pk and (p.tier in RESIDENT_TIERS or p.served)
+    ]
+    decision = route(candidates)
+    return by_name[decision.node] if decision else None

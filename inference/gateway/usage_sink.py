@@ -1,0 +1,84 @@
+"""Where the gateway puts usage records: off the request path, in batches.
+
+``emit`` only appends to an in-process buffer; a background task flushes it at once (every record waits
+milliseconds, not a batch window) with one pipelined ``XADD`` per batch to ``QUIVER_USAGE_STREAM``, from where
+``metering.usage_drain`` writes PostgreSQL. Without Redis (the SQLite demo) the task inserts the rows itself. While
+the target is down the buffer is kept (bounded by ``MAX_BUFFER``) and retried every second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from typing import Any
+
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from inference.gateway.directory import db_call
+from inference.gateway.metering import usage_records_write
+
+logger = logging.getLogger(__name__)
+MAX_BUFFER = 100_000
+
+
+class UsageSink:
+    """The process's usage buffer; :meth:`run_forever` is its flusher task."""
+
+    def __init__(self) -> None:
+        self._buffer: deque[dict[str, Any]] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._redis: aioredis.Redis | None = None
+
+    def emit(self, row: dict[str, Any]) -> None:
+        """Queue one record (``metering.usage_row``); never blocks or raises."""
+        if len(self._buffer) >= MAX_BUFFER:
+            dropped = self._buffer.popleft()
+            logger.error("usage.buffer_full", extra={"request_id": dropped.get("request_id")})
+        self._buffer.append(row)
+        self._idle.clear()
+        self._wake.set()
+
+    async def flushed(self, timeout: float = 5.0) -> bool:
+        """Wait until every emitted record has been handed on; False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _write(self, rows: list[dict[str, Any]]) -> None:
+        url = settings.QUIVER_GATEWAY_REDIS_URL
+        if not url:
+            await db_call(usage_records_write, rows)
+            return
+        if self._redis is None:
+            self._redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+        pipe = self._redis.pipeline(transaction=False)
+        for row in rows:
+            pipe.xadd(settings.QUIVER_USAGE_STREAM, {"r": json.dumps(row, separators=(",", ":"))})
+        await pipe.execute()
+
+    async def run_forever(self) -> None:
+        """Flush the buffer whenever records arrive, until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._buffer:
+                rows = list(self._buffer)
+                try:
+                    await self._write(rows)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # Redis or the database away: keep the rows, retry
+                    logger.warning("usage.flush_failed", extra={"rows": len(rows), "error": repr(exc)})
+                    self._redis = None
+                    await asyncio.sleep(1.0)
+                    continue
+                for _ in rows:
+                    self._buffer.popleft()
+            self._idle.set()

@@ -1,0 +1,221 @@
+"""Benchmark the gateway against the engine it fronts: the same requests straight to vLLM and through Quiver.
+
+One CPU vLLM node (the tiny demo model), its node agent, and the gateway (uvicorn serving ``config.asgi``) on
+PostgreSQL and Redis (started by ``devtools.services`` when absent). For 1-token completions of the base model
+and for streaming time to first token, sequential and at concurrency 16 and 64, it prints p50/p99 latency and
+requests/s for both paths, the milliseconds the gateway adds and the throughput ratio. Scenarios alternate
+direct/gateway in rounds so that machine noise hits both alike.
+
+Targets (issue 7): added ≤ 2 ms p50 and ≤ 10 ms p99 on 1-token completions; throughput at concurrency 16 ≥ 0.6×.
+
+Usage:
+    ./scripts/bench_gateway [--requests 300] [--rounds 2] [--gateway-workers 1] [--profile out.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from demo.assets import ensure_demo_assets  # noqa: E402
+from demo.run import Processes  # noqa: E402
+from devtools.proc import free_port  # noqa: E402
+from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
+
+PY = sys.executable
+PROMPT = "the cat sat on the"
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def _completion(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> float:
+    t0 = time.perf_counter()
+    resp = await client.post(url, json=body)
+    if resp.status_code != 200:
+        raise RuntimeError(f"{url}: {resp.status_code} {resp.text[:300]}")
+    return (time.perf_counter() - t0) * 1000
+
+
+async def _ttft(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> float:
+    t0 = time.perf_counter()
+    first: float | None = None
+    async with client.stream("POST", url, json={**body, "stream": True}) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{url}: {resp.status_code} {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if first is None and line.startswith("data:") and '"text"' in line:
+                first = (time.perf_counter() - t0) * 1000
+    if first is None:
+        raise RuntimeError(f"{url}: stream without a token")
+    return first
+
+
+async def _run(call: Callable[[], Awaitable[float]], n: int, concurrency: int) -> tuple[list[float], float]:
+    """``n`` calls from ``concurrency`` workers; returns (latencies ms, requests/s)."""
+    latencies: list[float] = []
+    remaining = n
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            latencies.append(await call())
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, n / (time.perf_counter() - t0)
+
+
+async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, args: argparse.Namespace) -> dict:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    stream_body = {**body, "max_tokens": 4}
+    results: dict[str, dict[str, dict[str, list[float]]]] = {}
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128, keepalive_expiry=4.0)
+    clients = {
+        name: httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120, limits=limits)
+        for name, (base, key) in {"direct": direct, "gateway": gateway}.items()
+    }
+    scenarios = [("completion", c) for c in (1, 16, 64)] + [("ttft", c) for c in (1, 16, 64)]
+    try:
+        for client in clients.values():  # warm connections and both code paths
+            await _run(lambda c=client: _completion(c, "/v1/completions", body), 50, 8)
+            await _run(lambda c=client: _ttft(c, "/v1/completions", stream_body), 20, 4)
+        for kind, conc in scenarios:
+            label = f"{kind} c={conc}"
+            results[label] = {"direct": {"lat": [], "rps": []}, "gateway": {"lat": [], "rps": []}}
+            n = max(args.requests, conc * 4)
+            for _ in range(args.rounds):
+                for path, client in clients.items():
+                    if kind == "completion":
+                        call = lambda c=client: _completion(c, "/v1/completions", body)  # noqa: E731
+                    else:
+                        call = lambda c=client: _ttft(c, "/v1/completions", stream_body)  # noqa: E731
+                    lat, rps = await _run(call, n, conc)
+                    results[label][path]["lat"] += lat
+                    results[label][path]["rps"].append(rps)
+            print(_row(label, results[label]), flush=True)
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return results
+
+
+def _row(label: str, r: dict[str, dict[str, list[float]]]) -> str:
+    d, g = r["direct"], r["gateway"]
+    dp50, dp99, gp50, gp99 = _pct(d["lat"], .5), _pct(d["lat"], .99), _pct(g["lat"], .5), _pct(g["lat"], .99)
+    drps, grps = statistics.mean(d["rps"]), statistics.mean(g["rps"])
+    return (f"{label:<16} {dp50:8.2f} {dp99:8.2f} {drps:8.1f} | {gp50:8.2f} {gp99:8.2f} {grps:8.1f} | "
+            f"{gp50 - dp50:+7.2f} {gp99 - dp99:+7.2f} {grps / drps:6.2f}x")
+
+
+HEADER = (f"{'scenario':<16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} | {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} | "
+          f"{'+p50':>7} {'+p99':>7} {'ratio':>7}\n{'':<16} {'--- straight to vLLM ---':^26} | "
+          f"{'--- through the gateway ---':^26} | {'--- added ---':^23}")
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the stack, run every scenario, print the side-by-side table. Returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300, help="requests per scenario and path, per round")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating direct/gateway rounds per scenario")
+    parser.add_argument("--gateway-workers", type=int, default=1, help="uvicorn --workers for the gateway")
+    parser.add_argument("--profile", type=Path, help="run the gateway under py-spy and write its report here")
+    parser.add_argument("--json", action="store_true", help="also print the raw figures as one JSON object")
+    parser.add_argument("--serve", type=Path, help="start the stack, write its URLs and keys to this JSON file and "
+                        "wait for Ctrl-C instead of benchmarking (for profiling by hand)")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
+        raise SystemExit("run through ./scripts/bench_gateway (it starts PostgreSQL and Redis)")
+
+    assets = ensure_demo_assets(REPO / ".cache" / "demo-assets")
+    workdir = Path(tempfile.mkdtemp(prefix="quiver-bench-gw-"))
+    (workdir / "logs").mkdir()
+    procs = Processes(workdir / "logs")
+    node_key = os.urandom(16).hex()
+    engine_port, web_port, agent_port = free_port(), free_port(), free_port()
+    web_url = f"http://127.0.0.1:{web_port}"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.local",
+        "DJANGO_DEBUG": "false",
+        "DJANGO_LOG_LEVEL": "WARNING",
+        "QUIVER_NODE_KEY": node_key,
+        "CELERY_TASK_ALWAYS_EAGER": "false",
+    }
+    with ExitStack() as stack:
+        stack.callback(procs.stop_all)
+        _manage(env, "migrate", "--noinput")
+        _manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
+        api_key = _manage(env, "quiver_tenant_create", f"bench{os.getpid()}", "--name", "Bench").splitlines()[-1]
+        engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
+        procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, env))
+        web = [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(web_port),
+               "--log-level", "warning", "--no-access-log", "--workers", str(args.gateway_workers)]
+        if args.profile:
+            spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
+            web = [spy, "record", "-o", str(args.profile), "-f", "raw", "--subprocesses", "--", *web]
+        procs.start("web", web, env)
+        procs.start("agent", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1", "--port",
+                              str(agent_port), "--log-level", "warning"], {
+            **env, "QUIVER_NODE_NAME": "bench-node-1", "QUIVER_ENGINE_URL": engine.url,
+            "QUIVER_BASE_MODEL": assets.served_name, "QUIVER_NODE_CACHE_DIR": str(workdir / "node-cache"),
+            "QUIVER_AGENT_URL": f"http://127.0.0.1:{agent_port}", "QUIVER_CONTROL_URL": web_url,
+            "QUIVER_HEARTBEAT_SECONDS": "2", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",
+            "QUIVER_MAX_LORA_RANK": "16", "AWS_STORAGE_BUCKET_NAME": "quiver",
+        })
+        procs.wait_http("web", web_url + "/healthz", 60)
+        procs.wait_http("vllm", engine.url + "/health", 300)
+        procs.wait_http("agent", f"http://127.0.0.1:{agent_port}/healthz", 60)
+        deadline = time.monotonic() + 60
+        probe = {"model": assets.served_name, "prompt": "x", "max_tokens": 1}
+        while httpx.post(web_url + "/v1/completions", json=probe, timeout=30,
+                         headers={"Authorization": f"Bearer {api_key}"}).status_code != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit("the gateway never served the base model (no node heartbeat?)")
+            time.sleep(0.5)
+        if args.serve:
+            args.serve.write_text(json.dumps({"gateway": web_url, "engine": engine.url, "api_key": api_key,
+                                              "node_key": node_key, "model": assets.served_name,
+                                              "logs": str(workdir / "logs")}))
+            print(f"serving; details in {args.serve}; Ctrl-C (SIGINT) stops", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                return 0
+        print(f"gateway workers: {args.gateway_workers}; {args.requests} requests x {args.rounds} rounds per "
+              f"scenario and path; cores: {os.cpu_count()}; load avg: {os.getloadavg()[0]:.2f}\n{HEADER}", flush=True)
+        results = asyncio.run(_bench((engine.url, node_key), (web_url, api_key), assets.served_name, args))
+        if args.json:
+            print(json.dumps({k: {p: {"p50": _pct(v["lat"], .5), "p99": _pct(v["lat"], .99),
+                                      "rps": statistics.mean(v["rps"])} for p, v in r.items()}
+                              for k, r in results.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

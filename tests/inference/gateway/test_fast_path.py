@@ -1,0 +1,89 @@
+"""The fast path's caches across processes: a revoked key or a deleted adapter stops working within 1 s on every
+gateway process (Redis invalidation); usage moves from the Redis stream to PostgreSQL exactly once."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+
+from adapters_app.models import AdapterVersion
+from adapters_app.services import adapter_create, adapter_delete
+from inference.gateway import metering
+from inference.gateway.metering import usage_drain, usage_row
+from inference.gateway.models import UsageRecord
+from tenants.services import api_key_create, api_key_revoke
+from tests.factories import TenantFactory
+from tests.fixtures.stack import GatewayProcess
+
+
+def _post(gw: GatewayProcess, key: str, model: str) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                      json={"model": model, "prompt": "x", "max_tokens": 1}, timeout=10)
+
+
+def _until(gateways: list[GatewayProcess], key: str, model: str, status: int, within: float) -> float:
+    """Seconds until every gateway answers ``status``; fails past ``within``."""
+    t0 = time.monotonic()
+    pending = set(range(len(gateways)))
+    while pending:
+        pending = {i for i in pending if _post(gateways[i], key, model).status_code != status}
+        elapsed = time.monotonic() - t0
+        assert elapsed < within, f"gateways {sorted(pending)} still not answering {status} after {elapsed:.2f} s"
+    return time.monotonic() - t0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_revocation_and_deletion_reach_every_gateway_process_within_1s(
+        base_model, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    tenant = TenantFactory()
+    key, plaintext = api_key_create(tenant, name="app")
+    adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
+                                  s3_prefix="x/", files=[], status="ready")
+    # Both processes cache the key and the target: no node serves the base model here, so 503 (auth passed).
+    for gw in gateway_processes:
+        for _ in range(3):
+            assert _post(gw, plaintext, "bot").status_code == 503
+    adapter_delete(tenant, adapter=adapter)
+    _until(gateway_processes, plaintext, "bot", 404, within=1.0)
+    api_key_revoke(tenant, key_id=key.key_id)
+    _until(gateway_processes, plaintext, "bot", 401, within=1.0)
+
+
+def _row(tenant_id: int, tokens: int) -> dict[str, object]:
+    return usage_row(tenant_id=tenant_id, api_key_id=0, adapter_version_id=None, base_model_id=None, node_id=None,
+                     model_name="tiny-llama", version_number=None, endpoint="completions", stream=True,
+                     status_code=200, usage={"prompt_tokens": 3, "completion_tokens": tokens}, latency_ms=1.0,
+                     ttft_ms=0.5, created_at=time.time() - 60)
+
+
+@pytest.mark.django_db
+def test_usage_drain_writes_each_record_once_and_reclaims_a_dead_consumers_entries(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    client = redis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL)
+    stream = f"quiver:usage:test:{uuid.uuid4().hex}"
+    monkeypatch.setattr(settings, "QUIVER_USAGE_STREAM", stream)
+    tenant = TenantFactory()
+    first = _row(tenant.pk, 5)
+    client.xadd(stream, {"r": json.dumps(first)})
+    client.xadd(stream, {"r": json.dumps(first)})  # redelivered: same request_id
+    assert usage_drain() == 2
+    records = UsageRecord.objects.filter(tenant=tenant)
+    assert records.count() == 1
+    record = records.get()
+    assert (record.completion_tokens, record.api_key_id, record.ttft_ms) == (5, None, 0.5)
+    assert record.created_at.timestamp() == pytest.approx(first["created_at"], abs=0.01)  # arrival, not write time
+    # A consumer that read an entry and died before writing it: the next drain takes it over.
+    client.xadd(stream, {"r": json.dumps(_row(tenant.pk, 7))})
+    assert client.xreadgroup(settings.QUIVER_USAGE_GROUP, "dead-consumer", {stream: ">"}, count=10)
+    assert usage_drain() == 0  # not idle long enough yet
+    monkeypatch.setattr(metering, "RECLAIM_IDLE_MS", 0)
+    assert usage_drain() == 1
+    assert sorted(records.values_list("completion_tokens", flat=True)) == [5, 7]
+    assert client.xlen(stream) == 0
+    client.delete(stream)
