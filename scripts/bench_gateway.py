@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "DJANGO_DEBUG": "false",
         "DJANGO_LOG_LEVEL": "WARNING",
         "QUIVER_NODE_KEY": node_key,
+        "DJANGO_SECRET_KEY": os.urandom(32).hex(),
+        "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex(),
         "CELERY_TASK_ALWAYS_EAGER": "false",
     }
     with ExitStack() as stack:

@@ -217,8 +217,9 @@ class GatewayApp:
         raise GatewayError(503, f"Adapter `{target.requested}` is still loading; retry shortly.",
                            code="adapter_warm_timeout", type_="server_error")
 
-    async def _read_body(self, request: Request) -> dict[str, Any]:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    @staticmethod
+    async def _read_raw(request: Request) -> bytes:
+        limit = settings.QUIVER_MAX_JSON_BYTES
         chunks: list[bytes] = []
         size = 0
         try:
@@ -229,8 +230,12 @@ class GatewayApp:
                 chunks.append(chunk)
         except ClientDisconnect as exc:
             raise GatewayError(400, "The request body was cut off.", code="invalid_json") from exc
+        return b"".join(chunks)
+
+    @staticmethod
+    def _parse(raw: bytes) -> dict[str, Any]:
         try:
-            body = json.loads(b"".join(chunks) or b"{}")
+            body = json.loads(raw or b"{}")
         except ValueError as exc:
             raise GatewayError(400, "Request body must be JSON.", code="invalid_json") from exc
         if not isinstance(body, dict):
@@ -245,8 +250,9 @@ class GatewayApp:
         started = time.monotonic()
         arrived = time.time()
         try:
+            raw = await self._read_raw(request)  # first: the front door's cap answers 413 for an oversized body
             key = await self.authenticate(request)
-            body = await self._read_body(request)
+            body = self._parse(raw)
             target = await self.resolve(key, body["model"])
             node = await self.node_for(target)
         except GatewayError as exc:
