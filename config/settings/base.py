@@ -216,6 +216,9 @@ QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S = env.float("QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S
 QUIVER_GATEWAY_FLEET_REFRESH_S = env.float("QUIVER_GATEWAY_FLEET_REFRESH_S", default=0.5)
 # Keep-alive connections per gateway process to all engines together (httpx pool).
 QUIVER_GATEWAY_UPSTREAM_POOL = env.int("QUIVER_GATEWAY_UPSTREAM_POOL", default=512)
+# Platform-wide caps on a request's choices (n, best_of) and logprobs (OpenAI's own logprobs cap is 5).
+QUIVER_GATEWAY_MAX_N = env.int("QUIVER_GATEWAY_MAX_N", default=8)
+QUIVER_GATEWAY_MAX_LOGPROBS = env.int("QUIVER_GATEWAY_MAX_LOGPROBS", default=5)
 QUIVER_USAGE_STREAM = "quiver:usage"
 QUIVER_USAGE_GROUP = "usage-writers"
 

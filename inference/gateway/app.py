@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -29,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from inference.gateway import hygiene
 from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError
@@ -79,6 +81,12 @@ def _warm_request(version_id: int) -> bool:
         return False
     placement_request_warm(version, node=node)
     return True
+
+
+def _caps(key: KeyView) -> hygiene.Caps:
+    caps = [c for c in (key.tenant_limits.max_tokens, key.key_limits.max_tokens) if c is not None]
+    return hygiene.Caps(max_tokens=min(caps) if caps else None, n=settings.QUIVER_GATEWAY_MAX_N,
+                        logprobs=settings.QUIVER_GATEWAY_MAX_LOGPROBS)
 
 
 class GatewayApp:
@@ -253,16 +261,19 @@ class GatewayApp:
             raw = await self._read_raw(request)  # first: the front door's cap answers 413 for an oversized body
             key = await self.authenticate(request)
             body = self._parse(raw)
+            upstream = hygiene.upstream_body(body, endpoint=endpoint, caps=_caps(key),
+                                             salt=hygiene.cache_salt(key.tenant_id, settings.SECRET_KEY))
             target = await self.resolve(key, body["model"])
             node = await self.node_for(target)
         except GatewayError as exc:
             return error_response(exc)
-        stream = bool(body.get("stream"))
-        client_options = body.get("stream_options") or {}
+        upstream["model"] = target.served_name
+        stream = bool(upstream.get("stream"))
+        client_options = upstream.get("stream_options") or {}
         keep_usage = bool(client_options.get("include_usage"))
-        upstream_body = {**body, "model": target.served_name}
         if stream:
-            upstream_body["stream_options"] = {**client_options, "include_usage": True, "continuous_usage_stats": True}
+            # Running counts on every chunk: a stream cut short is still billed the tokens it delivered.
+            upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
 
         def record(status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
             self.sink.emit(usage_row(
@@ -273,35 +284,35 @@ class GatewayApp:
 
         client = upstream_client()
         upstream_request = client.build_request("POST", f"{node.engine_url}/v1/{endpoint}",
-                                                content=json.dumps(upstream_body).encode(), headers=upstream_headers(node.key))
+                                                content=json.dumps(upstream).encode(), headers=upstream_headers(node.key))
         try:
-            upstream = await client.send(upstream_request, stream=True)
+            response = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
             logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
             record(502, None)
             return error_response(GatewayError(502, "The inference node did not answer; retry.",
                                                code="upstream_unreachable", type_="server_error"))
-        if upstream.status_code >= 400 or not stream:
+        if response.status_code >= 400 or not stream:
             try:
-                raw = await upstream.aread()
+                raw = await response.aread()
             except httpx.HTTPError as exc:
                 logger.warning("gateway.upstream_failed", extra={"node": node.name, "error": repr(exc)})
                 record(502, None)
                 return error_response(GatewayError(502, "The inference node stopped answering; retry.",
                                                    code="upstream_failed", type_="server_error"))
             finally:
-                await upstream.aclose()
+                await response.aclose()
             try:
                 data = json.loads(raw)
             except ValueError:
                 data = None
-            if upstream.status_code >= 400 or not isinstance(data, dict):
-                record(upstream.status_code if upstream.status_code >= 400 else 502, None)
-                return error_response(_engine_error(upstream.status_code, data, target))
+            if response.status_code >= 400 or not isinstance(data, dict):
+                record(response.status_code if response.status_code >= 400 else 502, None)
+                return error_response(_engine_error(response.status_code, data, target))
             data["model"] = target.requested
             record(200, data.get("usage"))
             return _json(data)
-        events = self._relay(upstream, target=target, keep_usage=keep_usage, record=record, started=started)
+        events = self._relay(response, target=target, keep_usage=keep_usage, record=record, started=started)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -363,6 +374,14 @@ class GatewayApp:
 
 def _engine_error(status: int, data: Any, target: TargetView) -> GatewayError:
     """An engine error in OpenAI's shape with our own message: no engine internals, no served names."""
+    engine_message = ""
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        engine_message = str(data["error"].get("message") or "")
+    context = re.search(r"maximum context length is (\d+)", engine_message)
+    if status == 400 and context:
+        return GatewayError(400, f"The prompt plus the requested completion exceeds the model's context of "
+                            f"{context.group(1)} tokens; shorten the prompt or lower 'max_tokens'.",
+                            code="context_length_exceeded", param="max_tokens")
     if status == 404:
         return GatewayError(404, f"The model `{target.requested}` is not available on the node right now; retry.",
                             code="model_not_available", type_="server_error", param="model")

@@ -1,7 +1,8 @@
 """In-process caches of keys, model targets and the fleet, so an ordinary gateway request makes no database query.
 
-Loaders are plain ORM reads run in one worker thread (one database connection per gateway process, never held
-while a request streams or waits for a warm). Entries are served while fresh; past ``soft_ttl`` the next hit
+Loaders are plain ORM reads run through ``sync_to_async(thread_sensitive=True)``: outside a Django request that is
+asgiref's one shared thread, so one database connection per gateway process, never held while a request streams or
+waits for a warm (and inside ``async_to_sync``, as in tests, the caller's own thread and connection). Entries are served while fresh; past ``soft_ttl`` the next hit
 refreshes in the background and still serves the old view; past ``hard_ttl`` the hit waits for the database.
 Invalidation messages (``inference.gateway.bus``) drop entries at once on every process; without a working bus the
 TTLs shrink to ``QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S`` so a revoked key still stops within about a second.
@@ -13,10 +14,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
@@ -25,10 +26,6 @@ from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, Pla
 
 logger = logging.getLogger(__name__)
 V = TypeVar("V")
-
-# One thread, so one database connection per process however many requests miss at once.
-_db_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
-
 
 def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
     close_old_connections()  # drop a connection PostgreSQL closed (restart, idle timeout) before using it
@@ -41,7 +38,7 @@ def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
 
 async def db_call(fn: Callable[..., V], *args: Any) -> V:
     """Run a synchronous ORM function in the gateway's database thread."""
-    return await asyncio.get_running_loop().run_in_executor(_db_pool, _in_db_thread, fn, *args)
+    return await sync_to_async(_in_db_thread, thread_sensitive=True)(fn, *args)
 
 
 def _limits(obj: Any) -> Limits:

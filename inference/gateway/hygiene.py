@@ -1,0 +1,245 @@
+"""Request hygiene: type-check an OpenAI completion body and build what the engine may see.
+
+Every field is checked against OpenAI's reference (platform.openai.com/docs/api-reference/completions and /chat)
+and vLLM 0.32's extensions (``vllm/entrypoints/openai/{completion,chat_completion}/protocol.py``); a bad one is a
+400 naming it. Only an allow-list reaches vLLM: fields the platform sets itself (``request_id``, ``cache_salt``,
+``priority``, ``kv_transfer_params``, ``chat_template``...) are refused, unknown ones too (as OpenAI does:
+"Unrecognized request argument supplied"). ``cache_salt`` is set per tenant, so prefix-cache blocks are never shared
+between tenants (a timing side channel otherwise; vLLM's ``cache_salt`` docs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inference.gateway.errors import GatewayError
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Accepted from OpenAI clients, meaningless here: dropped, not forwarded.
+IGNORED = frozenset({"metadata", "store", "service_tier", "user"})
+# Set by the platform or engine internals: a tenant may not send them.
+PLATFORM_FIELDS = frozenset({
+    "request_id", "cache_salt", "priority", "kv_transfer_params", "lora_request", "vllm_xargs", "chat_template",
+    "chat_template_kwargs", "mm_processor_kwargs", "data_parallel_rank", "prompt_embeds", "session_id",
+    "return_tokens_as_token_ids", "routed_experts_prompt_start", "mm_payload", "return_mm_kwargs",
+    "logits_processors", "prompt_logprobs",
+})
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Per-request caps (None = uncapped): ``max_tokens`` (tokens), ``n`` (choices, also bounds ``best_of``),
+    ``logprobs`` (completions' ``logprobs`` and chat's ``top_logprobs``)."""
+
+    max_tokens: int | None = None
+    n: int = 8
+    logprobs: int = 5
+
+
+def _bad(field: str, message: str) -> GatewayError:
+    return GatewayError(400, f"Invalid '{field}': {message}", code="invalid_value", param=field)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _bool(f: str, v: Any) -> None:
+    if not isinstance(v, bool):
+        raise _bad(f, f"expected a boolean (true or false), got {type(v).__name__} {v!r:.40}.")
+
+
+def _string(f: str, v: Any) -> None:
+    if not isinstance(v, str):
+        raise _bad(f, f"expected a string, got {type(v).__name__}.")
+
+
+def _int(lo: int | None = None, hi: int | None = None, nullable: bool = True) -> Callable[[str, Any], None]:
+    def check(f: str, v: Any) -> None:
+        if v is None and nullable:
+            return
+        if not _is_int(v):
+            raise _bad(f, f"expected an integer, got {type(v).__name__} {v!r:.40}.")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise _bad(f, f"{v} is outside [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}].")
+    return check
+
+
+def _num(lo: float, hi: float, *, open_low: bool = False) -> Callable[[str, Any], None]:
+    def check(f: str, v: Any) -> None:
+        if v is None:
+            return
+        if not _is_num(v):
+            raise _bad(f, f"expected a finite number, got {type(v).__name__} {v!r:.40}.")
+        if v < lo or v > hi or (open_low and v == lo):
+            raise _bad(f, f"{v} is outside {'(' if open_low else '['}{lo}, {hi}].")
+    return check
+
+
+def _stop(f: str, v: Any) -> None:
+    if v is None or isinstance(v, str):
+        return
+    if not isinstance(v, list) or len(v) > 4 or not all(isinstance(s, str) for s in v):
+        raise _bad(f, "expected a string or a list of at most 4 strings.")
+
+
+def _stream_options(f: str, v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise _bad(f, f"expected an object like {{\"include_usage\": true}}, got {type(v).__name__} {v!r:.40}.")
+    for k, val in v.items():
+        if k not in ("include_usage", "continuous_usage_stats"):
+            raise _bad(f"{f}.{k}", "unknown option; allowed: include_usage.")
+        _bool(f"{f}.{k}", val)
+
+
+def _logit_bias(f: str, v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict) or not all(isinstance(k, str) and k.lstrip("-").isdigit() and _is_num(b)
+                                          and -100 <= b <= 100 for k, b in v.items()):
+        raise _bad(f, "expected an object mapping token ids to numbers in [-100, 100].")
+
+
+def _int_list(f: str, v: Any) -> None:
+    if v is not None and not (isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v)):
+        raise _bad(f, "expected a list of token ids (non-negative integers).")
+
+
+def _obj(f: str, v: Any) -> None:
+    if v is not None and not isinstance(v, dict):
+        raise _bad(f, f"expected an object, got {type(v).__name__}.")
+
+
+def _list(f: str, v: Any) -> None:
+    if v is not None and not isinstance(v, list):
+        raise _bad(f, f"expected a list, got {type(v).__name__}.")
+
+
+def _tool_choice(f: str, v: Any) -> None:
+    if v is not None and not isinstance(v, str | dict):
+        raise _bad(f, "expected \"none\", \"auto\", \"required\" or an object naming a function.")
+
+
+def _prompt(f: str, v: Any) -> None:
+    ok = (isinstance(v, str)
+          or (isinstance(v, list) and v and (all(isinstance(p, str) for p in v)
+                                             or all(_is_int(t) and t >= 0 for t in v)
+                                             or all(isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p)
+                                                    for p in v))))
+    if not ok:
+        raise _bad(f, "expected a string, a non-empty list of strings, or token ids.")
+
+
+def _messages(f: str, v: Any) -> None:
+    if not isinstance(v, list) or not v:
+        raise _bad(f, "expected a non-empty list of {\"role\", \"content\"} objects.")
+    for i, m in enumerate(v):
+        where = f"{f}[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, "expected an object with 'role' and 'content'.")
+        if m.get("role") not in ROLES:
+            raise _bad(f"{where}.role", f"expected one of {sorted(ROLES)}, got {m.get('role')!r:.40}.")
+        content = m.get("content")
+        if not (content is None or isinstance(content, str) or (isinstance(content, list)
+                                                               and all(isinstance(p, dict) for p in content))):
+            raise _bad(f"{where}.content", "expected a string or a list of content parts.")
+        if content is None and m["role"] != "assistant":
+            raise _bad(f"{where}.content", "is required for this role.")
+
+
+COMMON: dict[str, Callable[[str, Any], None]] = {
+    "stream": _bool, "stream_options": _stream_options, "max_tokens": _int(1), "temperature": _num(0, 2),
+    "top_p": _num(0, 1, open_low=True), "n": _int(1, nullable=False), "stop": _stop,
+    "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2), "seed": _int(-(2**63), 2**63 - 1),
+    "logit_bias": _logit_bias, "response_format": _obj,
+    # vLLM extensions (sampling only)
+    "top_k": _int(-1), "min_p": _num(0, 1), "repetition_penalty": _num(0, 10, open_low=True), "ignore_eos": _bool,
+    "min_tokens": _int(0), "stop_token_ids": _int_list, "skip_special_tokens": _bool,
+    "spaces_between_special_tokens": _bool, "include_stop_str_in_output": _bool, "return_token_ids": _bool,
+}
+COMPLETIONS = {**COMMON, "prompt": _prompt, "echo": _bool, "suffix": lambda f, v: v is None or _string(f, v),
+               "logprobs": _int(0), "best_of": _int(1)}
+CHAT = {**COMMON, "messages": _messages, "max_completion_tokens": _int(1), "logprobs": _bool,
+        "top_logprobs": _int(0), "tools": _list, "tool_choice": _tool_choice, "parallel_tool_calls": _bool,
+        "add_generation_prompt": _bool, "continue_final_message": _bool, "echo": _bool}
+REQUIRED = {"completions": "prompt", "chat/completions": "messages"}
+
+
+def cache_salt(tenant_id: int, secret: str) -> str:
+    """The tenant's vLLM ``cache_salt``: HMAC-SHA256 of its id (hex, 32 chars; stable, unguessable)."""
+    return hmac.new(secret.encode(), f"cache-salt:{tenant_id}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def upstream_body(body: Mapping[str, Any], *, endpoint: str, caps: Caps, salt: str) -> dict[str, Any]:
+    """The body to send vLLM for a checked request, without ``model`` (the caller sets the served name).
+
+    Args:
+        body: the client's JSON object (``model`` already checked).
+        endpoint: ``completions`` or ``chat/completions``.
+        caps: the caller's caps; a missing ``max_tokens`` becomes ``caps.max_tokens`` when capped.
+        salt: the tenant's ``cache_salt``.
+
+    Raises:
+        GatewayError: 400 naming the first bad, unknown or platform-only field, or a cap exceeded.
+    """
+    spec = COMPLETIONS if endpoint == "completions" else CHAT
+    out: dict[str, Any] = {}
+    for field, value in body.items():
+        if field == "model" or field in IGNORED:
+            continue
+        if field in PLATFORM_FIELDS:
+            raise GatewayError(400, f"'{field}' is set by the platform and cannot be sent.", code="unsupported_parameter",
+                               param=field)
+        check = spec.get(field)
+        if check is None:
+            raise GatewayError(400, f"Unrecognized request argument supplied: {field}.", code="unknown_parameter",
+                               param=field)
+        check(field, value)
+        if value is not None:
+            out[field] = value
+    required = REQUIRED[endpoint]
+    if required not in out:
+        raise GatewayError(400, f"Missing required parameter: '{required}'.", code="missing_required_parameter",
+                           param=required)
+    if "stream_options" in out and not out.get("stream"):
+        raise _bad("stream_options", "only allowed when 'stream' is true.")
+    _apply_caps(out, caps)
+    out["cache_salt"] = salt
+    return out
+
+
+def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
+    length_field = "max_completion_tokens" if "max_completion_tokens" in out else "max_tokens"
+    if caps.max_tokens is not None:
+        asked = out.get(length_field)
+        if asked is None:
+            out[length_field] = caps.max_tokens
+        elif asked > caps.max_tokens:
+            raise _bad(length_field, f"{asked} is over this key's cap of {caps.max_tokens} tokens.")
+    n = out.get("n", 1)
+    if n > caps.n:
+        raise _bad("n", f"{n} is over the cap of {caps.n} choices.")
+    best_of = out.get("best_of")
+    if best_of is not None and not n <= best_of <= caps.n:
+        raise _bad("best_of", f"must lie between n ({n}) and the cap of {caps.n}.")
+    for field in ("logprobs", "top_logprobs"):
+        value = out.get(field)
+        if _is_int(value) and value > caps.logprobs:
+            raise _bad(field, f"{value} is over the cap of {caps.logprobs}.")
+
+
+def requested_tokens(body: Mapping[str, Any]) -> int | None:
+    """The completion budget the engine will honour (``max_completion_tokens``/``max_tokens`` × ``n``), or None."""
+    length = body.get("max_completion_tokens", body.get("max_tokens"))
+    return None if length is None else int(length) * int(body.get("n", 1))

@@ -1,0 +1,72 @@
+"""Hygiene on the real stack: edge inputs get OpenAI-shaped 4xx (never a 500 or HTML), engine errors come back in
+OpenAI's dialect with our message, and one tenant's prompt never hits another tenant's prefix cache (vLLM
+``cache_salt``)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LONG_PROMPT = "the cat sat on the mat and the dog ran to the park " * 30  # several 128-token KV blocks
+
+
+def _key() -> str:
+    return api_key_create(TenantFactory(), name="k")[1]
+
+
+def _post(url: str, key: str, body: object, path: str = "/v1/completions") -> httpx.Response:
+    return httpx.post(url + path, headers={"Authorization": f"Bearer {key}"}, json=body, timeout=120)
+
+
+def _prefix_hits(engine) -> float:  # type: ignore[no-untyped-def]
+    text = httpx.get(engine.url + "/metrics", headers=engine.headers, timeout=10).text
+    return sum(float(v) for v in re.findall(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def test_edge_inputs_are_openai_shaped_4xx(gateway_server: str, base_model) -> None:  # type: ignore[no-untyped-def]
+    key = _key()
+    cases = [
+        ({"model": "tiny-llama", "prompt": "x", "stream": "false"}, "stream"),
+        ({"model": "tiny-llama", "prompt": "x", "stream": True, "stream_options": "yes"}, "stream_options"),
+        ({"model": "tiny-llama", "prompt": "x", "n": "two"}, "n"),
+        ({"model": "tiny-llama", "prompt": "x", "request_id": "abc"}, "request_id"),
+        ({"model": "tiny-llama", "prompt": "x", "cache_salt": "x"}, "cache_salt"),
+    ]
+    for body, param in cases:
+        resp = _post(gateway_server, key, body)
+        assert resp.status_code == 400 and resp.headers["content-type"] == "application/json", resp.text
+        assert resp.json()["error"]["param"] == param
+    chat = _post(gateway_server, key, {"model": "tiny-llama", "messages": "hello"}, "/v1/chat/completions")
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+    unknown = httpx.post(gateway_server + "/v1/embeddings", headers={"Authorization": f"Bearer {key}"}, json={})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
+    wrong = httpx.get(gateway_server + "/v1/completions", headers={"Authorization": f"Bearer {key}"})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"]["code"] == "method_not_allowed"
+    models = httpx.post(gateway_server + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert models.status_code == 405 and models.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_engine_errors_are_mapped_and_prefix_cache_is_per_tenant(gateway_server: str, live_node,  # type: ignore[no-untyped-def]
+                                                                  vllm_engine) -> None:
+    alice, bob = _key(), _key()
+    too_long = _post(gateway_server, alice, {"model": "tiny-llama", "prompt": "x", "max_tokens": 5000})
+    assert too_long.status_code == 400, too_long.text
+    error = too_long.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["type"] == "invalid_request_error"
+    assert "BadRequestError" not in too_long.text and "vllm" not in too_long.text.lower()
+
+    body = {"model": "tiny-llama", "prompt": LONG_PROMPT, "max_tokens": 1, "temperature": 0}
+    assert _post(gateway_server, alice, body).status_code == 200
+    before = _prefix_hits(vllm_engine)
+    assert _post(gateway_server, alice, body).status_code == 200
+    after_same_tenant = _prefix_hits(vllm_engine)
+    assert after_same_tenant > before  # caching works within a tenant
+    assert _post(gateway_server, bob, body).status_code == 200
+    assert _prefix_hits(vllm_engine) == after_same_tenant  # but never across tenants

@@ -1,0 +1,99 @@
+"""Request hygiene as a pure function: each edge input gets a 400 naming its field; only allowed fields reach vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inference.gateway.errors import GatewayError
+from inference.gateway.hygiene import Caps, cache_salt, upstream_body
+
+CAPS = Caps(max_tokens=64, n=4, logprobs=5)
+
+
+def _check(body: dict[str, Any], endpoint: str = "completions", caps: Caps = CAPS) -> dict[str, Any]:
+    return upstream_body({"model": "m", **body}, endpoint=endpoint, caps=caps, salt="salt")
+
+
+def _refused(body: dict[str, Any], endpoint: str = "completions") -> GatewayError:
+    with pytest.raises(GatewayError) as err:
+        _check(body, endpoint)
+    assert err.value.status == 400
+    return err.value
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "x", "stream": "false"}, "stream"),
+    ({"prompt": "x", "stream": True, "stream_options": "yes"}, "stream_options"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ({"prompt": "x", "n": "2"}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": True}, "n"),
+    ({"prompt": "x", "max_tokens": "16"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 1.5}, "max_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "temperature": 3}, "temperature"),
+    ({"prompt": "x", "temperature": float("nan")}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": "x", "logit_bias": {"5": 500}}, "logit_bias"),
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[1, 2], "x"]}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": "x", "request_id": "mine"}, "request_id"),
+    ({"prompt": "x", "cache_salt": "share-with-others"}, "cache_salt"),
+    ({"prompt": "x", "priority": -100}, "priority"),
+    ({"prompt": "x", "kv_transfer_params": {}}, "kv_transfer_params"),
+    ({"prompt": "x", "max_tokenz": 5}, "max_tokenz"),
+])
+def test_edge_inputs_on_completions_are_400_naming_the_field(body: dict[str, Any], param: str) -> None:
+    assert _refused(body).param == param
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": "hi"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ secrets }}"}, "chat_template"),
+    ({"prompt": "x"}, "prompt"),  # a completions field on chat
+])
+def test_edge_inputs_on_chat_are_400_naming_the_field(body: dict[str, Any], param: str) -> None:
+    assert _refused(body, "chat/completions").param == param
+
+
+def test_caps_on_max_tokens_n_best_of_and_logprobs() -> None:
+    assert _refused({"prompt": "x", "max_tokens": 65}).param == "max_tokens"
+    assert _refused({"prompt": "x", "n": 5}).param == "n"
+    assert _refused({"prompt": "x", "n": 2, "best_of": 1}).param == "best_of"
+    assert _refused({"prompt": "x", "logprobs": 6}).param == "logprobs"
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    assert _refused({**chat, "max_completion_tokens": 100}, "chat/completions").param == "max_completion_tokens"
+    assert _refused({**chat, "logprobs": True, "top_logprobs": 9}, "chat/completions").param == "top_logprobs"
+    assert _check({"prompt": "x"})["max_tokens"] == 64  # a missing length gets the cap
+    assert "max_tokens" not in _check({"prompt": "x"}, caps=Caps())
+
+
+def test_only_allowed_fields_reach_the_engine_with_the_tenant_salt() -> None:
+    out = _check({"prompt": ["a", "b"], "max_tokens": 8, "temperature": 0, "stream": True,
+                  "stream_options": {"include_usage": True}, "user": "u-1", "metadata": {"k": "v"},
+                  "ignore_eos": True, "return_token_ids": True, "seed": None})
+    assert out == {"prompt": ["a", "b"], "max_tokens": 8, "temperature": 0, "stream": True,
+                   "stream_options": {"include_usage": True}, "ignore_eos": True, "return_token_ids": True,
+                   "cache_salt": "salt"}
+    chat = _check({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": None, "tool_calls": []}]}, "chat/completions")
+    assert chat["messages"][1] == {"role": "user", "content": "hi"}
+
+
+def test_cache_salt_is_per_tenant_stable_and_secret_bound() -> None:
+    assert cache_salt(1, "s" * 32) == cache_salt(1, "s" * 32)
+    assert cache_salt(1, "s" * 32) != cache_salt(2, "s" * 32)
+    assert cache_salt(1, "s" * 32) != cache_salt(1, "t" * 32)
+    assert len(cache_salt(1, "s" * 32)) <= 128 and "/" not in cache_salt(1, "s" * 32)  # vLLM's salt rules
