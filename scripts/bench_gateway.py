@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from demo.assets import ensure_demo_assets  # noqa: E402
-from demo.run import Processes  # noqa: E402
+from demo.run import CONTROL_ONLY, Processes  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
 
@@ -155,15 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="quiver-bench-gw-"))
     (workdir / "logs").mkdir()
     procs = Processes(workdir / "logs")
-    node_key = os.urandom(16).hex()
-    engine_port, web_port, agent_port = free_port(), free_port(), free_port()
+    engine_port, web_port, agent_port, internal_port = free_port(), free_port(), free_port(), free_port()
     web_url = f"http://127.0.0.1:{web_port}"
+    engine_url, agent_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{agent_port}"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.local",
         "DJANGO_DEBUG": "false",
         "DJANGO_LOG_LEVEL": "WARNING",
-        "QUIVER_NODE_KEY": node_key,
+        "QUIVER_NODE_SECRET": os.urandom(32).hex(),
         "DJANGO_SECRET_KEY": os.urandom(32).hex(),
         "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex(),
         "CELERY_TASK_ALWAYS_EAGER": "false",
@@ -173,19 +173,26 @@ def main(argv: list[str] | None = None) -> int:
         _manage(env, "migrate", "--noinput")
         _manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
         api_key = _manage(env, "quiver_tenant_create", f"bench{os.getpid()}", "--name", "Bench").splitlines()[-1]
+        node_env = dict(line.split("=", 1) for line in _manage(
+            env, "quiver_node_register", "bench-node-1", "--agent-url", agent_url, "--engine-url", engine_url,
+            "--base-model", assets.served_name).splitlines())
+        node_key = node_env["QUIVER_NODE_KEY"]
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
-        procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, env))
+        procs.start("vllm", engine_argv(engine, python=PY),
+                    engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY}))
         web = [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(web_port),
                "--log-level", "warning", "--no-access-log", "--workers", str(args.gateway_workers)]
         if args.profile:
             spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
             web = [spy, "record", "-o", str(args.profile), "-f", "raw", "--subprocesses", "--", *web]
         procs.start("web", web, env)
+        procs.start("internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
+                                 "--port", str(internal_port), "--log-level", "warning"], env)
         procs.start("agent", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1", "--port",
                               str(agent_port), "--log-level", "warning"], {
-            **env, "QUIVER_NODE_NAME": "bench-node-1", "QUIVER_ENGINE_URL": engine.url,
+            **{k: v for k, v in env.items() if k not in CONTROL_ONLY}, **node_env, "QUIVER_ENGINE_URL": engine.url,
             "QUIVER_BASE_MODEL": assets.served_name, "QUIVER_NODE_CACHE_DIR": str(workdir / "node-cache"),
-            "QUIVER_AGENT_URL": f"http://127.0.0.1:{agent_port}", "QUIVER_CONTROL_URL": web_url,
+            "QUIVER_AGENT_URL": agent_url, "QUIVER_CONTROL_URL": f"http://127.0.0.1:{internal_port}",
             "QUIVER_HEARTBEAT_SECONDS": "2", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",
             "QUIVER_MAX_LORA_RANK": "16", "AWS_STORAGE_BUCKET_NAME": "quiver",
         })

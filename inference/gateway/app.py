@@ -91,9 +91,11 @@ def _caps(key: KeyView) -> hygiene.Caps:
 
 class GatewayApp:
     """The ASGI app; one instance per process. Background tasks (invalidation subscriber, usage flusher) start on
-    the first request or at lifespan start-up, once per event loop."""
+    the first request or at lifespan start-up, once per event loop; ``background=False`` (tests driving the app
+    in a short-lived loop) starts none, so usage stays in ``sink``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, background: bool = True) -> None:
+        self.background = background
         self.directory = Directory()
         self.sink = UsageSink()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -109,7 +111,9 @@ class GatewayApp:
         self._loop = loop
         self.sink = UsageSink()
         self.directory = Directory()
-        self._tasks = [loop.create_task(subscribe_forever(self.directory)), loop.create_task(self.sink.run_forever())]
+        if self.background:
+            self._tasks = [loop.create_task(subscribe_forever(self.directory)),
+                           loop.create_task(self.sink.run_forever())]
 
     async def shutdown(self) -> None:
         """Flush usage, stop background tasks, close the upstream pool."""

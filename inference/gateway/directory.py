@@ -28,11 +28,16 @@ logger = logging.getLogger(__name__)
 V = TypeVar("V")
 
 def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    close_old_connections()  # drop a connection PostgreSQL closed (restart, idle timeout) before using it
+    # Drop a connection PostgreSQL closed (restart, idle timeout) before using it; never inside a caller's
+    # transaction (a test lending its thread through async_to_sync).
+    own = not connection.in_atomic_block
+    if own:
+        close_old_connections()
     try:
         return fn(*args)
     except Exception:
-        connection.close()
+        if own:
+            connection.close()
         raise
 
 

@@ -63,6 +63,11 @@ def _string(f: str, v: Any) -> None:
         raise _bad(f, f"expected a string, got {type(v).__name__}.")
 
 
+def _optional_string(f: str, v: Any) -> None:
+    if v is not None:
+        _string(f, v)
+
+
 def _int(lo: int | None = None, hi: int | None = None, nullable: bool = True) -> Callable[[str, Any], None]:
     def check(f: str, v: Any) -> None:
         if v is None and nullable:
@@ -168,7 +173,7 @@ COMMON: dict[str, Callable[[str, Any], None]] = {
     "min_tokens": _int(0), "stop_token_ids": _int_list, "skip_special_tokens": _bool,
     "spaces_between_special_tokens": _bool, "include_stop_str_in_output": _bool, "return_token_ids": _bool,
 }
-COMPLETIONS = {**COMMON, "prompt": _prompt, "echo": _bool, "suffix": lambda f, v: v is None or _string(f, v),
+COMPLETIONS = {**COMMON, "prompt": _prompt, "echo": _bool, "suffix": _optional_string,
                "logprobs": _int(0), "best_of": _int(1)}
 CHAT = {**COMMON, "messages": _messages, "max_completion_tokens": _int(1), "logprobs": _bool,
         "top_logprobs": _int(0), "tools": _list, "tool_choice": _tool_choice, "parallel_tool_calls": _bool,
@@ -235,7 +240,7 @@ def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
         raise _bad("best_of", f"must lie between n ({n}) and the cap of {caps.n}.")
     for field in ("logprobs", "top_logprobs"):
         value = out.get(field)
-        if _is_int(value) and value > caps.logprobs:
+        if isinstance(value, int) and _is_int(value) and value > caps.logprobs:
             raise _bad(field, f"{value} is over the cap of {caps.logprobs}.")
 
 
