@@ -12,7 +12,7 @@ from config.console import console_index
 from inference.gateway.api import UsageViewSet
 from inference.gateway.operator_api import NodeViewSet
 from tenants.auth_views import LoginView, LogoutView, MeView, TenantPickView
-from tenants.views import ApiKeyViewSet, MemberViewSet
+from tenants.views import ApiKeyViewSet, MemberViewSet, TenantLimitsViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("adapters", AdapterViewSet, basename="adapter")
@@ -34,6 +34,7 @@ urlpatterns = [
     path("api/v1/auth/logout", LogoutView.as_view()),
     path("api/v1/auth/me", MeView.as_view()),
     path("api/v1/auth/tenant", TenantPickView.as_view()),
+    path("api/v1/tenant/limits", TenantLimitsViewSet.as_view({"get": "retrieve", "patch": "partial_update"})),
     path("api/v1/", include(router.urls)),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", healthz),

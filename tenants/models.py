@@ -16,7 +16,26 @@ slug_validator = RegexValidator(
 )
 
 
-class Tenant(models.Model):
+class RequestLimits(models.Model):
+    """Gateway limits shared by tenants and keys; null = unlimited (enforced by ``inference.gateway.limits``).
+
+    Units: requests per minute, tokens per minute (prompt + completion), requests in flight, and a cap on one
+    request's ``max_tokens``.
+    """
+
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_tokens_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+
+    class Meta:
+        abstract = True
+
+
+LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit")
+
+
+class Tenant(RequestLimits):
     """A customer organisation; owns adapters, keys and usage. ``slug`` is part of served names."""
 
     slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
@@ -52,7 +71,7 @@ class Membership(models.Model):
         return f"{self.user_id}@{self.tenant_id}:{self.role}"
 
 
-class ApiKey(models.Model):
+class ApiKey(RequestLimits):
     """A tenant API key ``<prefix>_<key_id>.<secret>``; ``digest`` = HMAC-SHA256(secret) in hex.
 
     ``scopes`` is a list drawn from :data:`tenants.scopes.ALL_SCOPES`. ``last_used_at`` is written at most once per

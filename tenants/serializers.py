@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from tenants.models import ApiKey
+from tenants.models import LIMIT_FIELDS, ApiKey
 from tenants.scopes import ALL_SCOPES
 
 
@@ -17,14 +17,24 @@ class ApiKeyInputSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
+class LimitsSerializer(serializers.Serializer):
+    """Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
+    the cap on one request's ``max_tokens``."""
+    rpm_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    tpm_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    concurrency_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    max_tokens_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+
+
 class ApiKeyOutputSerializer(serializers.ModelSerializer):
-    """Output: a key's metadata with its masked form; never the secret or digest."""
+    """Output: a key's metadata with its masked form and limits; never the secret or digest."""
     key = serializers.CharField(source="masked")
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=ALL_SCOPES))
 
     class Meta:
         model = ApiKey
-        fields = ["key_id", "key", "name", "scopes", "enabled", "expires_at", "last_used_at", "revoked_at", "created_at"]
+        fields = ["key_id", "key", "name", "scopes", "enabled", "expires_at", "last_used_at", "revoked_at", "created_at",
+                  *LIMIT_FIELDS]
 
 
 class ApiKeyCreatedSerializer(ApiKeyOutputSerializer):

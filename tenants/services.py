@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from tenants.models import ApiKey, LoginFailure, Membership, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, LoginFailure, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 
 
@@ -273,3 +273,20 @@ def _lock_owners(tenant: Tenant) -> None:
 def _ensure_other_owner(tenant: Tenant, membership: Membership) -> None:
     if not Membership.objects.filter(tenant=tenant, role=Membership.Role.OWNER).exclude(pk=membership.pk).exists():
         raise ValidationError({"role": "A tenant keeps at least one owner; make someone else owner first."})
+
+
+def limits_set(obj: Tenant | ApiKey, *, limits: Mapping[str, int | None]) -> Tenant | ApiKey:
+    """Set gateway limits (``rpm_limit``, ``tpm_limit``, ``concurrency_limit``, ``max_tokens_limit``; None = unlimited)
+    on a tenant or a key. Every gateway process applies them within a second (``inference.gateway.signals``).
+
+    Raises:
+        django.core.exceptions.ValidationError: an unknown field or a value below 1, naming the field.
+    """
+    unknown = sorted(set(limits) - set(LIMIT_FIELDS))
+    if unknown:
+        raise ValidationError({unknown[0]: f"Unknown limit; allowed: {list(LIMIT_FIELDS)}."})
+    for name, value in limits.items():
+        setattr(obj, name, value)
+    obj.full_clean()
+    obj.save(update_fields=list(limits))
+    return obj

@@ -17,9 +17,14 @@ from rest_framework.response import Response
 
 from config.exceptions import QuiverError
 from tenants import services
-from tenants.models import ApiKey, Membership
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
-from tenants.serializers import ApiKeyCreatedSerializer, ApiKeyInputSerializer, ApiKeyOutputSerializer
+from tenants.serializers import (
+    ApiKeyCreatedSerializer,
+    ApiKeyInputSerializer,
+    ApiKeyOutputSerializer,
+    LimitsSerializer,
+)
 from tenants.viewsets import TenantScopedViewSet
 
 ALL_METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")
@@ -59,6 +64,18 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 
+    def partial_update(self, request: Request, key_id: str | None = None) -> Response:
+        """``PATCH /api/v1/api-keys/{key_id}``: set the key's gateway limits (``rpm_limit``, ``tpm_limit``,
+        ``concurrency_limit``, ``max_tokens_limit``; null = unlimited); the tenant's limits still apply."""
+        key = self.get_object()
+        data = LimitsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        extra = sorted(set(request.data) - set(LIMIT_FIELDS)) if isinstance(request.data, dict) else []
+        if extra:
+            raise serializers.ValidationError({extra[0]: f"Only limits can be changed: {list(LIMIT_FIELDS)}."})
+        services.limits_set(key, limits=data.validated_data)
+        return Response(ApiKeyOutputSerializer(key).data)
+
     @extend_schema(request=None, responses=ApiKeyOutputSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, key_id: str | None = None) -> Response:
@@ -66,6 +83,29 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         key = self.get_object()
         key = services.api_key_revoke(self.tenant, key_id=key.key_id)
         return Response(ApiKeyOutputSerializer(key).data)
+
+
+class TenantLimitsViewSet(TenantScopedViewSet):
+    """``/api/v1/tenant/limits``: the tenant's gateway limits. Anyone in the tenant may read them; only operators
+    (staff sessions) change them, since they bound what a tenant may take from the shared fleet."""
+
+    queryset = Tenant.objects.all()
+    tenant_field = "pk"
+    role_map = {**{m: Membership.Role.VIEWER for m in ALL_METHODS}}
+
+    def retrieve(self, request: Request) -> Response:
+        """``GET``: ``{"rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit"}`` (null = unlimited)."""
+        return Response({name: getattr(self.tenant, name) for name in LIMIT_FIELDS})
+
+    def partial_update(self, request: Request) -> Response:
+        """``PATCH`` (staff only): set any of the limits."""
+        user = self.principal.user
+        if user is None or not user.is_staff:
+            raise QuiverError("Only operators change a tenant's limits.", code="operator_only", status_code=403)
+        data = LimitsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.limits_set(self.tenant, limits=data.validated_data)
+        return Response({name: getattr(tenant, name) for name in LIMIT_FIELDS})
 
 
 class MemberOutputSerializer(serializers.ModelSerializer):

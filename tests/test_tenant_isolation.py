@@ -153,6 +153,7 @@ NOT_TENANT_OBJECTS = {
     "api/v1/operator/nodes$": "staff-only fleet view; tenants' keys and sessions get 403 (tests/inference/gateway/"
                               "test_operator_api.py)",
     "^(?!api/|v1/|internal/|admin/|static/|healthz|metrics)(?P<path>.*)$": "the console's index.html, no tenant data",
+    "api/v1/tenant/limits": "the caller's own tenant's limits (no object id in the URL)",
 }
 
 

@@ -34,6 +34,8 @@ from inference.gateway import hygiene
 from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError
+from inference.gateway.limits import RateLimiter, estimate_prompt_tokens
+from inference.gateway.limits import Scope as LimitScope
 from inference.gateway.metering import usage_row
 from inference.gateway.snapshot import KeyView, NodeView, TargetView, node_choose
 from inference.gateway.upstream import upstream_client, upstream_close, upstream_headers
@@ -83,6 +85,23 @@ def _warm_request(version_id: int) -> bool:
     return True
 
 
+# What a request without max_tokens may generate: vLLM's completions default, and a budget for chat.
+DEFAULT_COMPLETION_RESERVE = {"completions": 16, "chat/completions": 256}
+
+
+def _scopes(key: KeyView) -> list[LimitScope]:
+    return [LimitScope(f"tenant:{key.tenant_id}", f"tenant {key.tenant_slug}", key.tenant_limits),
+            LimitScope(f"key:{key.pk}", f"API key {key.key_id}", key.key_limits)]
+
+
+def _reservation(upstream: dict[str, Any], endpoint: str) -> int:
+    """Tokens to hold on admission: the estimated prompt plus the completion budget × ``n``."""
+    budget = hygiene.requested_tokens(upstream)
+    if budget is None:
+        budget = DEFAULT_COMPLETION_RESERVE[endpoint] * int(upstream.get("n", 1))
+    return estimate_prompt_tokens(upstream) + budget
+
+
 def _caps(key: KeyView) -> hygiene.Caps:
     caps = [c for c in (key.tenant_limits.max_tokens, key.key_limits.max_tokens) if c is not None]
     return hygiene.Caps(max_tokens=min(caps) if caps else None, n=settings.QUIVER_GATEWAY_MAX_N,
@@ -98,6 +117,7 @@ class GatewayApp:
         self.background = background
         self.directory = Directory()
         self.sink = UsageSink()
+        self.limiter = RateLimiter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_touch: dict[int, float] = {}
@@ -111,6 +131,7 @@ class GatewayApp:
         self._loop = loop
         self.sink = UsageSink()
         self.directory = Directory()
+        self.limiter = RateLimiter()  # its Redis client belongs to this loop
         if self.background:
             self._tasks = [loop.create_task(subscribe_forever(self.directory)),
                            loop.create_task(self.sink.run_forever())]
@@ -135,7 +156,7 @@ class GatewayApp:
         self._ensure_started()
         endpoint = ROUTES.get(scope["path"])
         if endpoint is None:
-            response = error_response(GatewayError(404, f"Unknown route {scope['path']}.", code="unknown_url"))
+            response = error_response(GatewayError(404, f"Unknown route {scope['path']}.", code="not_found"))
         elif scope["method"] != "POST":
             response = error_response(GatewayError(405, f"Use POST for {scope['path']}.", code="method_not_allowed",
                                                    headers={"Allow": "POST"}))
@@ -268,9 +289,15 @@ class GatewayApp:
             upstream = hygiene.upstream_body(body, endpoint=endpoint, caps=_caps(key),
                                              salt=hygiene.cache_salt(key.tenant_id, settings.SECRET_KEY))
             target = await self.resolve(key, body["model"])
-            node = await self.node_for(target)
+            admission = await self.limiter.admit(_scopes(key), reserve=_reservation(upstream, endpoint))
         except GatewayError as exc:
             return error_response(exc)
+        try:
+            node = await self.node_for(target)
+        except GatewayError as exc:
+            await self.limiter.settle(admission, actual_tokens=0)
+            return error_response(exc)
+        limit_headers = admission.headers if admission else {}
         upstream["model"] = target.served_name
         stream = bool(upstream.get("stream"))
         client_options = upstream.get("stream_options") or {}
@@ -280,6 +307,9 @@ class GatewayApp:
             upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
 
         def record(status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
+            if admission is not None:
+                spent = int((usage or {}).get("prompt_tokens") or 0) + int((usage or {}).get("completion_tokens") or 0)
+                self._spawn(self.limiter.settle(admission, actual_tokens=spent))
             self.sink.emit(usage_row(
                 tenant_id=key.tenant_id, api_key_id=key.pk, adapter_version_id=target.version_id,
                 base_model_id=target.base_model_id, node_id=node.pk, model_name=target.requested,
@@ -315,10 +345,10 @@ class GatewayApp:
                 return error_response(_engine_error(response.status_code, data, target))
             data["model"] = target.requested
             record(200, data.get("usage"))
-            return _json(data)
+            return _json(data, headers=limit_headers)
         events = self._relay(response, target=target, keep_usage=keep_usage, record=record, started=started)
         return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **limit_headers})
 
     @staticmethod
     async def _relay(upstream: httpx.Response, *, target: TargetView, keep_usage: bool, record: Any,

@@ -91,4 +91,4 @@ async def model_detail(request: HttpRequest, model_id: str) -> HttpResponseBase:
 def unknown_route(request: HttpRequest, rest: str = "") -> HttpResponseBase:
     """Any other ``/v1/`` path: OpenAI's JSON 404 (never Django's HTML page)."""
     return GatewayError(404, f"Unknown route {request.path}; see the OpenAI API reference for the paths served.",
-                        code="unknown_url").response()
+                        code="not_found").response()

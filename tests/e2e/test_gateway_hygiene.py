@@ -45,7 +45,7 @@ def test_edge_inputs_are_openai_shaped_4xx(gateway_server: str, base_model) -> N
     chat = _post(gateway_server, key, {"model": "tiny-llama", "messages": "hello"}, "/v1/chat/completions")
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
     unknown = httpx.post(gateway_server + "/v1/embeddings", headers={"Authorization": f"Bearer {key}"}, json={})
-    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
     wrong = httpx.get(gateway_server + "/v1/completions", headers={"Authorization": f"Bearer {key}"})
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json()["error"]["code"] == "method_not_allowed"

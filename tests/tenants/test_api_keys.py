@@ -117,3 +117,33 @@ def test_a_key_cannot_mint_a_stronger_key(make_client) -> None:  # type: ignore[
     assert resp.status_code == 400 and "inference" in resp.json()["fields"]["scopes"][0]
     ok = client.post("/api/v1/api-keys", {"name": "y", "scopes": ["keys:manage"]}, format="json")
     assert ok.status_code == 201
+
+
+@pytest.mark.django_db
+def test_key_limits_are_editable_and_checked(make_client) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    key_id = client.post("/api/v1/api-keys", {"name": "bot"}, format="json").json()["key_id"]
+    resp = client.patch(f"/api/v1/api-keys/{key_id}", {"rpm_limit": 30, "max_tokens_limit": 256}, format="json")
+    assert resp.status_code == 200, resp.content
+    assert (resp.json()["rpm_limit"], resp.json()["max_tokens_limit"], resp.json()["tpm_limit"]) == (30, 256, None)
+    bad = client.patch(f"/api/v1/api-keys/{key_id}", {"rpm_limit": 0}, format="json")
+    assert bad.status_code == 400 and "rpm_limit" in bad.json()["fields"]
+    other = client.patch(f"/api/v1/api-keys/{key_id}", {"name": "renamed"}, format="json")
+    assert other.status_code == 400 and "name" in other.json()["fields"]
+    assert client.patch(f"/api/v1/api-keys/{key_id}", {"rpm_limit": None}, format="json").json()["rpm_limit"] is None
+
+
+@pytest.mark.django_db
+def test_tenant_limits_are_readable_by_the_tenant_and_set_by_operators(make_client, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    assert client.get("/api/v1/tenant/limits").json() == {"rpm_limit": None, "tpm_limit": None,
+                                                          "concurrency_limit": None, "max_tokens_limit": None}
+    assert client.patch("/api/v1/tenant/limits", {"rpm_limit": 10**6}, format="json").status_code == 403
+    staff = django_user_model.objects.create_user(username="op", password="pw-op-123456", is_staff=True)
+    operator = APIClient()
+    operator.force_login(staff)
+    resp = operator.patch("/api/v1/tenant/limits", {"rpm_limit": 100, "tpm_limit": 5000}, format="json",
+                          HTTP_X_QUIVER_TENANT=tenant.slug)
+    assert resp.status_code == 200, resp.content
+    tenant.refresh_from_db()
+    assert (tenant.rpm_limit, tenant.tpm_limit) == (100, 5000)

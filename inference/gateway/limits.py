@@ -1,0 +1,225 @@
+"""Per-tenant and per-key limits, atomic in Redis across every gateway process.
+
+Requests per minute and tokens per minute use fixed one-minute windows (AIBrix's limiter, shared/notes/admission.md
+§5); concurrency is a sorted set of leases that expire on their own, so a process that dies mid-request frees its
+slots after ``lease_s``. One Lua script checks every scope (tenant, key) and only then increments them all: no
+check-then-act race, nothing to roll back. A request reserves its prompt (estimated) plus ``max_tokens`` × ``n`` on
+admission; :meth:`RateLimiter.settle` replaces the reservation with the real count at the end.
+
+Without ``QUIVER_GATEWAY_REDIS_URL`` (the single-process SQLite demo) limits are not enforced.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from inference.gateway.errors import GatewayError
+from inference.gateway.snapshot import Limits
+
+logger = logging.getLogger(__name__)
+WINDOW_S = 60
+UNLIMITED = -1
+
+# KEYS: per scope (rpm window, tpm window, concurrency set). ARGV: now_ms, reserve, lease id, lease expiry ms,
+# key ttl s, then per scope (rpm limit, tpm limit, concurrency limit), -1 = unlimited.
+# Returns {1, used_rpm_1, used_tpm_1, ...} after admitting, or {0, scope index, kind, used, limit}.
+ADMIT_LUA = """
+local n = #KEYS / 3
+local now, reserve, lease, lease_exp, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]),
+  tonumber(ARGV[5])
+for i = 1, n do
+  local rl, tl, cl = tonumber(ARGV[3*i+3]), tonumber(ARGV[3*i+4]), tonumber(ARGV[3*i+5])
+  local used_r = tonumber(redis.call('GET', KEYS[3*i-2]) or '0')
+  local used_t = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
+  if rl >= 0 and used_r + 1 > rl then return {0, i, 'requests', used_r, rl} end
+  if tl >= 0 and used_t + reserve > tl then return {0, i, 'tokens', used_t, tl} end
+  if cl >= 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3*i], '-inf', now)
+    local c = redis.call('ZCARD', KEYS[3*i])
+    if c + 1 > cl then return {0, i, 'concurrency', c, cl} end
+  end
+end
+local out = {1}
+for i = 1, n do
+  local r = redis.call('INCR', KEYS[3*i-2]); redis.call('EXPIRE', KEYS[3*i-2], ttl)
+  local t = redis.call('INCRBY', KEYS[3*i-1], reserve); redis.call('EXPIRE', KEYS[3*i-1], ttl)
+  if tonumber(ARGV[3*i+5]) >= 0 then
+    redis.call('ZADD', KEYS[3*i], lease_exp, lease); redis.call('PEXPIRE', KEYS[3*i], lease_exp - now + 1000)
+  end
+  table.insert(out, r); table.insert(out, t)
+end
+return out
+"""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One limited party: ``name`` like ``tenant:7`` or ``key:12``, for messages ``label`` (``tenant acme``)."""
+
+    name: str
+    label: str
+    limits: Limits
+
+
+@dataclass
+class Admission:
+    """An admitted request's hold on its scopes: the window and reservation to settle, the lease to release."""
+
+    scopes: Sequence[Scope]
+    window: int
+    reserved: int
+    lease: str
+    headers: dict[str, str] = field(default_factory=dict)
+    settled: bool = False
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's reset format: ``1s``, ``6m0s``, ``12ms`` (shared/notes/admission.md §6)."""
+    if seconds < 1:
+        return f"{max(1, int(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    return f"{whole // 60}m{whole % 60}s" if whole >= 60 else f"{whole}s"
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """A prompt's size in tokens for reservations, before tokenizing: token ids counted, text at 4 bytes per token
+    (a common English average; the real count replaces it when the request settles)."""
+    prompt = body.get("prompt")
+    if prompt is not None:
+        items = prompt if isinstance(prompt, list) else [prompt]
+        total = 0
+        for item in items:
+            if isinstance(item, str):
+                total += len(item.encode()) // 4 + 1
+            elif isinstance(item, list):
+                total += len(item)
+            else:
+                total += 1
+        return total
+    total = 0
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        text = content if isinstance(content, str) else str(content or "")
+        total += len(text.encode()) // 4 + 4  # role and separators
+    return total
+
+
+class RateLimiter:
+    """Admits, settles and releases requests against their scopes' limits in Redis (one client per process)."""
+
+    def __init__(self) -> None:
+        self._redis: aioredis.Redis | None = None
+        self._script: Any = None
+
+    def _client(self) -> Any:
+        if self._redis is None:
+            self._redis = aioredis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL, socket_timeout=2,
+                                                  socket_connect_timeout=2)
+            self._script = self._redis.register_script(ADMIT_LUA)
+        return self._redis
+
+    @staticmethod
+    def _keys(scope: Scope, window: int) -> list[str]:
+        return [f"quiver:rl:{scope.name}:rpm:{window}", f"quiver:rl:{scope.name}:tpm:{window}",
+                f"quiver:rl:{scope.name}:conc"]
+
+    async def admit(self, scopes: Sequence[Scope], *, reserve: int) -> Admission | None:
+        """Admit one request reserving ``reserve`` tokens, or raise 429. None when nothing is limited.
+
+        Raises:
+            GatewayError: 429 ``rate_limit_exceeded`` with ``Retry-After``/``retry-after-ms`` and the
+                ``x-ratelimit-*`` headers; ``x-should-retry: false`` when one request is bigger than a TPM limit.
+        """
+        limited = [s for s in scopes if any(v is not None for v in (s.limits.rpm, s.limits.tpm, s.limits.concurrency))]
+        if not limited or not settings.QUIVER_GATEWAY_REDIS_URL:
+            return None
+        for scope in limited:
+            if scope.limits.tpm is not None and reserve > scope.limits.tpm:
+                raise GatewayError(429, f"Request too large for {scope.label} on tokens per min (TPM): Limit "
+                                   f"{scope.limits.tpm}, Requested {reserve}. Lower 'max_tokens' or the prompt.",
+                                   code="rate_limit_exceeded", type_="tokens", headers={"x-should-retry": "false"})
+        now = time.time()
+        window = int(now // WINDOW_S)
+        reset = WINDOW_S - (now % WINDOW_S)
+        lease = uuid.uuid4().hex
+        lease_s = settings.QUIVER_PROXY_TIMEOUT_S + settings.QUIVER_WARM_WAIT_S
+        keys = [k for s in limited for k in self._keys(s, window)]
+        args: list[Any] = [int(now * 1000), reserve, lease, int((now + lease_s) * 1000), WINDOW_S * 2]
+        for s in limited:
+            args += [_lim(s.limits.rpm), _lim(s.limits.tpm), _lim(s.limits.concurrency)]
+        self._client()
+        try:
+            answer = await self._script(keys=keys, args=args)
+        except Exception as exc:  # noqa: BLE001 - Redis away: serve (fail open) rather than refuse everyone
+            logger.warning("gateway.limiter_unavailable", extra={"error": repr(exc)})
+            self._redis = None
+            return None
+        if int(answer[0]) == 0:
+            scope = limited[int(answer[1]) - 1]
+            kind = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
+            raise self._refusal(scope, kind, int(answer[3]), int(answer[4]), reserve, reset)
+        headers = self._headers(limited, [int(x) for x in answer[1:]], reset)
+        return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers)
+
+    @staticmethod
+    def _headers(scopes: Sequence[Scope], used: list[int], reset: float) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        requests = [(s.limits.rpm, s.limits.rpm - used[2 * i]) for i, s in enumerate(scopes) if s.limits.rpm]
+        tokens = [(s.limits.tpm, s.limits.tpm - used[2 * i + 1]) for i, s in enumerate(scopes) if s.limits.tpm]
+        for kind, pairs in (("requests", requests), ("tokens", tokens)):
+            if pairs:
+                limit, remaining = min(pairs, key=lambda p: p[1])  # the scope closest to its limit
+                headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, remaining))
+                headers[f"x-ratelimit-reset-{kind}"] = _duration(reset)
+        return headers
+
+    @staticmethod
+    def _refusal(scope: Scope, kind: str, used: int, limit: int, reserve: int, reset: float) -> GatewayError:
+        if kind == "concurrency":
+            wait = 1.0
+            message = (f"Concurrency limit reached for {scope.label}: Limit {limit} requests in flight. "
+                       "Please try again when one finishes.")
+            type_ = "requests"
+        else:
+            wait = reset
+            what = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
+            asked = 1 if kind == "requests" else reserve
+            message = (f"Rate limit reached for {scope.label} on {what}: Limit {limit}, Used {used}, Requested "
+                       f"{asked}. Please try again in {_duration(wait)}.")
+            type_ = kind
+        headers = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(int(wait * 1000)),
+                   f"x-ratelimit-limit-{type_}": str(limit), f"x-ratelimit-remaining-{type_}": "0",
+                   f"x-ratelimit-reset-{type_}": _duration(wait)}
+        return GatewayError(429, message, code="rate_limit_exceeded", type_=type_, headers=headers)
+
+    async def settle(self, admission: Admission | None, *, actual_tokens: int) -> None:
+        """Replace the reservation with ``actual_tokens`` and free the concurrency lease (once; never raises)."""
+        if admission is None or admission.settled:
+            return
+        admission.settled = True
+        delta = actual_tokens - admission.reserved
+        try:
+            pipe = self._client().pipeline(transaction=False)
+            for scope in admission.scopes:
+                rpm_key, tpm_key, conc_key = self._keys(scope, admission.window)
+                if delta:
+                    pipe.incrby(tpm_key, delta)
+                if scope.limits.concurrency is not None:
+                    pipe.zrem(conc_key, admission.lease)
+            await pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - a lost settle only skews one window; the lease expires by itself
+            logger.warning("gateway.limit_settle_failed", extra={"error": repr(exc)})
+
+
+def _lim(value: int | None) -> int:
+    return UNLIMITED if value is None else int(value)
