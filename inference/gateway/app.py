@@ -344,6 +344,7 @@ class GatewayApp:
                 record(response.status_code if response.status_code >= 400 else 502, None)
                 return error_response(_engine_error(response.status_code, data, target))
             data["model"] = target.requested
+            _strip_engine_fields(data)
             record(200, data.get("usage"))
             return _json(data, headers=limit_headers)
         events = self._relay(response, target=target, keep_usage=keep_usage, record=record, started=started)
@@ -389,6 +390,7 @@ class GatewayApp:
                     chunk["usage"] = None  # OpenAI sends usage only on the final chunk
                 if "model" in chunk:
                     chunk["model"] = target.requested
+                _strip_engine_fields(chunk)
                 yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
             if outcome == 499:  # the engine ended without [DONE]
                 outcome = 502
@@ -406,16 +408,33 @@ class GatewayApp:
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
 
 
+# vLLM-only response fields that say nothing to a tenant (or say how the platform is built).
+ENGINE_FIELDS = ("kv_transfer_params", "ec_transfer_params", "metrics", "system_fingerprint")
+ENGINE_CHOICE_FIELDS = ("routed_experts", "prompt_logprobs", "prompt_token_ids", "token_ids", "stop_reason")
+
+
+def _strip_engine_fields(data: dict[str, Any]) -> None:
+    for name in ENGINE_FIELDS:
+        data.pop(name, None)
+    for choice in data.get("choices") or []:
+        if isinstance(choice, dict):
+            for name in ENGINE_CHOICE_FIELDS:
+                if choice.get(name) is None:
+                    choice.pop(name, None)
+
+
 def _engine_error(status: int, data: Any, target: TargetView) -> GatewayError:
     """An engine error in OpenAI's shape with our own message: no engine internals, no served names."""
-    engine_message = ""
+    engine_message, engine_param = "", ""
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         engine_message = str(data["error"].get("message") or "")
+        engine_param = str(data["error"].get("param") or "")
     context = re.search(r"maximum context length is (\d+)", engine_message)
-    if status == 400 and context:
-        return GatewayError(400, f"The prompt plus the requested completion exceeds the model's context of "
-                            f"{context.group(1)} tokens; shorten the prompt or lower 'max_tokens'.",
-                            code="context_length_exceeded", param="max_tokens")
+    if status == 400 and (context or engine_param in ("input_tokens", "input_text")):
+        size = f" of {context.group(1)} tokens" if context else ""
+        return GatewayError(400, f"The prompt plus the requested completion exceeds the model's context{size}; "
+                            "shorten the prompt or lower 'max_tokens'.", code="context_length_exceeded",
+                            param="max_tokens")
     if status == 404:
         return GatewayError(404, f"The model `{target.requested}` is not available on the node right now; retry.",
                             code="model_not_available", type_="server_error", param="model")

@@ -13,7 +13,7 @@ from tenants.services import api_key_create
 from tests.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-LONG_PROMPT = "the cat sat on the mat and the dog ran to the park " * 30  # several 128-token KV blocks
+LONG_PROMPT = "the cat sat on the mat and the dog ran to the park " * 15  # over one 128-token KV block
 
 
 def _key() -> str:
@@ -56,7 +56,7 @@ def test_edge_inputs_are_openai_shaped_4xx(gateway_server: str, base_model) -> N
 def test_engine_errors_are_mapped_and_prefix_cache_is_per_tenant(gateway_server: str, live_node,  # type: ignore[no-untyped-def]
                                                                   vllm_engine) -> None:
     alice, bob = _key(), _key()
-    too_long = _post(gateway_server, alice, {"model": "tiny-llama", "prompt": "x", "max_tokens": 5000})
+    too_long = _post(gateway_server, alice, {"model": "tiny-llama", "prompt": "the cat " * 600, "max_tokens": 4})
     assert too_long.status_code == 400, too_long.text
     error = too_long.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["type"] == "invalid_request_error"

@@ -1,0 +1,80 @@
+"""Limits and metering on the real stack: concurrency is shared by two gateway processes; a client that walks away
+mid-stream is metered 499 with the tokens it was sent; successful answers carry OpenAI's x-ratelimit-* headers."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from inference.gateway.metering import usage_drain
+from inference.gateway.models import UsageRecord
+from tenants.services import api_key_create, limits_set
+from tests.factories import TenantFactory
+from tests.fixtures.stack import GatewayProcess
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LONG = {"model": "tiny-llama", "prompt": "the cat", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+        "stream": True}
+
+
+def _wait_served(gw: GatewayProcess, key: str) -> None:
+    deadline = time.monotonic() + 30
+    while httpx.post(f"{gw.url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                     json={"model": "tiny-llama", "prompt": "x", "max_tokens": 1}).status_code != 200:
+        assert time.monotonic() < deadline, "the gateway process never saw the node"
+        time.sleep(0.2)
+
+
+def test_concurrency_limit_is_shared_by_two_gateway_processes(
+        live_node, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    tenant = TenantFactory()
+    key, plaintext = api_key_create(tenant, name="app")
+    for gw in gateway_processes:
+        _wait_served(gw, plaintext)
+    limits_set(key, limits={"concurrency_limit": 2, "rpm_limit": 1000})
+    time.sleep(1.0)  # the limit reaches both processes (invalidation)
+    headers = {"Authorization": f"Bearer {plaintext}"}
+    a = httpx.Client(base_url=gateway_processes[0].url, headers=headers, timeout=120)
+    b = httpx.Client(base_url=gateway_processes[1].url, headers=headers, timeout=120)
+    with a.stream("POST", "/v1/completions", json=LONG) as first, b.stream("POST", "/v1/completions", json=LONG) as second:
+        assert first.status_code == 200 and second.status_code == 200
+        assert first.headers["x-ratelimit-limit-requests"] == "1000"
+        # Both are in flight now (400 tokens take the engine far longer than this next call).
+        third = b.post("/v1/completions", json={**LONG, "stream": False, "max_tokens": 1})
+        assert third.status_code == 429, third.text
+        assert "Concurrency limit" in third.json()["error"]["message"] and third.headers["retry-after"] == "1"
+        for resp in (first, second):
+            for _ in resp.iter_lines():
+                pass
+    deadline = time.monotonic() + 10
+    while a.post("/v1/completions", json={**LONG, "stream": False, "max_tokens": 1}).status_code != 200:
+        assert time.monotonic() < deadline, "the leases were never released"
+        time.sleep(0.2)
+
+
+def test_a_client_that_walks_away_is_metered_499_with_the_tokens_sent(
+        live_node, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    tenant = TenantFactory()
+    _, plaintext = api_key_create(tenant, name="app")
+    gw = gateway_processes[0]
+    _wait_served(gw, plaintext)
+    received = 0
+    with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {plaintext}"}, timeout=120) as client:
+        with client.stream("POST", "/v1/completions", json=LONG) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    received += 1
+                if received == 5:
+                    break  # close the connection mid-stream
+    records = UsageRecord.objects.filter(tenant=tenant, stream=True)
+    deadline = time.monotonic() + 20
+    while not records.exists():
+        assert time.monotonic() < deadline, "the cut stream was never metered"
+        usage_drain()
+        time.sleep(0.2)
+    record = records.get()
+    assert record.status_code == 499
+    assert record.prompt_tokens > 0
+    assert 5 <= record.completion_tokens < LONG["max_tokens"]
