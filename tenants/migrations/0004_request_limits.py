@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenants', '0002_login_failure'),
+        ('tenants', '0003_abuse_limits'),
     ]
 
     operations = [
