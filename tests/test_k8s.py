@@ -311,6 +311,14 @@ def test_no_secret_is_committed_and_every_referenced_key_is_documented(overlay: 
         assert key in _env_example_keys(secret), (secret, key)
 
 
+def test_the_control_plane_secret_holds_every_secret_production_requires() -> None:
+    """Every ``read_secret`` and default-less ``env(...)`` of config/settings/production.py is a documented key."""
+    source = (REPO_ROOT / "config" / "settings" / "production.py").read_text()
+    required = set(re.findall(r'read_secret\("([A-Z_]+)"', source)) | set(re.findall(r'env(?:\.db)?\("([A-Z_]+)"\)', source))
+    assert {"DJANGO_SECRET_KEY", "DATABASE_URL"} <= required
+    assert required <= _env_example_keys("quiver-secrets"), required - _env_example_keys("quiver-secrets")
+
+
 def test_dev_secrets_are_random_complete_and_valid() -> None:
     def run() -> dict[str, dict[str, str]]:
         done = subprocess.run([str(K8S / "dev-secrets")], capture_output=True, text=True, timeout=30, check=True)
