@@ -18,7 +18,11 @@ Load: ``--concurrency`` client threads send completions (the base model and two 
 gateways. The client plays the load balancer: round-robin, and a gateway that refuses the connection is skipped
 (what a Service does once a pod is gone). Mid-run it SIGKILLs ``gateway-2``, then ``node-2`` (engine and agent).
 
-Printed: requests served per gateway and per node (each engine's ``vllm:request_success_total``), every error with
+Before the kills, a second key with ``rpm_limit`` = ``--rpm`` sends twice that many requests through both gateways
+at once: the limit is shared through Redis, so the two together admit at most ``--rpm``, and the rest get 429 with
+``Retry-After``.
+
+Printed: the rate-limit check, requests served per gateway and per node (each engine's ``vllm:request_success_total``), every error with
 its time relative to the kills, and the residency the control plane converges to. Exit status 1 when a request
 failed that was not in flight on a killed process, when a survivor served nothing after the kill, or when residency
 did not converge (every adapter resident on a live node, nothing routed to the dead one).
@@ -282,6 +286,34 @@ class EngineCounter:
         self._thread.join(timeout=5)
 
 
+def rate_limit_check(api: httpx.Client, urls: dict[str, str], model: str, *, rpm: int) -> dict[str, Any]:
+    """A new key limited to ``rpm`` requests a minute sends ``2 x rpm`` requests, alternating the two gateways.
+
+    Returns:
+        ``{"rpm_limit", "sent", "admitted": {gateway: n}, "rejected", "retry_after_on_all_429s", "other"}``.
+    """
+    created = api.post("/api/v1/api-keys", json={"name": "rate-limited", "scopes": ["inference"]})
+    created.raise_for_status()
+    key = created.json()
+    api.patch(f"/api/v1/api-keys/{key['key_id']}", json={"rpm_limit": rpm}).raise_for_status()
+    admitted: Counter[str] = Counter()
+    rejected, retry_after, other = 0, True, 0
+    body = {"model": model, "prompt": "x", "max_tokens": 1}
+    with httpx.Client(headers={"Authorization": f"Bearer {key['secret']}"}, timeout=60) as http:
+        for i in range(2 * rpm):
+            gateway = ("gateway-1", "gateway-2")[i % 2]
+            answer = http.post(urls[gateway] + "/v1/completions", json=body)
+            if answer.status_code == 200:
+                admitted[gateway] += 1
+            elif answer.status_code == 429:
+                rejected += 1
+                retry_after = retry_after and bool(answer.headers.get("retry-after"))
+            else:
+                other += 1
+    return {"rpm_limit": rpm, "sent": 2 * rpm, "admitted": dict(admitted), "rejected": rejected,
+            "retry_after_on_all_429s": retry_after, "other": other}
+
+
 def residency(env: dict[str, str]) -> dict[str, Any]:
     """The control plane's view: node → live?, and (node, adapter) → tier, read through the Django models."""
     os.environ.update(env)
@@ -322,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     parser.add_argument("--kill-gateway-at", type=float, default=8.0)
     parser.add_argument("--kill-node-at", type=float, default=12.0)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--rpm", type=int, default=12, help="requests-per-minute limit of the rate-limit check")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "scaleout")
     parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args(argv)
@@ -406,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                 answer.raise_for_status()
         say(f"adapters {', '.join(adapters)} ready and warm; {args.duration:.0f} s of load through both gateways")
 
+        limits = rate_limit_check(api, urls, assets.served_name, rpm=args.rpm)
+        say(f"rate limit across both gateways: {json.dumps(limits)}")
         lb = LoadBalancer({"gateway-1": urls["gateway-1"], "gateway-2": urls["gateway-2"]})
         t0 = time.monotonic()
         kills: dict[str, float] = {}
@@ -445,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     unexplained = [o for o in errors if not in_flight_at_a_kill(o)]
     after = [o for o in outcomes if o.start > max(kill_times.values())]
     summary = {
+        "rate_limit": limits,
         "requests": len(outcomes),
         "served_by_gateway": dict(Counter(o.gateway for o in outcomes if o.status == 200)),
         "served_by_node": served_by_node,
@@ -457,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     }
     print(f"\n== scale-out proof: {len(outcomes)} requests in {args.duration:.0f} s, "
           f"gateway-2 killed at {kill_times['gateway-2']:.1f} s, node-2 at {kill_times['node-2']:.1f} s ==")
+    print(f"rate limit {limits['rpm_limit']}/min on one key, {limits['sent']} requests through both gateways: "
+          f"admitted {json.dumps(limits['admitted'])}, 429s {limits['rejected']} (all with Retry-After: "
+          f"{limits['retry_after_on_all_429s']})")
     print("served per gateway:", json.dumps(summary["served_by_gateway"]))
     print("served per node (vllm:request_success_total):", json.dumps(served_by_node))
     print(f"served after both kills: {summary['served_after_kills']} of {len(after)}")
@@ -471,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     print("converged:", summary["converged"])
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
-    ok = (not unexplained and summary["converged"] and summary["served_after_kills"] > 0
+    limit_ok = (sum(limits["admitted"].values()) <= limits["rpm_limit"] and limits["rejected"] > 0
+                and limits["retry_after_on_all_429s"] and all(limits["admitted"].get(g, 0) > 0 for g in lb.gateways))
+    ok = (limit_ok and not unexplained and summary["converged"] and summary["served_after_kills"] > 0
           and all(summary["served_by_gateway"].get(g, 0) > 0 for g in lb.gateways)
           and all(v > 0 for v in served_by_node.values()))
     return 0 if ok else 1
