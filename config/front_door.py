@@ -56,16 +56,21 @@ class BodyRule:
     what: str
 
 
-def rule_for(method: str, path: str, *, has_credentials: bool) -> BodyRule:
+def rule_for(method: str, path: str, *, has_credentials: bool, content_type: str = "multipart/form-data") -> BodyRule:
     """The body rule of a request, from settings (read each time, so tests may override them).
 
     Args:
         method: HTTP method, upper case.
         path: the URL path.
         has_credentials: whether an ``Authorization`` header or a session cookie is present.
+        content_type: the ``Content-Type`` header; only multipart bodies get the upload cap on the upload route
+            (a JSON body there is parsed in memory, so it keeps the JSON cap).
     """
+    multipart = content_type.split(";", 1)[0].strip().lower() == "multipart/form-data"
     if method == "POST" and UPLOAD_ROUTE.match(path):
-        return BodyRule(settings.QUIVER_MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD, True, True, "QUIVER_MAX_UPLOAD_BYTES")
+        if multipart:
+            return BodyRule(settings.QUIVER_MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD, True, True, "QUIVER_MAX_UPLOAD_BYTES")
+        return BodyRule(settings.QUIVER_MAX_JSON_BYTES, True, True, "QUIVER_MAX_JSON_BYTES")
     needs = path.startswith(CREDENTIALED_PREFIXES)
     if not has_credentials and not needs:
         return BodyRule(settings.QUIVER_MAX_ANONYMOUS_BODY_BYTES, False, False, "QUIVER_MAX_ANONYMOUS_BODY_BYTES")
@@ -164,7 +169,8 @@ class FrontDoor:
         headers = _headers(scope)
         authorization = headers.get("authorization", "")
         session_key = _session_key(headers)
-        rule = rule_for(scope.get("method", "GET"), path, has_credentials=bool(authorization or session_key))
+        rule = rule_for(scope.get("method", "GET"), path, has_credentials=bool(authorization or session_key),
+                        content_type=headers.get("content-type", ""))
         if rule.needs_credentials and not (authorization or session_key):
             await _respond(send, path, 401, "not_authenticated",
                            "Authentication credentials were not provided; send 'Authorization: Bearer <api key>'.")

@@ -87,6 +87,18 @@ def test_an_invalid_key_on_the_upload_route_is_refused_before_reading() -> None:
 
 
 @pytest.mark.django_db
+@override_settings(QUIVER_MAX_JSON_BYTES=256 * 1024)
+def test_a_json_body_on_the_upload_route_keeps_the_json_cap() -> None:
+    # DRF parses JSON in memory: an upload-sized JSON body would be a memory bomb, not a spool file.
+    _, secret = api_key_create(TenantFactory(), name="ci", scopes=["adapters:write"])
+    body = Body(100)
+    status, data = _call("POST", UPLOAD, body, {"authorization": f"Bearer {secret}", "content-type": "application/json",
+                                                "transfer-encoding": "chunked"})
+    assert status == 413 and data["code"] == "request_too_large" and "QUIVER_MAX_JSON_BYTES" in data["detail"]
+    assert body.pulled <= 256 * 1024 + CHUNK
+
+
+@pytest.mark.django_db
 def test_a_key_without_adapters_write_is_refused_on_the_upload_route_before_reading() -> None:
     # The applications' inference keys are the most exposed; they must not spool upload-sized bodies to disk.
     _, secret = api_key_create(TenantFactory(), name="app", scopes=["inference", "adapters:read"])
