@@ -10,6 +10,13 @@ from rest_framework.routers import SimpleRouter
 from adapters_app.views import AdapterVersionViewSet, AdapterViewSet, BaseModelViewSet
 from config.console import console_index
 from inference.gateway.api import UsageViewSet
+from inference.gateway.fleet_api import (
+    OperatorAuditViewSet,
+    OperatorPlacementViewSet,
+    OperatorQuotaViewSet,
+    OperatorVersionViewSet,
+    ResidencyViewSet,
+)
 from inference.gateway.operator_api import NodeViewSet
 from tenants.auth_views import LoginView, LogoutView, MeView, TenantPickView
 from tenants.views import ApiKeyViewSet, MemberViewSet, TenantLimitsViewSet
@@ -21,6 +28,11 @@ router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("members", MemberViewSet, basename="member")
 router.register("operator/nodes", NodeViewSet, basename="operator-node")
+router.register("operator/versions", OperatorVersionViewSet, basename="operator-version")
+router.register("operator/placements", OperatorPlacementViewSet, basename="operator-placement")
+router.register("operator/residency-quotas", OperatorQuotaViewSet, basename="operator-residency-quota")
+router.register("operator/audit", OperatorAuditViewSet, basename="operator-audit")
+router.register("residency", ResidencyViewSet, basename="residency")
 router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersionViewSet, basename="adapter-version")
 
 

@@ -105,6 +105,19 @@ class TestUsageSeries(TenantScopedAPITests):
     make_object = TestUsage.make_object
 
 
+class TestResidency(TenantScopedAPITests):
+    list_url = "/api/v1/residency"
+    list_field = "adapter"
+
+    def make_object(self, tenant: Tenant) -> dict[str, Any]:
+        from inference.gateway.models import Node, Placement
+
+        version = _ready_adapter(tenant, "resident")
+        node, _ = Node.objects.get_or_create(name="iso-node", defaults={"agent_url": "http://a", "engine_url": "http://e"})
+        Placement.objects.create(node=node, adapter_version=version, tier="hot")
+        return {"name": "resident"}
+
+
 # --- The matrix itself can fail: remove tenant scoping from a family's read path and its tests must go red.
 
 def _unscoped_usage(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,6 +165,13 @@ NOT_TENANT_OBJECTS = {
     "api/v1/auth/tenant": "picks one of the caller's own tenants (membership checked)",
     "api/v1/operator/nodes$": "staff-only fleet view; tenants' keys and sessions get 403 (tests/inference/gateway/"
                               "test_operator_api.py)",
+    "api/v1/operator/versions/(?P<pk>[^/.]+)$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
+    "api/v1/operator/versions/(?P<pk>[^/.]+)/pin$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
+    "api/v1/operator/versions/(?P<pk>[^/.]+)/replicas$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
+    "api/v1/operator/versions/(?P<pk>[^/.]+)/unpin$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
+    "api/v1/operator/placements/(?P<pk>[^/.]+)/evict$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
+    "api/v1/operator/residency-quotas/(?P<slug>[^/.]+)$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
+    "api/v1/operator/audit$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
     "^(?!api/|v1/|internal/|admin/|static/|healthz|metrics)(?P<path>.*)$": "the console's index.html, no tenant data",
     "api/v1/tenant/limits": "the caller's own tenant's limits (no object id in the URL)",
 }

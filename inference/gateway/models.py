@@ -102,3 +102,47 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint}:{self.status_code}"
+
+
+class VersionIntent(models.Model):
+    """Desired state for one adapter version, set by operators; heartbeats never write it (observed state lives in
+    ``Placement``). ``pinned_nodes`` is a list of node names; ``pinned_fleet`` pins it on every node that holds it.
+    """
+
+    adapter_version = models.OneToOneField(AdapterVersion, on_delete=models.CASCADE, related_name="intent")
+    min_replicas = models.PositiveSmallIntegerField(default=1)
+    max_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
+    pinned_fleet = models.BooleanField(default=False)
+    pinned_nodes = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"intent:{self.adapter_version_id}"
+
+
+class TenantResidencyQuota(models.Model):
+    """A tenant's share of the fleet: at most ``max_pinned`` pinned versions and ``max_gpu_bytes`` of GPU slots
+    (rank-padded bytes, ``inference.fleet.eviction.gpu_slot_bytes``); null = no limit. Over it, the tenant's own
+    adapters are evicted first (``inference.fleet.eviction``)."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="residency_quota")
+    max_pinned = models.PositiveIntegerField(null=True, blank=True)
+    max_gpu_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"quota:{self.tenant_id}"
+
+
+class FleetAuditRecord(models.Model):
+    """One operator action on the fleet: who, what, on which object, when, and the state before → after."""
+
+    actor = models.CharField(max_length=200)
+    action = models.CharField(max_length=40)
+    target = models.CharField(max_length=300)
+    before = models.JSONField(default=dict)
+    after = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.action}:{self.target}"

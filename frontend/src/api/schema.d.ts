@@ -249,6 +249,23 @@ export interface paths {
         patch: operations["members_partial_update"];
         trace?: never;
     };
+    "/api/v1/operator/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``GET /api/v1/operator/audit``: the latest 500 fleet actions, newest first. */
+        get: operations["operator_audit_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/operator/nodes": {
         parameters: {
             query?: never;
@@ -258,6 +275,127 @@ export interface paths {
         };
         /** @description ``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins). */
         get: operations["operator_nodes_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/placements/{id}/evict": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description ``POST /api/v1/operator/placements/{id}/evict``: remove it from that engine now (202; next heartbeat shows it). */
+        post: operations["operator_placements_evict_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/residency-quotas/{slug}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``GET /api/v1/operator/residency-quotas/{slug}``. */
+        get: operations["operator_residency_quotas_retrieve"];
+        /** @description ``PUT /api/v1/operator/residency-quotas/{slug}``. */
+        put: operations["operator_residency_quotas_update"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** @description A tenant's residency quota, by tenant slug. */
+        patch: operations["operator_residency_quotas_partial_update"];
+        trace?: never;
+    };
+    "/api/v1/operator/versions/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``GET /api/v1/operator/versions/{id}``: its intent. */
+        get: operations["operator_versions_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/versions/{id}/pin": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Pin on a node (or fleet-wide); at most ``max_loras − 1`` pins per node. */
+        post: operations["operator_versions_pin_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/versions/{id}/replicas": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /** @description Set min/max replicas. */
+        put: operations["operator_versions_replicas_update"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/versions/{id}/unpin": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Unpin on a node (or everywhere). */
+        post: operations["operator_versions_unpin_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/residency": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``GET /api/v1/residency``. */
+        get: operations["residency_list"];
         put?: never;
         post?: never;
         delete?: never;
@@ -423,6 +561,17 @@ export interface components {
             /** Format: date-time */
             readonly created_at: string;
         };
+        /** @description One operator action. */
+        Audit: {
+            readonly id: number;
+            actor: string;
+            action: string;
+            target: string;
+            before?: unknown;
+            after?: unknown;
+            /** Format: date-time */
+            readonly created_at: string;
+        };
         /** @description Output: a registered base model and its pool's engine limits. */
         BaseModelOutput: {
             base_model_name: string;
@@ -431,6 +580,14 @@ export interface components {
             max_lora_rank?: number;
             /** Format: int64 */
             max_adapter_bytes?: number;
+        };
+        /** @description A version's desired state. */
+        Intent: {
+            version_id: number;
+            min_replicas: number;
+            max_replicas: number | null;
+            pinned_fleet: boolean;
+            pinned_nodes: string[];
         };
         /** @description Input of ``POST /api/v1/auth/login``. */
         LoginInput: {
@@ -479,6 +636,15 @@ export interface components {
         PatchedMemberRole: {
             role?: components["schemas"]["RoleEnum"];
         };
+        /** @description A tenant's residency quota; null = no limit. */
+        PatchedQuota: {
+            max_pinned?: number | null;
+            max_gpu_bytes?: number | null;
+        };
+        /** @description Which node to pin on or unpin from; null = every node holding the version. */
+        PinInput: {
+            node?: string | null;
+        };
         /** @description A version's residency on one node. */
         PlacementOutput: {
             tenant: string;
@@ -493,6 +659,25 @@ export interface components {
             last_error?: string;
             /** Format: date-time */
             readonly updated_at: string;
+        };
+        /** @description A tenant's residency quota; null = no limit. */
+        Quota: {
+            max_pinned?: number | null;
+            max_gpu_bytes?: number | null;
+        };
+        /** @description Replica bounds: ``1 ≤ min_replicas ≤ max_replicas``; ``max_replicas`` null = the placement default. */
+        ReplicasInput: {
+            min_replicas: number;
+            max_replicas?: number | null;
+        };
+        /** @description One version's replicas per tier (``hot`` GPU, ``warm`` CPU, ``staged`` disk, ``cold``, ``errored``). */
+        ResidencyRow: {
+            adapter: string;
+            version: number;
+            tiers: {
+                [key: string]: number;
+            };
+            pinned: number;
         };
         /**
          * @description * `owner` - Owner
@@ -1035,6 +1220,25 @@ export interface operations {
             };
         };
     };
+    operator_audit_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Audit"][];
+                };
+            };
+        };
+    };
     operator_nodes_list: {
         parameters: {
             query?: never;
@@ -1050,6 +1254,227 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["NodeOutput"][];
+                };
+            };
+        };
+    };
+    operator_placements_evict_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this placement. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    operator_residency_quotas_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                slug: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Quota"];
+                };
+            };
+        };
+    };
+    operator_residency_quotas_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                slug: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["Quota"];
+                "multipart/form-data": components["schemas"]["Quota"];
+                "application/x-www-form-urlencoded": components["schemas"]["Quota"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Quota"];
+                };
+            };
+        };
+    };
+    operator_residency_quotas_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                slug: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedQuota"];
+                "multipart/form-data": components["schemas"]["PatchedQuota"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedQuota"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Quota"];
+                };
+            };
+        };
+    };
+    operator_versions_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this adapter version. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Intent"];
+                };
+            };
+        };
+    };
+    operator_versions_pin_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this adapter version. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PinInput"];
+                "multipart/form-data": components["schemas"]["PinInput"];
+                "application/x-www-form-urlencoded": components["schemas"]["PinInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Intent"];
+                };
+            };
+        };
+    };
+    operator_versions_replicas_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this adapter version. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReplicasInput"];
+                "multipart/form-data": components["schemas"]["ReplicasInput"];
+                "application/x-www-form-urlencoded": components["schemas"]["ReplicasInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Intent"];
+                };
+            };
+        };
+    };
+    operator_versions_unpin_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this adapter version. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PinInput"];
+                "multipart/form-data": components["schemas"]["PinInput"];
+                "application/x-www-form-urlencoded": components["schemas"]["PinInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Intent"];
+                };
+            };
+        };
+    };
+    residency_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResidencyRow"][];
                 };
             };
         };
