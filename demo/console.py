@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -56,6 +57,10 @@ def serve_until_interrupted(web_url: str, logins: Sequence[Login], client: OpenA
     for login in logins:
         print(f"  {login.who:<52} username {login.username:<14} password {login.password}")
     print("Press Ctrl-C to stop the stack.", flush=True)
+    # Ctrl-C, and SIGTERM from a supervisor, both unwind through the caller's clean-up (a shell that started us in
+    # the background may have left SIGINT ignored, hence the explicit handlers).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     stop = threading.Event()
     worker = threading.Thread(target=traffic, args=(client, examples, stop), name="demo-traffic", daemon=True)
     worker.start()

@@ -101,8 +101,10 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # The demo's web server and worker share one SQLite file: wait for locks instead of failing.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 30}
+    # The demo's web server, internal listener and worker share one SQLite file: wait for locks instead of failing.
+    # IMMEDIATE takes the write lock when a transaction begins, so a read-then-write transaction waits for the lock
+    # instead of failing at once with "database is locked" (SQLite cannot upgrade a read lock while another writes).
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
