@@ -130,9 +130,11 @@ class TtlCache(Generic[V]):
     Args:
         loader: ``loader(*key)`` run in the database thread; its result (including None) is cached.
         ttl: ``ttl() -> (soft, hard)`` seconds, read on every hit so a bus outage shortens them at once.
+        max_entries: the oldest loaded entries go first past this many (unknown keys are cached too).
     """
 
-    def __init__(self, loader: Callable[..., V], ttl: Callable[[], tuple[float, float]]):
+    def __init__(self, loader: Callable[..., V], ttl: Callable[[], tuple[float, float]], max_entries: int = 100_000):
+        self._max_entries = max_entries
         self._loader = loader
         self._ttl = ttl
         self._entries: dict[tuple[Hashable, ...], _Entry[V]] = {}
@@ -172,7 +174,10 @@ class TtlCache(Generic[V]):
         finally:
             self._loading.pop(key, None)
         if generation == self.generation:  # an invalidation during the load must not be overwritten by stale data
+            self._entries.pop(key, None)
             self._entries[key] = _Entry(value, time.monotonic())
+            while len(self._entries) > self._max_entries:  # bounded: random bearer tokens must not grow it forever
+                del self._entries[next(iter(self._entries))]
         future.set_result(value)
         return value
 

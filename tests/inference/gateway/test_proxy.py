@@ -72,3 +72,37 @@ def test_a_cut_stream_ends_with_an_error_event_and_is_metered_502_with_tokens_se
     assert error["code"] == "upstream_stream_cut" and error["type"] == "server_error"
     assert "[DONE]" not in "".join(events)
     assert seen == [(502, {"prompt_tokens": 4, "completion_tokens": 1})]
+
+
+def test_directory_cache_is_bounded_and_refreshes_stale_entries_in_the_background() -> None:
+    from inference.gateway import directory
+
+    loads: list[str] = []
+
+    def loader(k: str) -> str:
+        loads.append(k)
+        return k.upper()
+
+    async def run() -> None:
+        original = directory.db_call
+
+        async def inline(fn, *args):  # type: ignore[no-untyped-def]
+            return fn(*args)
+
+        directory.db_call = inline  # type: ignore[assignment]
+        try:
+            ttl = [(10.0, 20.0)]
+            cache = directory.TtlCache(loader, lambda: ttl[0], max_entries=2)
+            assert [await cache.get(k) for k in ("a", "b", "a", "c")] == ["A", "B", "A", "C"]
+            assert loads == ["a", "b", "c"]
+            assert await cache.get("a") == "A" and loads[-1] == "a"  # "a" was evicted first, so loaded again
+            ttl[0] = (0.0, 20.0)  # stale but within the hard TTL: served, refreshed behind the scenes
+            assert await cache.get("a") == "A"
+            await asyncio.sleep(0)
+            assert loads.count("a") == 3
+            cache.invalidate(lambda k: k == ("a",))
+            assert await cache.get("a") == "A" and loads.count("a") == 4
+        finally:
+            directory.db_call = original  # type: ignore[assignment]
+
+    asyncio.run(run())
