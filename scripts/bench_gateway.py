@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             "QUIVER_MAX_LORA_RANK": "16", "AWS_STORAGE_BUCKET_NAME": "quiver",
         })
         procs.wait_http("web", web_url + "/healthz", 60)
-        procs.wait_http("vllm", engine.url + "/health", 300)
+        procs.wait_http("vllm", engine.url + "/health", 900)  # slow under a shared CPU
         procs.wait_http("agent", f"http://127.0.0.1:{agent_port}/healthz", 60)
         deadline = time.monotonic() + 60
         probe = {"model": assets.served_name, "prompt": "x", "max_tokens": 1}
