@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('adapters', '0002_durable_cleanup'),
-        ('gateway', '0002_node_registration'),
+        ('gateway', '0003_usage_request_id_ttft'),
         ('tenants', '0003_abuse_limits'),
     ]
 
