@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 import redis
+from django.http import StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -15,7 +17,7 @@ from rest_framework.response import Response
 
 from inference.gateway.metering import usage_drain
 from inference.gateway.models import UsageRecord
-from inference.gateway.selectors import usage_summary
+from inference.gateway.selectors import usage_csv, usage_summary
 from inference.gateway.usage_series import BUCKETS, usage_series
 from tenants.viewsets import TenantScopedViewSet
 
@@ -30,8 +32,17 @@ def _drain_quietly() -> None:
 
 
 class UsageQuerySerializer(serializers.Serializer):
-    """Query of ``GET /api/v1/usage``: optional ``since`` (ISO 8601)."""
+    """Query of ``GET /api/v1/usage``: optional ``since`` and ``until`` (ISO 8601; ``until`` exclusive), and
+    ``export=csv`` for the raw records."""
     since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    export = serializers.ChoiceField(choices=["csv"], required=False, help_text="csv: the raw records as CSV")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """``since`` must come before ``until``."""
+        if attrs.get("since") and attrs.get("until") and attrs["since"] >= attrs["until"]:
+            raise serializers.ValidationError({"until": "must be after 'since'."})
+        return attrs
 
 
 class UsageSeriesQuerySerializer(serializers.Serializer):
@@ -69,12 +80,20 @@ class UsageViewSet(TenantScopedViewSet):
     pagination_class = None
 
     @extend_schema(parameters=[UsageQuerySerializer], responses=UsageRowSerializer(many=True))
-    def list(self, request: Request) -> Response:
-        """``GET /api/v1/usage``: token totals per adapter version (see ``usage_summary``)."""
+    def list(self, request: Request) -> Response | StreamingHttpResponse:
+        """``GET /api/v1/usage``: token totals per adapter version (see ``usage_summary``); with ``export=csv``, the
+        raw records in the range as a CSV download instead (``usage_csv``)."""
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         _drain_quietly()  # what the gateway metered a moment ago is in the answer, not a beat tick later
-        return Response(usage_summary(self.get_queryset(), since=query.validated_data.get("since")))
+        since, until = query.validated_data.get("since"), query.validated_data.get("until")
+        if query.validated_data.get("export") == "csv":
+            response = StreamingHttpResponse(usage_csv(self.get_queryset(), since=since, until=until),
+                                             content_type="text/csv")
+            response["Content-Disposition"] = 'attachment; filename="usage.csv"'
+            return response
+        return Response(usage_summary(self.get_queryset(), since=since, until=until))
+
 
     @extend_schema(parameters=[UsageSeriesQuerySerializer], responses=UsageSeriesRowSerializer(many=True))
     @action(detail=False, methods=["get"])
@@ -82,5 +101,6 @@ class UsageViewSet(TenantScopedViewSet):
         """``GET /api/v1/usage/series``: requests, tokens, errors and latency per model per bucket (charts)."""
         query = UsageSeriesQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        _drain_quietly()
         since = query.validated_data.get("since") or timezone.now() - timedelta(hours=1)
         return Response(usage_series(self.get_queryset(), since=since, bucket=query.validated_data["bucket"]))

@@ -41,3 +41,24 @@ def test_usage_is_summed_per_version_and_scoped(make_client, base_model) -> None
     assert client.get("/api/v1/usage", {"since": future}).json() == []
     bad = client.get("/api/v1/usage", {"since": "yesterday"})
     assert bad.status_code == 400 and "since" in bad.json()["fields"]
+
+
+def test_usage_takes_a_time_range_and_exports_csv(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    _, other, _ = make_client()
+    now = timezone.now()
+    for owner, minutes_ago, tokens, status in ((tenant, 90, 5, 200), (tenant, 30, 7, 499), (other, 30, 100, 200)):
+        UsageRecord.objects.create(tenant=owner, base_model=base_model, model_name="tiny-llama", endpoint="completions",
+                                   stream=True, status_code=status, prompt_tokens=2, completion_tokens=tokens,
+                                   latency_ms=9.5, ttft_ms=1.5, created_at=now - timedelta(minutes=minutes_ago))
+    hour_ago = (now - timedelta(hours=1)).isoformat()
+    rows = client.get("/api/v1/usage", {"until": hour_ago}).json()
+    assert [r["completion_tokens"] for r in rows] == [5]
+    assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": hour_ago}).json()] == [7]
+    bad = client.get("/api/v1/usage", {"since": now.isoformat(), "until": hour_ago})
+    assert bad.status_code == 400 and "until" in bad.json()["fields"]
+    export = client.get("/api/v1/usage", {"export": "csv"})
+    assert export.status_code == 200 and export["Content-Type"] == "text/csv"
+    lines = b"".join(export.streaming_content).decode().splitlines()
+    assert lines[0].startswith("created_at,model,version,endpoint,stream,status_code,prompt_tokens")
+    assert [line.split(",")[5:8] for line in lines[1:]] == [["200", "2", "5"], ["499", "2", "7"]]  # theirs absent
