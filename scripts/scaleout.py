@@ -443,15 +443,16 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         say(f"rate limit across both gateways: {json.dumps(limits)}")
         lb = LoadBalancer({"gateway-1": urls["gateway-1"], "gateway-2": urls["gateway-2"]})
         t0 = time.monotonic()
-        kills: dict[str, float] = {}
+        kills: dict[str, tuple[float, float]] = {}  # what -> (signal sent, process gone), s since t0
 
         def killer() -> None:
             for at, what in sorted([(args.kill_gateway_at, "gateway-2"), (args.kill_node_at, "node-2")]):
                 time.sleep(max(0.0, at - (time.monotonic() - t0)))
-                kills[what] = time.monotonic() - t0
+                sent = time.monotonic() - t0
                 for proc in ([what] if what.startswith("gateway") else ["engine-2", "agent-2"]):
                     procs.kill(proc)
-                say(f"killed {what} at t={kills[what]:.1f} s")
+                kills[what] = (sent, time.monotonic() - t0)
+                say(f"killed {what} at t={sent:.1f} s (gone at {kills[what][1]:.1f} s)")
 
         with EngineCounter(engines) as counter:
             before = dict(counter.last)
@@ -469,23 +470,27 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             time.sleep(1)
             view = residency(env)
 
-    kill_times = {"gateway-2": kills.get("gateway-2", 0.0), "node-2": kills.get("node-2", 0.0)}
+    kill_windows = {name: kills.get(name, (0.0, 0.0)) for name in ("gateway-2", "node-2")}
+    kill_times = {name: window[0] for name, window in kill_windows.items()}
     errors = [o for o in outcomes if o.status != 200]
 
+    def overlaps(o: Outcome, window: tuple[float, float]) -> bool:
+        return o.start <= window[1] and o.end >= window[0]
+
     def in_flight_at_a_kill(o: Outcome) -> bool:
-        # On the killed gateway when it died, or sent (through either) while the node died.
-        return (o.gateway == "gateway-2" and o.start <= kill_times["gateway-2"] <= o.end + 0.05) or \
-            (o.start <= kill_times["node-2"] <= o.end + 0.05)
+        # Open on the killed gateway while it died, or open (through either gateway) while the node died.
+        return (o.gateway == "gateway-2" and overlaps(o, kill_windows["gateway-2"])) or \
+            overlaps(o, kill_windows["node-2"])
 
     unexplained = [o for o in errors if not in_flight_at_a_kill(o)]
-    after = [o for o in outcomes if o.start > max(kill_times.values())]
+    after = [o for o in outcomes if o.start > max(w[1] for w in kill_windows.values())]
     summary = {
         "rate_limit": limits,
         "requests": len(outcomes),
         "served_by_gateway": dict(Counter(o.gateway for o in outcomes if o.status == 200)),
         "served_by_node": served_by_node,
         "served_after_kills": sum(o.status == 200 for o in after),
-        "kills": kill_times,
+        "kills": kill_windows,
         "errors_at_kill": [asdict(o) for o in errors if in_flight_at_a_kill(o)],
         "errors_unexplained": [asdict(o) for o in unexplained],
         "residency": view,

@@ -19,6 +19,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -37,7 +38,7 @@ from inference.gateway.errors import GatewayError
 from inference.gateway.limits import RateLimiter, estimate_prompt_tokens
 from inference.gateway.limits import Scope as LimitScope
 from inference.gateway.metering import usage_row
-from inference.gateway.snapshot import KeyView, NodeView, TargetView, node_choose
+from inference.gateway.snapshot import FleetView, KeyView, NodeView, TargetView, node_choose
 from inference.gateway.upstream import upstream_client, upstream_close, upstream_headers
 from inference.gateway.usage_sink import UsageSink
 
@@ -122,6 +123,8 @@ class GatewayApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_touch: dict[int, float] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        # Nodes whose engine refused a connection: node pk -> monotonic time until which this process skips them.
+        self._down: dict[int, float] = {}
 
     # --- process plumbing
     def _ensure_started(self) -> None:
@@ -227,7 +230,7 @@ class GatewayApp:
         Raises:
             GatewayError: 503 ``no_capacity`` (no live node), ``adapter_load_failed`` or ``adapter_warm_timeout``.
         """
-        node = node_choose(await self.directory.fleet(), target)
+        node = node_choose(self._routable(await self.directory.fleet()), target)
         if node is not None:
             return node
         no_node = GatewayError(503, f"No live node serves base model `{target.base_model_name}`.",
@@ -238,7 +241,7 @@ class GatewayApp:
         deadline = asked_at + settings.QUIVER_WARM_WAIT_S
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
-            fleet = await self.directory.fleet_fresh(POLL_S)
+            fleet = self._routable(await self.directory.fleet_fresh(POLL_S))
             node = node_choose(fleet, target)
             if node is not None:
                 return node
@@ -317,10 +320,23 @@ class GatewayApp:
                 usage=usage, latency_ms=(time.monotonic() - started) * 1000, ttft_ms=ttft_ms, created_at=arrived))
 
         client = upstream_client()
-        upstream_request = client.build_request("POST", f"{node.engine_url}/v1/{endpoint}",
-                                                content=json.dumps(upstream).encode(), headers=upstream_headers(node.key))
+        content = json.dumps(upstream).encode()
         try:
-            response = await client.send(upstream_request, stream=True)
+            while True:
+                upstream_request = client.build_request("POST", f"{node.engine_url}/v1/{endpoint}", content=content,
+                                                        headers=upstream_headers(node.key))
+                try:
+                    response = await client.send(upstream_request, stream=True)
+                    break
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    # Nothing reached the engine (a dead or moved node), so the request may go to another one; this
+                    # process skips the node until heartbeats would have aged it out of routing everywhere.
+                    logger.warning("gateway.upstream_refused", extra={"node": node.name, "error": repr(exc)})
+                    self._down[node.pk] = time.monotonic() + settings.QUIVER_NODE_STALE_AFTER_S
+                    try:
+                        node = await self.node_for(target)
+                    except GatewayError:
+                        raise exc from None
         except httpx.HTTPError as exc:
             logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
             record(502, None)
@@ -350,6 +366,15 @@ class GatewayApp:
         events = self._relay(response, target=target, keep_usage=keep_usage, record=record, started=started)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **limit_headers})
+
+    def _routable(self, fleet: FleetView) -> FleetView:
+        """``fleet`` without the nodes this process found refusing connections within the stale window."""
+        now = time.monotonic()
+        down = {pk for pk, until in self._down.items() if until > now}
+        if not down:
+            self._down.clear()
+            return fleet
+        return replace(fleet, nodes=tuple(n for n in fleet.nodes if n.pk not in down))
 
     @staticmethod
     async def _relay(upstream: httpx.Response, *, target: TargetView, keep_usage: bool, record: Any,
