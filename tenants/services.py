@@ -225,10 +225,11 @@ ROLE_KEY_SCOPES = {
 
 def _revoke_keys_beyond(tenant: Tenant, *, user: User, allowed: frozenset[str]) -> int:
     """Revoke ``user``'s enabled keys in ``tenant`` holding any scope outside ``allowed``; returns how many."""
-    now = timezone.now()
-    keys = ApiKey.objects.select_for_update().filter(tenant=tenant, created_by=user, enabled=True)
-    stale = [k.pk for k in keys if not set(k.scopes) <= allowed]
-    return ApiKey.objects.filter(pk__in=stale).update(enabled=False, revoked_at=now)
+    keys = ApiKey.objects.filter(tenant=tenant, created_by=user, enabled=True)
+    stale = [k.key_id for k in keys if not set(k.scopes) <= allowed]
+    for key_id in stale:  # one by one through api_key_revoke, so whatever revocation triggers (caches) runs
+        api_key_revoke(tenant, key_id=key_id)
+    return len(stale)
 
 
 def membership_set_role(tenant: Tenant, *, membership: Membership, role: str) -> Membership:
