@@ -107,7 +107,11 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * @description ``PATCH /api/v1/api-keys/{key_id}``: set the key's gateway limits (``rpm_limit``, ``tpm_limit``,
+         *     ``concurrency_limit``, ``max_tokens_limit``; null = unlimited); the tenant's limits still apply.
+         */
+        patch: operations["api_keys_partial_update"];
         trace?: never;
     };
     "/api/v1/api-keys/{key_id}/revoke": {
@@ -426,6 +430,24 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/tenant/limits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``GET``: ``{"rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit"}`` (null = unlimited). */
+        get: operations["tenant_limits_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** @description ``PATCH`` (staff only): set any of the limits. */
+        patch: operations["tenant_limits_partial_update"];
+        trace?: never;
+    };
     "/api/v1/usage": {
         parameters: {
             query?: never;
@@ -528,6 +550,10 @@ export interface components {
             revoked_at?: string | null;
             /** Format: date-time */
             readonly created_at: string;
+            rpm_limit?: number | null;
+            tpm_limit?: number | null;
+            concurrency_limit?: number | null;
+            max_tokens_limit?: number | null;
             secret: string;
         };
         /** @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at``. */
@@ -545,7 +571,7 @@ export interface components {
             /** Format: date-time */
             expires_at?: string | null;
         };
-        /** @description Output: a key's metadata with its masked form; never the secret or digest. */
+        /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */
         ApiKeyOutput: {
             key_id: string;
             key: string;
@@ -560,6 +586,10 @@ export interface components {
             revoked_at?: string | null;
             /** Format: date-time */
             readonly created_at: string;
+            rpm_limit?: number | null;
+            tpm_limit?: number | null;
+            concurrency_limit?: number | null;
+            max_tokens_limit?: number | null;
         };
         /** @description One operator action. */
         Audit: {
@@ -631,6 +661,26 @@ export interface components {
             num_requests_running?: number | null;
             num_requests_waiting?: number | null;
             placements: components["schemas"]["PlacementOutput"][];
+        };
+        /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */
+        PatchedApiKeyOutput: {
+            key_id?: string;
+            key?: string;
+            name?: string;
+            scopes?: components["schemas"]["ScopesEnum"][];
+            enabled?: boolean;
+            /** Format: date-time */
+            expires_at?: string | null;
+            /** Format: date-time */
+            last_used_at?: string | null;
+            /** Format: date-time */
+            revoked_at?: string | null;
+            /** Format: date-time */
+            readonly created_at?: string;
+            rpm_limit?: number | null;
+            tpm_limit?: number | null;
+            concurrency_limit?: number | null;
+            max_tokens_limit?: number | null;
         };
         /** @description Input of ``PATCH /api/v1/members/{username}``. */
         PatchedMemberRole: {
@@ -970,6 +1020,33 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiKeyOutput"];
+                };
+            };
+        };
+    };
+    api_keys_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedApiKeyOutput"];
+                "multipart/form-data": components["schemas"]["PatchedApiKeyOutput"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedApiKeyOutput"];
+            };
+        };
         responses: {
             200: {
                 headers: {
@@ -1509,6 +1586,42 @@ export interface operations {
                         [key: string]: unknown;
                     };
                 };
+            };
+        };
+    };
+    tenant_limits_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    tenant_limits_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
