@@ -85,6 +85,14 @@ def node_unload_task(self, node_id: int, lora_name: str) -> None:  # type: ignor
 
 
 @shared_task(ignore_result=True)
+def fleet_reconcile_task() -> None:
+    """Periodic (beat): converge placements toward the plan and operators' intent (``fleet_reconcile``)."""
+    from inference.gateway.fleet_reconcile import fleet_reconcile
+
+    fleet_reconcile()
+
+
+@shared_task(ignore_result=True)
 def node_mark_stale_task() -> None:
     """Periodic (beat): nodes without a fresh heartbeat become unhealthy."""
     from inference.gateway.placement import node_mark_stale

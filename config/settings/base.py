@@ -166,9 +166,11 @@ CELERY_TASK_ROUTES = {
     "workers.tasks.placement_warm_task": {"queue": "placement"},
     "workers.tasks.placement_evict_task": {"queue": "placement"},
     "workers.tasks.node_unload_task": {"queue": "placement"},
+    "workers.tasks.fleet_reconcile_task": {"queue": "placement"},
 }
 CELERY_BEAT_SCHEDULE = {
     "node-mark-stale": {"task": "workers.tasks.node_mark_stale_task", "schedule": 15.0},
+    "fleet-reconcile": {"task": "workers.tasks.fleet_reconcile_task", "schedule": 30.0},
     # Nothing stuck, nothing orphaned (adapters_app.purge).
     "validation-sweep": {"task": "workers.tasks.validation_sweep_task", "schedule": 60.0},
     "purge-reconcile": {"task": "workers.tasks.purge_reconcile_task", "schedule": 30.0},
