@@ -4,7 +4,9 @@ One CPU vLLM node (the tiny demo model), its node agent, and the gateway (uvicor
 PostgreSQL and Redis (started by ``devtools.services`` when absent). For 1-token completions of the base model
 and for streaming time to first token, sequential and at concurrency 16 and 64, it prints p50/p99 latency and
 requests/s for both paths, the milliseconds the gateway adds and the throughput ratio. Scenarios alternate
-direct/gateway in rounds so that machine noise hits both alike.
+direct/gateway in rounds so that machine noise hits both alike. The last column is the gateway process's own CPU
+time per request (user + system, from ``/proc``): unlike wall-clock figures it does not grow when other work
+competes for the cores.
 
 Targets (issue 7): added ≤ 2 ms p50 and ≤ 10 ms p99 on 1-token completions; throughput at concurrency 16 ≥ 0.6×.
 
@@ -85,7 +87,29 @@ async def _run(call: Callable[[], Awaitable[float]], n: int, concurrency: int) -
     return latencies, n / (time.perf_counter() - t0)
 
 
-async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, args: argparse.Namespace) -> dict:
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` and their children so far (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    family = set(pids)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) in family:  # ppid
+            family.add(int(stat.parent.name))
+    total = 0.0
+    for pid in family:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, args: argparse.Namespace,
+                 gateway_pids: list[int]) -> dict:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
     stream_body = {**body, "max_tokens": 4}
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
@@ -109,9 +133,12 @@ async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, 
                         call = lambda c=client: _completion(c, "/v1/completions", body)  # noqa: E731
                     else:
                         call = lambda c=client: _ttft(c, "/v1/completions", stream_body)  # noqa: E731
+                    cpu0 = _cpu_s(gateway_pids)
                     lat, rps = await _run(call, n, conc)
                     results[label][path]["lat"] += lat
                     results[label][path]["rps"].append(rps)
+                    if path == "gateway":
+                        results[label][path].setdefault("cpu_ms", []).append((_cpu_s(gateway_pids) - cpu0) * 1000 / n)
             print(_row(label, results[label]), flush=True)
     finally:
         for client in clients.values():
@@ -123,13 +150,14 @@ def _row(label: str, r: dict[str, dict[str, list[float]]]) -> str:
     d, g = r["direct"], r["gateway"]
     dp50, dp99, gp50, gp99 = _pct(d["lat"], .5), _pct(d["lat"], .99), _pct(g["lat"], .5), _pct(g["lat"], .99)
     drps, grps = statistics.mean(d["rps"]), statistics.mean(g["rps"])
+    cpu = statistics.mean(g.get("cpu_ms", [0.0]))
     return (f"{label:<16} {dp50:8.2f} {dp99:8.2f} {drps:8.1f} | {gp50:8.2f} {gp99:8.2f} {grps:8.1f} | "
-            f"{gp50 - dp50:+7.2f} {gp99 - dp99:+7.2f} {grps / drps:6.2f}x")
+            f"{gp50 - dp50:+7.2f} {gp99 - dp99:+7.2f} {grps / drps:6.2f}x | {cpu:6.2f}")
 
 
 HEADER = (f"{'scenario':<16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} | {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} | "
-          f"{'+p50':>7} {'+p99':>7} {'ratio':>7}\n{'':<16} {'--- straight to vLLM ---':^26} | "
-          f"{'--- through the gateway ---':^26} | {'--- added ---':^23}")
+          f"{'+p50':>7} {'+p99':>7} {'ratio':>7} | {'gw CPU':>6}\n{'':<16} {'--- straight to vLLM ---':^26} | "
+          f"{'--- through the gateway ---':^26} | {'--- added ---':^23} | ms/req")
 
 
 def _manage(env: dict[str, str], *args: str) -> str:
@@ -185,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
             web = [spy, "record", "-o", str(args.profile), "-f", "raw", "--subprocesses", "--", *web]
-        procs.start("web", web, env)
+        web_proc = procs.start("web", web, env)
         procs.start("internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
                                  "--port", str(internal_port), "--log-level", "warning"], env)
         procs.start("agent", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1", "--port",
@@ -218,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         print(f"gateway workers: {args.gateway_workers}; {args.requests} requests x {args.rounds} rounds per "
               f"scenario and path; cores: {os.cpu_count()}; load avg: {os.getloadavg()[0]:.2f}\n{HEADER}", flush=True)
-        results = asyncio.run(_bench((engine.url, node_key), (web_url, api_key), assets.served_name, args))
+        results = asyncio.run(_bench((engine.url, node_key), (web_url, api_key), assets.served_name, args,
+                                     [web_proc.pid]))
         if args.json:
             print(json.dumps({k: {p: {"p50": _pct(v["lat"], .5), "p99": _pct(v["lat"], .99),
                                       "rps": statistics.mean(v["rps"])} for p, v in r.items()}
