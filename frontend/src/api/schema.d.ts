@@ -455,7 +455,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description ``GET /api/v1/usage``: token totals per adapter version (see ``usage_summary``). */
+        /**
+         * @description ``GET /api/v1/usage``: token totals per adapter version (see ``usage_summary``); with ``export=csv``, the
+         *     raw records in the range as a CSV download instead (``usage_csv``).
+         */
         get: operations["usage_list"];
         put?: never;
         post?: never;
@@ -1628,7 +1631,14 @@ export interface operations {
     usage_list: {
         parameters: {
             query?: {
+                /**
+                 * @description csv: the raw records as CSV
+                 *
+                 *     * `csv` - csv
+                 */
+                export?: "csv";
                 since?: string;
+                until?: string;
             };
             header?: never;
             path?: never;
