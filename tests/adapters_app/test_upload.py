@@ -12,7 +12,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import override_settings
 
-from adapters_app import storage
+from adapters_app import services, storage
 from adapters_app.models import AdapterVersion
 
 pytestmark = pytest.mark.django_db
@@ -35,17 +35,22 @@ def _objects_under(tenant_id: int) -> list[str]:
     return storage.list_keys(f"tenants/{tenant_id}/")
 
 
-def test_multipart_upload_streams_to_s3_and_records_a_version(make_client, base_model, tiny_adapters,
+def test_multipart_upload_streams_to_s3_and_records_a_version(make_client, base_model, tiny_adapters, monkeypatch,
                                                               django_capture_on_commit_callbacks) -> None:
     client, tenant, _ = make_client()
     folder = tiny_adapters["qv-r8"]
+    enqueued: list[int] = []
+    monkeypatch.setattr(services.adapter_version_validate_task, "delay", enqueued.append)
     with django_capture_on_commit_callbacks() as callbacks:
         resp = client.post("/api/v1/adapters/support-bot/versions",
                            {"files": _files(folder), "base_model": "tiny-llama"}, format="multipart")
     assert resp.status_code == 201, resp.json()
     body = resp.json()
     assert body["number"] == 1 and body["status"] == "uploaded"
-    assert len(callbacks) == 1  # validation is enqueued only once the row is committed
+    assert enqueued == []  # validation is enqueued only once the row is committed...
+    for callback in callbacks:
+        callback()
+    assert len(enqueued) == 1  # ...and exactly once (other callbacks: the gateway's cache invalidations)
     version = AdapterVersion.objects.get(adapter__tenant=tenant, adapter__name="support-bot")
     weights = (folder / "adapter_model.safetensors").read_bytes()
     entry = next(f for f in version.files if f["name"] == "adapter_model.safetensors")
