@@ -12,7 +12,10 @@ const TENANT_LINKS = [
   { to: '/playground', label: 'Playground' },
   { to: '/usage', label: 'Usage' },
 ]
-const OPERATOR_LINKS = [{ to: '/operator/nodes', label: 'Nodes and residency' }]
+const OPERATOR_LINKS = [
+  { to: '/operator/nodes', label: 'Nodes and residency' },
+  { to: '/operator/audit', label: 'Audit log' },
+]
 
 export function Shell() {
   const { data: me, isLoading } = useMe()

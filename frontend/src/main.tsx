@@ -10,6 +10,7 @@ import { AdapterDetail } from './pages/AdapterDetail'
 import { Adapters } from './pages/Adapters'
 import { ApiKeys } from './pages/ApiKeys'
 import { Login } from './pages/Login'
+import { Audit } from './pages/Audit'
 import { Nodes } from './pages/Nodes'
 import { Playground } from './pages/Playground'
 import { Usage } from './pages/Usage'
@@ -30,6 +31,7 @@ const router = createBrowserRouter([
       { path: 'playground', element: <Playground /> },
       { path: 'usage', element: <Usage /> },
       { path: 'operator/nodes', element: <Nodes /> },
+      { path: 'operator/audit', element: <Audit /> },
     ],
   },
 ])

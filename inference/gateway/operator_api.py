@@ -28,7 +28,8 @@ class IsStaffSession(permissions.BasePermission):
 
 
 class PlacementOutputSerializer(serializers.ModelSerializer):
-    """A version's residency on one node."""
+    """A version's residency on one node; ``id`` and ``version_id`` address the operator actions (evict, pin)."""
+    version_id = serializers.IntegerField(source="adapter_version_id")
     tenant = serializers.CharField(source="adapter_version.adapter.tenant.slug")
     adapter = serializers.CharField(source="adapter_version.adapter.name")
     version = serializers.IntegerField(source="adapter_version.number")
@@ -36,7 +37,7 @@ class PlacementOutputSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Placement
-        fields = ["tenant", "adapter", "version", "size_bytes", "tier", "pinned", "served", "load_ms", "last_error",
+        fields = ["id", "version_id", "tenant", "adapter", "version", "size_bytes", "tier", "pinned", "served", "load_ms", "last_error",
                   "updated_at"]
 
 

@@ -170,7 +170,7 @@ def test_screenshots_of_every_page_at_both_widths(
     make_user("alice", tenant)
     make_user("operator", staff=True)
     pages = {"alice": ["/adapters", "/adapters/capitals", "/keys", "/playground", "/usage"],
-             "operator": ["/", "/operator/nodes"]}
+             "operator": ["/", "/operator/nodes", "/operator/audit"]}
     for width in WIDTHS:
         for user, paths in pages.items():
             page = console(width)
@@ -184,3 +184,48 @@ def test_screenshots_of_every_page_at_both_widths(
                     assert overflow <= 0, (path, overflow)
                 name = "tenant-picker" if path == "/" else path.strip("/").replace("/", "-")
                 screenshot(page, f"{user}-{name}")
+
+
+def test_operator_pins_and_evicts_with_confirmation_and_sees_the_audit_log(
+    console: Any, make_user: Any, base_model: Any
+) -> None:
+    from django.utils import timezone
+
+    from adapters_app.services import adapter_create
+    from inference.gateway.models import FleetAuditRecord, Node, Placement
+
+    tenant = TenantFactory(slug="acme", name="Acme")
+    adapter = adapter_create(tenant, name="capitals", base_model_name="tiny-llama")
+    version = AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="0" * 64,
+                                            size_bytes=4096, s3_prefix="x/", files=[], status="ready")
+    node = Node.objects.create(name="gpu-1", base_model=base_model, agent_url="http://127.0.0.1:9",
+                               engine_url="http://127.0.0.1:9", healthy=True, last_heartbeat_at=timezone.now(),
+                               max_loras=4, max_cpu_loras=8, kv_cache_usage_perc=0.35)
+    Placement.objects.create(node=node, adapter_version=version, tier="hot", served=True)
+    other = AdapterVersion.objects.create(tenant=tenant, adapter=adapter_create(tenant, name="sums",
+                                          base_model_name="tiny-llama"), number=1, sha256="1" * 64,
+                                          size_bytes=4096, s3_prefix="y/", files=[], status="ready")
+    Placement.objects.create(node=node, adapter_version=other, tier="warm", served=True)
+    make_user("operator", staff=True)
+    page = console()
+    login(page, "operator")
+    page.get_by_role("link", name="Nodes and residency").click()
+    expect(page.get_by_label("Node gpu-1")).to_contain_text("KV-cache pressure 35 %")
+    page.get_by_role("button", name="pin acme/capitals v1 on gpu-1").click()
+    page.get_by_role("button", name="Confirm pin").click()
+    expect(page.get_by_role("status")).to_contain_text("pin acme/capitals v1 on gpu-1: requested")
+    # Pinned now: the row offers unpin instead of evict (the API refuses to evict a pinned placement).
+    expect(page.get_by_role("button", name="evict acme/capitals v1 on gpu-1")).to_have_count(0)
+    page.get_by_role("button", name="evict acme/sums v1 on gpu-1").click()
+    expect(page.get_by_role("dialog")).to_contain_text("recorded in the audit log")
+    page.get_by_role("button", name="Confirm evict").click()
+    expect(page.get_by_role("status")).to_contain_text("evict acme/sums v1 on gpu-1: requested")
+    screenshot(page, "operator-actions")
+    assert list(FleetAuditRecord.objects.order_by("id").values_list("action", "actor")) == [
+        ("pin", "operator"), ("evict", "operator")]
+    page.get_by_role("link", name="Audit log").click()
+    table = page.get_by_role("table", name="Audit log")
+    expect(table.get_by_role("row")).to_have_count(3)
+    expect(table).to_contain_text("evict")
+    expect(table).to_contain_text("pin")
+    screenshot(page, "operator-audit")

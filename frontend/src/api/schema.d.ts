@@ -698,8 +698,10 @@ export interface components {
         PinInput: {
             node?: string | null;
         };
-        /** @description A version's residency on one node. */
+        /** @description A version's residency on one node; ``id`` and ``version_id`` address the operator actions (evict, pin). */
         PlacementOutput: {
+            readonly id: number;
+            version_id: number;
             tenant: string;
             adapter: string;
             version: number;

@@ -1,10 +1,30 @@
-import { Badge, Card, Group, Progress, SimpleGrid, Stack, Table, Text, Title } from '@mantine/core'
-import { useQuery } from '@tanstack/react-query'
+import { Alert, Badge, Button, Card, Group, Modal, Progress, SimpleGrid, Stack, Table, Text, Title } from '@mantine/core'
+import { useQuery, useQueryClient } from '@tanstack/react-query'
+import { useState } from 'react'
 import { api, unwrap } from '../api/client'
+
+type Action = { kind: 'pin' | 'unpin' | 'evict'; node: string; placementId: number; versionId: number; label: string }
 
 const TIER_COLOR: Record<string, string> = { hot: 'red', warm: 'orange', staged: 'yellow', cold: 'gray', errored: 'dark' }
 
 export function Nodes() {
+  const qc = useQueryClient()
+  const [pending, setPending] = useState<Action | null>(null)
+  const [message, setMessage] = useState<{ ok: boolean; text: string } | null>(null)
+  const run = async (a: Action) => {
+    setPending(null)
+    const res =
+      a.kind === 'evict'
+        ? await api.POST('/api/v1/operator/placements/{id}/evict', { params: { path: { id: a.placementId } } })
+        : await api.POST(a.kind === 'pin' ? '/api/v1/operator/versions/{id}/pin' : '/api/v1/operator/versions/{id}/unpin', {
+            params: { path: { id: a.versionId } },
+            body: { node: a.node },
+          })
+    const err = res.error as { detail?: string } | undefined
+    setMessage(res.response.ok ? { ok: true, text: `${a.kind} ${a.label} on ${a.node}: requested; the next heartbeat shows it.` } : { ok: false, text: err?.detail ?? `HTTP ${res.response.status}` })
+    void qc.invalidateQueries({ queryKey: ['operator-nodes'] })
+    void qc.invalidateQueries({ queryKey: ['operator-audit'] })
+  }
   const nodes = useQuery({ queryKey: ['operator-nodes'], queryFn: async () => unwrap(await api.GET('/api/v1/operator/nodes')), refetchInterval: 5000 })
   if (nodes.error) return <Text role="alert">{(nodes.error as Error).message}</Text>
   return (
@@ -38,6 +58,31 @@ export function Nodes() {
         })}
       </SimpleGrid>
       <Title order={3}>Placements</Title>
+      {message && (
+        <Alert color={message.ok ? 'green' : 'red'} role="status" withCloseButton onClose={() => setMessage(null)}>
+          {message.text}
+        </Alert>
+      )}
+      <Modal opened={!!pending} onClose={() => setPending(null)} title="Confirm operator action">
+        {pending && (
+          <Stack>
+            <Text>
+              {pending.kind === 'evict'
+                ? `Evict ${pending.label} from ${pending.node}'s engine now? Its next request reloads it from disk.`
+                : `${pending.kind === 'pin' ? 'Pin' : 'Unpin'} ${pending.label} on ${pending.node}?`}{' '}
+              This is recorded in the audit log.
+            </Text>
+            <Group>
+              <Button color={pending.kind === 'evict' ? 'red' : 'blue'} onClick={() => run(pending)}>
+                Confirm {pending.kind}
+              </Button>
+              <Button variant="default" onClick={() => setPending(null)}>
+                Cancel
+              </Button>
+            </Group>
+          </Stack>
+        )}
+      </Modal>
       <Table.ScrollContainer minWidth={640}>
         <Table striped aria-label="Placements">
           <Table.Thead>
@@ -49,6 +94,7 @@ export function Nodes() {
               <Table.Th>Pinned</Table.Th>
               <Table.Th>Size</Table.Th>
               <Table.Th>Load time</Table.Th>
+              <Table.Th>Actions</Table.Th>
             </Table.Tr>
           </Table.Thead>
           <Table.Tbody>
@@ -68,6 +114,24 @@ export function Nodes() {
                   <Table.Td>{p.pinned ? 'yes' : 'no'}</Table.Td>
                   <Table.Td>{(p.size_bytes / 1024).toFixed(0)} KiB</Table.Td>
                   <Table.Td>{p.load_ms != null ? `${p.load_ms.toFixed(0)} ms` : '—'}</Table.Td>
+                  <Table.Td>
+                    <Group gap={4} wrap="nowrap">
+                      {(['pin', 'unpin', 'evict'] as const)
+                        .filter((k) => (k === 'pin' ? !p.pinned : k === 'unpin' ? p.pinned : !p.pinned))
+                        .map((k) => (
+                          <Button
+                            key={k}
+                            size="xs"
+                            variant="light"
+                            color={k === 'evict' ? 'red' : 'blue'}
+                            aria-label={`${k} ${p.tenant}/${p.adapter} v${p.version} on ${n.name}`}
+                            onClick={() => setPending({ kind: k, node: n.name, placementId: p.id, versionId: p.version_id, label: `${p.tenant}/${p.adapter} v${p.version}` })}
+                          >
+                            {k}
+                          </Button>
+                        ))}
+                    </Group>
+                  </Table.Td>
                 </Table.Tr>
               )),
             )}

@@ -28,7 +28,8 @@ def test_staff_see_nodes_with_gauges_and_placements(base_model: Any) -> None:
     client.force_login(User.objects.create_user(username="op", password="x", is_staff=True))
     [row] = client.get("/api/v1/operator/nodes").json()
     assert row["name"] == "gpu-1" and row["kv_cache_usage_perc"] == 0.42 and row["base_model"] == "tiny-llama"
-    assert row["placements"] == [{"tenant": "acme", "adapter": "bot", "version": 1, "size_bytes": 2048, "tier": "hot",
+    placement = Placement.objects.get()
+    assert row["placements"] == [{"id": placement.pk, "version_id": version.pk, "tenant": "acme", "adapter": "bot", "version": 1, "size_bytes": 2048, "tier": "hot",
                                   "pinned": True, "served": False, "load_ms": None, "last_error": "",
                                   "updated_at": row["placements"][0]["updated_at"]}]
     # The tenant's own view counts replicas per tier, never naming the node.
