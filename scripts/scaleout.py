@@ -62,7 +62,8 @@ from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa:
 
 PY = sys.executable
 REDIS_DB = 11  # the suite's worker uses db 0: separate queues
-STALE_AFTER_S = 3  # a node whose heartbeats stop leaves routing after this long (heartbeats every 1 s)
+STALE_AFTER_S = 10  # heartbeats every 1 s; a busy machine delays some by seconds (the gateway skips a refusing node at once)
+ENGINE_START_TIMEOUT_S = float(os.environ.get("QUIVER_TEST_ENGINE_TIMEOUT", "600"))  # two engines on a busy machine
 
 
 def say(msg: str) -> None:
@@ -298,6 +299,9 @@ def rate_limit_check(api: httpx.Client, urls: dict[str, str], model: str, *, rpm
     api.patch(f"/api/v1/api-keys/{key['key_id']}", json={"rpm_limit": rpm}).raise_for_status()
     admitted: Counter[str] = Counter()
     rejected, retry_after, other = 0, True, 0
+    if time.time() % 60 > 40:  # windows are fixed wall-clock minutes (inference.gateway.limits): start a fresh one
+        time.sleep(60.5 - time.time() % 60)
+    first_window = int(time.time() // 60)
     body = {"model": model, "prompt": "x", "max_tokens": 1}
     with httpx.Client(headers={"Authorization": f"Bearer {key['secret']}"}, timeout=60) as http:
         for i in range(2 * rpm):
@@ -310,7 +314,8 @@ def rate_limit_check(api: httpx.Client, urls: dict[str, str], model: str, *, rpm
                 retry_after = retry_after and bool(answer.headers.get("retry-after"))
             else:
                 other += 1
-    return {"rpm_limit": rpm, "sent": 2 * rpm, "admitted": dict(admitted), "rejected": rejected,
+    windows = int(time.time() // 60) - first_window + 1  # more than 1 only on a very slow machine
+    return {"rpm_limit": rpm, "windows": windows, "sent": 2 * rpm, "admitted": dict(admitted), "rejected": rejected,
             "retry_after_on_all_429s": retry_after, "other": other}
 
 
@@ -417,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         for name, url in urls.items():
             procs.wait_http(name, url + "/healthz", 90)
         for i, node in enumerate(engines, start=1):
-            procs.wait_http(f"engine-{i}", engines[node] + "/health", 300)
+            procs.wait_http(f"engine-{i}", engines[node] + "/health", ENGINE_START_TIMEOUT_S)
             procs.wait_http(f"agent-{i}", agents[node] + "/healthz", 60)
 
         api = stack.enter_context(httpx.Client(base_url=urls["web"], timeout=120,
@@ -515,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     print("converged:", summary["converged"])
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
-    limit_ok = (sum(limits["admitted"].values()) <= limits["rpm_limit"] and limits["rejected"] > 0
+    limit_ok = (sum(limits["admitted"].values()) <= limits["rpm_limit"] * limits["windows"] and limits["rejected"] > 0
                 and limits["retry_after_on_all_429s"] and all(limits["admitted"].get(g, 0) > 0 for g in lb.gateways))
     ok = (limit_ok and not unexplained and summary["converged"] and summary["served_after_kills"] > 0
           and all(summary["served_by_gateway"].get(g, 0) > 0 for g in lb.gateways)
