@@ -54,3 +54,14 @@ def make_session_client(django_user_model: Any) -> Callable[..., tuple[APIClient
 
 pytest_plugins = ["tests.fixtures.vllm", "tests.fixtures.stack"]
 
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the browser journeys last.
+
+    Playwright's sync API keeps an event loop running in the main thread for as long as its session-scoped
+    browser lives, and every later test that calls ``asyncio.run`` (or Django's async_to_sync) then fails with
+    "cannot be called from a running event loop". Keeping the journeys at the end keeps one session, one engine.
+    """
+    console = Path(__file__).resolve().parent / "console"
+    items.sort(key=lambda item: Path(str(item.path)).is_relative_to(console))
