@@ -5,6 +5,7 @@ OpenAI's dialect with our message, and one tenant's prompt never hits another te
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -56,7 +57,12 @@ def test_edge_inputs_are_openai_shaped_4xx(gateway_server: str, base_model) -> N
 def test_engine_errors_are_mapped_and_prefix_cache_is_per_tenant(gateway_server: str, live_node,  # type: ignore[no-untyped-def]
                                                                   vllm_engine) -> None:
     alice, bob = _key(), _key()
-    too_long = _post(gateway_server, alice, {"model": "tiny-llama", "prompt": "the cat " * 600, "max_tokens": 4})
+    # The gateway's fleet view refreshes twice a second: wait until it has seen the node this test registered.
+    deadline = time.monotonic() + 20
+    while (too_long := _post(gateway_server, alice, {"model": "tiny-llama", "prompt": "the cat " * 600,
+                                                      "max_tokens": 4})).status_code == 503:
+        assert time.monotonic() < deadline, too_long.text
+        time.sleep(0.2)
     assert too_long.status_code == 400, too_long.text
     error = too_long.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["type"] == "invalid_request_error"

@@ -67,7 +67,8 @@ def test_100_streams_hold_at_most_a_few_database_connections(
         assert time.monotonic() < deadline
         time.sleep(0.2)
     chunks, peak = asyncio.run(_run(gw, key))
-    assert chunks == [TOKENS] * STREAMS
+    # Under load vLLM folds several tokens into one delta, so chunks ≤ tokens; the metering below counts tokens.
+    assert all(1 <= c <= TOKENS for c in chunks), chunks
     assert 1 <= peak <= 3, peak
     deadline = time.monotonic() + 15
     records = UsageRecord.objects.filter(tenant=tenant, stream=True)
