@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from adapters_app import storage
 from adapters_app.models import AdapterVersion, Purge
+from adapters_app.signals import NodeCopyDropFailed, fleet_port
 
 logger = logging.getLogger(__name__)
 BACKOFF_FIRST_S = 10
@@ -32,8 +33,8 @@ S3_BATCH = 1000
 
 
 def _enqueue_on_commit(purges: Iterable[Purge]) -> None:
+    from adapters_app.tasks import purge_run_task
     from workers.enqueue import enqueue_on_commit
-    from workers.tasks import purge_run_task
 
     for purge in purges:
         enqueue_on_commit(purge_run_task, purge.pk)
@@ -68,17 +69,9 @@ def purge_node_copy(node_id: int, lora_name: str, *, reason: str) -> Purge | Non
 
 
 def _run_node(purge: Purge) -> None:
-    from inference.gateway.models import Node
-    from inference.gateway.node_client import NodeCallFailed, node_call
-
-    node = Node.objects.filter(pk=purge.node_id).first() if purge.node_id is not None else None
-    if node is None:
+    if purge.node_id is None:
         return  # the node is gone, and its disk with it
-    try:
-        node_call(node, "/v1/adapters/unload", {"lora_name": purge.lora_name, "purge": True}, timeout=30)
-    except NodeCallFailed as exc:
-        if exc.code != "lora_not_found":
-            raise
+    fleet_port().node_copy_drop(purge.node_id, purge.lora_name)
 
 
 def purge_run(purge_id: int) -> bool:
@@ -87,8 +80,6 @@ def purge_run(purge_id: int) -> bool:
     Concurrent runs of one purge are serialised by a row lock taken with ``skip_locked`` (a busy row is left to
     its current runner).
     """
-    from inference.gateway.node_client import NodeCallFailed
-
     with transaction.atomic():
         purge = Purge.objects.select_for_update(skip_locked=True).filter(pk=purge_id, done_at=None).first()
         if purge is None:
@@ -98,7 +89,7 @@ def purge_run(purge_id: int) -> bool:
                 storage.delete_keys(purge.s3_keys)
             else:
                 _run_node(purge)
-        except (BotoCoreError, ClientError, NodeCallFailed, OSError) as exc:
+        except (BotoCoreError, ClientError, NodeCopyDropFailed, OSError) as exc:
             purge.attempts += 1
             delay = min(BACKOFF_FIRST_S * 2 ** (purge.attempts - 1), BACKOFF_MAX_S)
             purge.next_attempt_at = timezone.now() + timedelta(seconds=delay)

@@ -36,15 +36,9 @@ def adapter_list_servable(tenant: Tenant) -> QuerySet[Adapter]:
 def adapter_residency(adapter_ids: list[int]) -> dict[int, dict[str, int]]:
     """Replicas per tier for each adapter id, over all its versions: ``{adapter_id: {"hot": 1, "staged": 2}}``.
 
-    One query; counts placements (a version on a node), so a tenant learns how served an adapter is, not where.
+    Answered by the fleet (``adapters_app.signals.FleetPort.residency``): counts of placements, so a tenant learns
+    how served an adapter is, not where.
     """
-    from django.db.models import Count
+    from adapters_app.signals import fleet_port
 
-    from inference.gateway.models import Placement
-
-    rows = (Placement.objects.filter(adapter_version__adapter_id__in=adapter_ids)
-            .values("adapter_version__adapter_id", "tier").annotate(n=Count("id")))
-    out: dict[int, dict[str, int]] = {}
-    for row in rows:
-        out.setdefault(row["adapter_version__adapter_id"], {})[row["tier"]] = row["n"]
-    return out
+    return fleet_port().residency(adapter_ids)

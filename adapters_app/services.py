@@ -22,7 +22,9 @@ from django.utils import timezone
 
 from adapters_app import storage
 from adapters_app.models import Adapter, AdapterVersion, BaseModel
-from adapters_app.purge import purge_node_copy, purge_s3_keys
+from adapters_app.purge import purge_s3_keys
+from adapters_app.signals import adapter_deleting, base_model_registered
+from adapters_app.tasks import adapter_version_validate_task
 from adapters_app.validation import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -34,10 +36,8 @@ from adapters_app.validation import (
     validate_adapter_dir,
 )
 from config.exceptions import QuiverError
-from inference.gateway.models import Node, Placement
 from tenants.models import Tenant
 from workers.enqueue import enqueue_on_commit
-from workers.tasks import adapter_version_validate_task
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ def base_model_register(
             "max_adapter_bytes": max_adapter_bytes,
         },
     )
-    # Nodes that already heartbeat this model (registered after them) can serve it at once.
-    Node.objects.filter(base_model__isnull=True, state__base_model=base_model_name).update(base_model=base)
+    # Nodes that already heartbeat this model (registered after them) can serve it at once: the fleet links them.
+    base_model_registered.send(sender=BaseModel, base_model=base)
     return base
 
 
@@ -146,18 +146,12 @@ def adapter_delete(tenant: Tenant, *, adapter: Adapter) -> None:
     with transaction.atomic():
         adapter = Adapter.objects.select_for_update().get(pk=adapter_id, tenant=tenant)
         keys = [f["s3_key"] for v in adapter.versions.all() for f in v.files]
-        unloads = [
-            (p.node_id, p.adapter_version.served_name)
-            for p in Placement.objects.select_related("adapter_version__adapter__tenant").filter(
-                adapter_version__adapter=adapter
-            )
-        ]
-        adapter.delete()
         # Durable records, committed with the delete; a reconciler finishes them however long S3 or a node is down.
+        # The fleet records its node copies' purges (purge_node_copy) while the placement rows still exist.
+        adapter_deleting.send(sender=Adapter, adapter=adapter)
+        adapter.delete()
         purge_s3_keys(keys, reason="adapter_deleted")
-        for node_id, lora_name in unloads:
-            purge_node_copy(node_id, lora_name, reason="adapter_deleted")
-    logger.info("adapter.deleted", extra={"adapter_id": adapter_id, "objects": len(keys), "unloads": len(unloads)})
+    logger.info("adapter.deleted", extra={"adapter_id": adapter_id, "objects": len(keys)})
 
 
 def _check_version_quota(tenant: Tenant, adapter: Adapter) -> None:

@@ -1,4 +1,5 @@
-"""Celery application wiring: settings come from Django's ``CELERY_*`` names, tasks from ``workers``.
+"""Celery application wiring: settings come from Django's ``CELERY_*`` names; tasks from each installed app's
+``tasks`` module (``adapters_app.tasks``, ``inference.gateway.tasks``): every app owns its tasks.
 
 Without ``DJANGO_SETTINGS_MODULE`` the production settings apply (missing or placeholder secrets stop the start);
 the demo and the tests choose theirs explicitly.
@@ -14,4 +15,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("quiver")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["workers"])
+app.autodiscover_tasks()

@@ -162,20 +162,19 @@ CELERY_TASK_TIME_LIMIT = 600
 CELERY_TASK_SOFT_TIME_LIMIT = 540
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_ROUTES = {
-    "workers.tasks.adapter_version_validate_task": {"queue": "validation"},
-    "workers.tasks.placement_warm_task": {"queue": "placement"},
-    "workers.tasks.placement_evict_task": {"queue": "placement"},
-    "workers.tasks.node_unload_task": {"queue": "placement"},
-    "workers.tasks.fleet_reconcile_task": {"queue": "placement"},
+    "adapters_app.tasks.adapter_version_validate_task": {"queue": "validation"},
+    "inference.gateway.tasks.placement_warm_task": {"queue": "placement"},
+    "inference.gateway.tasks.placement_evict_task": {"queue": "placement"},
+    "inference.gateway.tasks.fleet_reconcile_task": {"queue": "placement"},
 }
 CELERY_BEAT_SCHEDULE = {
-    "node-mark-stale": {"task": "workers.tasks.node_mark_stale_task", "schedule": 15.0},
-    "fleet-reconcile": {"task": "workers.tasks.fleet_reconcile_task", "schedule": 30.0},
+    "node-mark-stale": {"task": "inference.gateway.tasks.node_mark_stale_task", "schedule": 15.0},
+    "fleet-reconcile": {"task": "inference.gateway.tasks.fleet_reconcile_task", "schedule": 30.0},
     # Nothing stuck, nothing orphaned (adapters_app.purge).
-    "validation-sweep": {"task": "workers.tasks.validation_sweep_task", "schedule": 60.0},
-    "purge-reconcile": {"task": "workers.tasks.purge_reconcile_task", "schedule": 30.0},
-    "gc-s3-orphans": {"task": "workers.tasks.gc_s3_orphans_task", "schedule": 3600.0},
-    "usage-drain": {"task": "workers.tasks.usage_drain_task", "schedule": 1.0},
+    "validation-sweep": {"task": "adapters_app.tasks.validation_sweep_task", "schedule": 60.0},
+    "purge-reconcile": {"task": "adapters_app.tasks.purge_reconcile_task", "schedule": 30.0},
+    "gc-s3-orphans": {"task": "adapters_app.tasks.gc_s3_orphans_task", "schedule": 3600.0},
+    "usage-drain": {"task": "inference.gateway.tasks.usage_drain_task", "schedule": 1.0},
 }
 # A child killed mid-task (OOM, SIGKILL) puts its acks_late task back on the queue instead of acking it.
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

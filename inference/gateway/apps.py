@@ -9,7 +9,9 @@ class GatewayConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Connect the cache-invalidation receivers (``inference.gateway.signals``)."""
-        from inference.gateway import signals
+        """Connect the cache-invalidation receivers (``inference.gateway.signals``) and the fleet's answers to the
+        adapter registry (``inference.gateway.registry_events``)."""
+        from inference.gateway import registry_events, signals
 
         signals.connect()
+        registry_events.connect()

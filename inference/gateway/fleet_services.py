@@ -19,8 +19,8 @@ from adapters_app.models import AdapterVersion
 from inference.fleet.eviction import PinLimitError, check_pin
 from inference.gateway.models import FleetAuditRecord, Node, Placement, TenantResidencyQuota, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live
+from inference.gateway.tasks import placement_evict_task, placement_warm_task
 from tenants.models import Tenant
-from workers.tasks import placement_evict_task, placement_warm_task
 
 TIERS = [t.value for t in Placement.Tier]
 

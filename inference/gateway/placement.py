@@ -20,8 +20,8 @@ from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.purge import purge_node_copy
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_client import NodeCallFailed, node_call
+from inference.gateway.tasks import placement_evict_task, placement_warm_task
 from workers.enqueue import enqueue_on_commit
-from workers.tasks import placement_evict_task, placement_warm_task
 
 logger = logging.getLogger(__name__)
 RESIDENT = (Placement.Tier.WARM, Placement.Tier.HOT)

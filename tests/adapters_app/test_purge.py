@@ -103,7 +103,7 @@ def test_a_version_that_keeps_killing_workers_is_rejected(make_client, base_mode
 
 def test_worker_loss_requeues_validation() -> None:
     assert celery_app.conf.task_reject_on_worker_lost is True
-    task = celery_app.tasks["workers.tasks.adapter_version_validate_task"]
+    task = celery_app.tasks["adapters_app.tasks.adapter_version_validate_task"]
     assert task.acks_late and task.reject_on_worker_lost
 
 

@@ -132,8 +132,8 @@ def _wait_status(pk: int, statuses: set[str], timeout: float) -> AdapterVersion:
 def test_sigkill_mid_validation_still_ends_ready(isolated_worker, make_client, base_model, tiny_adapters,  # type: ignore[no-untyped-def]
                                                  monkeypatch) -> None:
     import adapters_app.services
+    from adapters_app.tasks import adapter_version_validate_task
     from config.celery_app import app
-    from workers.tasks import adapter_version_validate_task
 
     pid, relay, broker = isolated_worker
     # The upload's own enqueue would go to the shared broker; this test sends the task to its private worker.

@@ -12,9 +12,10 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from kombu.exceptions import OperationalError
 
+from adapters_app import tasks as adapter_tasks
 from adapters_app.models import Adapter, AdapterVersion
 from adapters_app.purge import versions_stuck
-from workers import tasks
+from inference.gateway import tasks as fleet_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit runs inside the request, as in production
 
@@ -29,8 +30,9 @@ def broker_down(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
         return delay
 
-    for name in ("adapter_version_validate_task", "purge_run_task", "placement_warm_task", "placement_evict_task"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", refuse(name))
+    for module, name in ((adapter_tasks, "adapter_version_validate_task"), (adapter_tasks, "purge_run_task"),
+                         (fleet_tasks, "placement_warm_task"), (fleet_tasks, "placement_evict_task")):
+        monkeypatch.setattr(getattr(module, name), "delay", refuse(name))
     return refused
 
 

@@ -11,7 +11,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from adapters_app import services as adapter_services
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload
-from workers.tasks import VALIDATE_RETRIES, adapter_version_validate_task, placement_warm_task
+from adapters_app.tasks import VALIDATE_RETRIES, adapter_version_validate_task
+from inference.gateway.tasks import placement_warm_task
 
 pytestmark = pytest.mark.django_db
 

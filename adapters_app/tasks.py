@@ -1,0 +1,79 @@
+"""Celery tasks of the adapter registry: thin and idempotent; they take ids, fetch rows, call services (conventions §8).
+
+Imports of services sit inside the tasks: ``adapters_app.services`` enqueues these tasks, so a module-level import
+would be circular within the app.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+logger = logging.getLogger(__name__)
+
+
+VALIDATE_RETRIES = 5
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=VALIDATE_RETRIES)
+def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignore[no-untyped-def]
+    """Validate a version; on ``ready`` send :data:`adapters_app.signals.version_ready` (the fleet places it).
+
+    ``acks_late`` is safe: the status row guards reruns. Storage or disk trouble is retried with exponential backoff
+    (5, 10, 20, 40, 80 s); once retries are spent the version ends ``rejected`` with ``validation_unavailable``
+    rather than staying ``validating``.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from adapters_app.models import AdapterVersion
+    from adapters_app.services import adapter_version_fail, adapter_version_validate
+    from adapters_app.signals import version_ready
+
+    version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(pk=version_id).first()
+    if version is None:
+        return
+    try:
+        version = adapter_version_validate(version)
+    except (BotoCoreError, ClientError, OSError) as exc:
+        if self.request.retries >= VALIDATE_RETRIES:
+            adapter_version_fail(version, code="validation_unavailable",
+                                 message="The stored files could not be read for validation.",
+                                 hint="Upload the same files again to retry.")
+            return
+        raise self.retry(exc=exc, countdown=5 * 2**self.request.retries) from exc
+    if version.status == AdapterVersion.Status.READY:
+        version_ready.send(sender=AdapterVersion, version=version)
+
+
+@shared_task(ignore_result=True)
+def validation_sweep_task() -> None:
+    """Periodic (beat): re-enqueue versions stuck in ``uploaded``/``validating`` (``adapters_app.purge.sweep``)."""
+    from adapters_app.purge import sweep
+
+    sweep(adapter_version_validate_task.delay)
+
+
+@shared_task(ignore_result=True, acks_late=True)
+def purge_run_task(purge_id: int) -> None:
+    """Run one durable cleanup now; a failure is retried by ``purge_reconcile_task`` with backoff."""
+    from adapters_app.purge import purge_run
+
+    purge_run(purge_id)
+
+
+@shared_task(ignore_result=True)
+def purge_reconcile_task() -> None:
+    """Periodic (beat): run every cleanup whose next attempt is due, until each succeeds."""
+    from adapters_app.purge import purge_run, purges_due
+
+    for purge_id in purges_due():
+        purge_run(purge_id)
+
+
+@shared_task(ignore_result=True)
+def gc_s3_orphans_task() -> None:
+    """Periodic (beat): schedule deletion of S3 objects no version references."""
+    from adapters_app.purge import s3_orphans_collect
+
+    s3_orphans_collect()

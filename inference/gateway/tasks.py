@@ -1,0 +1,65 @@
+"""Celery tasks of the fleet and the gateway: thin and idempotent; they take ids, fetch rows, call services
+(conventions §8).
+
+Imports sit inside the tasks: the services that enqueue these tasks are imported by them, so a module-level import
+would be circular within the app.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(max_retries=0)
+def placement_warm_task(placement_id: int) -> None:
+    """Warm one placement row's version on its node; failures are recorded on the row (tier ``errored``)."""
+    from inference.gateway.models import Placement
+    from inference.gateway.node_client import NodeCallFailed
+    from inference.gateway.placement import placement_warm
+
+    placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(pk=placement_id).first()
+    if placement is None:
+        return
+    try:
+        placement_warm(placement.adapter_version, node=placement.node, pin=placement.pinned)
+    except NodeCallFailed:
+        logger.warning("placement_warm_task.failed", extra={"placement_id": placement_id})
+
+
+@shared_task(max_retries=0)
+def placement_evict_task(placement_id: int) -> None:
+    """Unload one placement's version from its node."""
+    from inference.gateway.models import Placement
+    from inference.gateway.placement import placement_evict
+
+    placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(pk=placement_id).first()
+    if placement is not None:
+        placement_evict(placement)
+
+
+@shared_task(ignore_result=True)
+def fleet_reconcile_task() -> None:
+    """Periodic (beat): converge placements toward the plan and operators' intent (``fleet_reconcile``)."""
+    from inference.gateway.fleet_reconcile import fleet_reconcile
+
+    fleet_reconcile()
+
+
+@shared_task(ignore_result=True)
+def node_mark_stale_task() -> None:
+    """Periodic (beat): nodes without a fresh heartbeat become unhealthy."""
+    from inference.gateway.placement import node_mark_stale
+
+    node_mark_stale()
+
+
+@shared_task(ignore_result=True, max_retries=0)
+def usage_drain_task() -> None:
+    """Beat, every second: move metered usage from the Redis stream into PostgreSQL (``metering.usage_drain``)."""
+    from inference.gateway.metering import usage_drain
+
+    usage_drain()
