@@ -15,3 +15,11 @@ def test_import_contracts_are_kept() -> None:
     result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout
+
+
+def test_every_routed_and_scheduled_task_is_registered(settings) -> None:  # type: ignore[no-untyped-def]
+    from config.celery_app import app
+
+    app.loader.import_default_modules()
+    named = {v["task"] for v in settings.CELERY_BEAT_SCHEDULE.values()} | set(settings.CELERY_TASK_ROUTES)
+    assert named and not named - set(app.tasks), named - set(app.tasks)
