@@ -17,7 +17,8 @@ from inference.gateway.fleet_api import (
     OperatorVersionViewSet,
     ResidencyViewSet,
 )
-from inference.gateway.operator_api import NodeViewSet
+from inference.gateway.operator_api import NodeViewSet, OperatorTrafficViewSet
+from inference.gateway.operator_tenants import OperatorTenantViewSet
 from tenants.auth_views import LoginView, LogoutView, MeView, TenantPickView
 from tenants.views import ApiKeyViewSet, MemberViewSet, TenantLimitsViewSet
 
@@ -32,6 +33,8 @@ router.register("operator/versions", OperatorVersionViewSet, basename="operator-
 router.register("operator/placements", OperatorPlacementViewSet, basename="operator-placement")
 router.register("operator/residency-quotas", OperatorQuotaViewSet, basename="operator-residency-quota")
 router.register("operator/audit", OperatorAuditViewSet, basename="operator-audit")
+router.register("operator/tenants", OperatorTenantViewSet, basename="operator-tenant")
+router.register("operator/traffic", OperatorTrafficViewSet, basename="operator-traffic")
 router.register("residency", ResidencyViewSet, basename="residency")
 router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersionViewSet, basename="adapter-version")
 

@@ -105,6 +105,12 @@ class TestUsageSeries(TenantScopedAPITests):
     make_object = TestUsage.make_object
 
 
+class TestUsageTraffic(TenantScopedAPITests):
+    list_url = "/api/v1/usage/traffic"
+    list_field = "model"
+    make_object = TestUsage.make_object
+
+
 class TestResidency(TenantScopedAPITests):
     list_url = "/api/v1/residency"
     list_field = "adapter"
@@ -172,6 +178,14 @@ NOT_TENANT_OBJECTS = {
     "api/v1/operator/placements/(?P<pk>[^/.]+)/evict$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
     "api/v1/operator/residency-quotas/(?P<slug>[^/.]+)$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
     "api/v1/operator/audit$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
+    "api/v1/operator/nodes/(?P<name>[^/.]+)/samples$": "staff-only node history; tenants get 403 (tests/inference/"
+                                                       "gateway/test_operator_console_api.py)",
+    "api/v1/operator/traffic$": "staff-only traffic of every tenant; tenants get 403 (test_operator_console_api.py)",
+    "api/v1/operator/tenants$": "staff-only tenant limits; tenants get 403 (test_operator_console_api.py)",
+    "api/v1/operator/tenants/(?P<slug>[^/.]+)$": "staff-only tenant limits; tenants get 403 "
+                                                "(test_operator_console_api.py)",
+    "api/v1/operator/tenants/(?P<slug>[^/.]+)/limits$": "staff-only, audited limit edit; tenants get 403 "
+                                                       "(test_operator_console_api.py)",
     "^(?!api/|v1/|internal/|admin/|static/|healthz|metrics)(?P<path>.*)$": "the console's index.html, no tenant data",
     "api/v1/tenant/limits": "the caller's own tenant's limits (no object id in the URL)",
 }

@@ -205,6 +205,10 @@ QUIVER_MAX_ARCHIVE_MEMBERS = env.int("QUIVER_MAX_ARCHIVE_MEMBERS", default=64)
 # QUIVER_NODE_SECRET, read per environment: every node's key and heartbeat token are derived from it
 # (inference.gateway.node_keys); nodes hold only their own.
 QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
+# Node gauges kept over time for the console's fleet charts (inference.gateway.node_samples): one row per node per
+# interval, deleted after the retention.
+QUIVER_NODE_SAMPLE_INTERVAL_S = env.float("QUIVER_NODE_SAMPLE_INTERVAL_S", default=10.0)
+QUIVER_NODE_SAMPLE_RETENTION_S = env.int("QUIVER_NODE_SAMPLE_RETENTION_S", default=86400)
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)
 QUIVER_PROXY_TIMEOUT_S = env.float("QUIVER_PROXY_TIMEOUT_S", default=300.0)

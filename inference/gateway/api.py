@@ -1,4 +1,4 @@
-"""Control-plane API for metering: ``GET /api/v1/usage[?since=<ISO 8601>]``."""
+"""Control-plane API for metering: ``GET /api/v1/usage[?since=<ISO 8601>]``, ``…/series``, ``…/traffic``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import redis
+from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -18,13 +19,15 @@ from rest_framework.response import Response
 from inference.gateway.metering import usage_drain
 from inference.gateway.models import UsageRecord
 from inference.gateway.selectors import usage_csv, usage_summary
+from inference.gateway.traffic import MAX_BUCKETS, traffic_table
 from inference.gateway.usage_series import BUCKETS, usage_series
 from tenants.viewsets import TenantScopedViewSet
 
 logger = logging.getLogger(__name__)
 
 
-def _drain_quietly() -> None:
+def drain_quietly() -> None:
+    """Move what the gateway metered into PostgreSQL before answering (a few batches; Redis errors only log)."""
     try:
         usage_drain(max_batches=5)
     except redis.RedisError as exc:  # the stream waits for the next beat tick; answer from what is stored
@@ -72,6 +75,59 @@ class UsageSeriesRowSerializer(serializers.Serializer):
     latency_ms_avg = serializers.FloatField()
 
 
+class TrafficQuerySerializer(serializers.Serializer):
+    """Query of the traffic tables: ``since`` (default an hour ago), ``until`` (default now), ``bucket`` of the
+    sparklines (default minute up to 6 h, else hour); operators may filter by ``tenant`` slug."""
+
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    bucket = serializers.ChoiceField(choices=["minute", "hour"], required=False)
+    tenant = serializers.SlugField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Fill defaults; ``since`` before ``until``; at most 1,440 buckets."""
+        until = attrs.get("until") or timezone.now()
+        since = attrs.get("since") or until - timedelta(hours=1)
+        if since >= until:
+            raise serializers.ValidationError({"until": "must be after 'since'."})
+        bucket = attrs.get("bucket") or ("minute" if until - since <= timedelta(hours=6) else "hour")
+        width = timedelta(minutes=1) if bucket == "minute" else timedelta(hours=1)
+        if (until - since) / width > MAX_BUCKETS:
+            raise serializers.ValidationError({"bucket": f"more than {MAX_BUCKETS} {bucket} buckets; use 'hour' or a "
+                                               "shorter period."})
+        return {**attrs, "since": since, "until": until, "bucket": bucket}
+
+
+class TrafficRowSerializer(serializers.Serializer):
+    """One row of a traffic table (``inference.gateway.traffic.traffic_table``); latencies in ms."""
+
+    tenant = serializers.CharField()
+    model = serializers.CharField()
+    version = serializers.IntegerField(allow_null=True)
+    requests = serializers.IntegerField()
+    requests_per_s = serializers.FloatField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    tokens_per_s = serializers.FloatField()
+    failures = serializers.IntegerField(help_text="requests answered with status >= 400")
+    latency_ms_p50 = serializers.FloatField(allow_null=True)
+    latency_ms_p95 = serializers.FloatField(allow_null=True)
+    latency_ms_p99 = serializers.FloatField(allow_null=True)
+    ttft_ms_p50 = serializers.FloatField(allow_null=True)
+    ttft_ms_p95 = serializers.FloatField(allow_null=True)
+    spark = serializers.ListField(child=serializers.IntegerField(), help_text="requests per bucket")
+
+
+def traffic_response(records: QuerySet[UsageRecord], request: Request) -> Response:
+    """Validate the traffic query and answer the table for ``records`` (already scoped)."""
+    query = TrafficQuerySerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    q = query.validated_data
+    if q.get("tenant"):
+        records = records.filter(tenant__slug=q["tenant"])
+    return Response(traffic_table(records, since=q["since"], until=q["until"], bucket=q["bucket"]))
+
+
 class UsageViewSet(TenantScopedViewSet):
     """The caller's token usage per adapter version (and per base model), as metered by the gateway."""
 
@@ -85,7 +141,7 @@ class UsageViewSet(TenantScopedViewSet):
         raw records in the range as a CSV download instead (``usage_csv``)."""
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        _drain_quietly()  # what the gateway metered a moment ago is in the answer, not a beat tick later
+        drain_quietly()  # what the gateway metered a moment ago is in the answer, not a beat tick later
         since, until = query.validated_data.get("since"), query.validated_data.get("until")
         if query.validated_data.get("export") == "csv":
             response = StreamingHttpResponse(usage_csv(self.get_queryset(), since=since, until=until),
@@ -101,6 +157,14 @@ class UsageViewSet(TenantScopedViewSet):
         """``GET /api/v1/usage/series``: requests, tokens, errors and latency per model per bucket (charts)."""
         query = UsageSeriesQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        _drain_quietly()
+        drain_quietly()
         since = query.validated_data.get("since") or timezone.now() - timedelta(hours=1)
         return Response(usage_series(self.get_queryset(), since=since, bucket=query.validated_data["bucket"]))
+
+    @extend_schema(parameters=[TrafficQuerySerializer], responses=TrafficRowSerializer(many=True))
+    @action(detail=False, methods=["get"])
+    def traffic(self, request: Request) -> Response:
+        """``GET /api/v1/usage/traffic``: per adapter version over a period: requests, tokens, errors, latency and
+        TTFT percentiles, a sparkline (``inference.gateway.traffic.traffic_table``); most requests first."""
+        drain_quietly()
+        return traffic_response(self.get_queryset(), request)

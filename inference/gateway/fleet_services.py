@@ -178,3 +178,22 @@ def tenant_residency(tenant: Tenant) -> list[dict[str, Any]]:
         row["tiers"][tier] += 1
         row["pinned"] += int(pinned)
     return [{**row, "tiers": dict(row["tiers"])} for _, row in sorted(rows.items())]
+
+
+def tenant_limits_set(tenant: Tenant, *, limits: dict[str, int | None], actor: str) -> Tenant:
+    """Set a tenant's gateway limits (``rpm_limit``, ``tpm_limit``, ``concurrency_limit``, ``max_tokens_limit``;
+    None = unlimited) through ``tenants.services.limits_set`` and record the change in the fleet audit log. Every
+    gateway process applies them within a second (cache invalidation, ``inference.gateway.signals``).
+
+    Raises:
+        django.core.exceptions.ValidationError: an unknown field or a value below 1, naming the field.
+    """
+    from tenants.models import LIMIT_FIELDS
+    from tenants.services import limits_set
+
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        before = {name: getattr(locked, name) for name in LIMIT_FIELDS}
+        limits_set(locked, limits=limits)
+        _audit(actor, "set_limits", locked.slug, before, {name: getattr(locked, name) for name in LIMIT_FIELDS})
+    return locked

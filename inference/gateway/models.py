@@ -146,3 +146,30 @@ class FleetAuditRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action}:{self.target}"
+
+
+class NodeSample(models.Model):
+    """One point of a node's gauges over time, for the console's fleet charts (no Prometheus server needed).
+
+    Written from heartbeats at most every ``QUIVER_NODE_SAMPLE_INTERVAL_S`` per node and deleted after
+    ``QUIVER_NODE_SAMPLE_RETENTION_S`` (``inference.gateway.node_samples``), so a node keeps at most
+    retention / interval rows (8,640 at the defaults, 10 s over 24 h). ``kv_cache_usage_perc`` is 0..1;
+    ``num_preemptions_total`` is vLLM's cumulative counter; ``gpu_used`` / ``cpu_used`` are adapters in GPU slots and
+    in the engine's CPU cache (GPU residents included, as vLLM's ``max_cpu_loras`` counts them).
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="samples")
+    t = models.DateTimeField()
+    healthy = models.BooleanField(default=False)
+    kv_cache_usage_perc = models.FloatField(null=True)
+    num_requests_running = models.IntegerField(null=True)
+    num_requests_waiting = models.IntegerField(null=True)
+    num_preemptions_total = models.FloatField(null=True)
+    gpu_used = models.PositiveIntegerField(default=0)
+    cpu_used = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "t"], name="nodesample_node_t")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}@{self.t.isoformat()}"

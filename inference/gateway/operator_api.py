@@ -1,19 +1,33 @@
-"""Read-only operator API (staff sessions): ``GET /api/v1/operator/nodes`` with each node's gauges and placements.
+"""Read-only operator API (staff sessions): nodes with gauges and placements, their history, and traffic.
 
-Until the fleet API lands this shows what the control plane records today: heartbeat health, slots, the KV-cache
-gauge, running/waiting requests, and every placement (tenant, adapter, version, tier, pinned).
+- ``GET /api/v1/operator/nodes``: health, slots used, KV-cache gauge, running/waiting, preemptions, recent failures,
+  and every placement (tenant, adapter, version, tier, pinned).
+- ``GET /api/v1/operator/nodes/{name}/samples``: the node's gauges over time (``inference.gateway.node_samples``).
+- ``GET /api/v1/operator/traffic``: per adapter version, every tenant (``inference.gateway.traffic``).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from django.db.models import Prefetch
+from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, viewsets
 from rest_framework.authentication import SessionAuthentication
+from rest_framework.decorators import action
 from rest_framework.request import Request
+from rest_framework.response import Response
 
-from inference.gateway.models import Node, Placement
+from inference.gateway.api import (
+    TrafficQuerySerializer,
+    TrafficRowSerializer,
+    drain_quietly,
+    traffic_response,
+)
+from inference.gateway.models import Node, Placement, UsageRecord
+from inference.gateway.node_samples import node_samples, slots_used
 
 
 class IsStaffSession(permissions.BasePermission):
@@ -42,25 +56,104 @@ class PlacementOutputSerializer(serializers.ModelSerializer):
 
 
 class NodeOutputSerializer(serializers.ModelSerializer):
-    """A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and placements."""
+    """A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and placements.
+
+    ``gpu_used`` / ``cpu_used``: adapters in GPU slots / in the engine's CPU cache (GPU residents included) from the
+    last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
+    with status >= 400 in the last 5 minutes (gateway metering).
+    """
     base_model = serializers.CharField(source="base_model.base_model_name", allow_null=True, default=None)
     placements = PlacementOutputSerializer(many=True, source="placements_sorted")
+    gpu_used = serializers.SerializerMethodField()
+    cpu_used = serializers.SerializerMethodField()
+    num_preemptions_total = serializers.SerializerMethodField()
+    failed_requests_5m = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Node
         fields = ["name", "base_model", "healthy", "last_heartbeat_at", "max_loras", "max_cpu_loras", "max_lora_rank",
-                  "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting", "placements"]
+                  "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting", "num_preemptions_total",
+                  "gpu_used", "cpu_used", "failed_requests_5m", "placements"]
+
+    def get_gpu_used(self, node: Node) -> int:
+        """Adapters in GPU slots."""
+        return slots_used(node.state or {})[0]
+
+    def get_cpu_used(self, node: Node) -> int:
+        """Adapters in the engine's CPU cache."""
+        return slots_used(node.state or {})[1]
+
+    def get_num_preemptions_total(self, node: Node) -> float | None:
+        """vLLM's ``num_preemptions_total`` counter from the last heartbeat."""
+        value = (node.state or {}).get("num_preemptions_total")
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+class SamplesQuerySerializer(serializers.Serializer):
+    """Query of ``GET /api/v1/operator/nodes/{name}/samples``: ``since`` (default an hour ago), ``until``."""
+
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+
+
+class NodeSampleSerializer(serializers.Serializer):
+    """One point of a node's history (``inference.gateway.node_samples.node_samples``)."""
+
+    t = serializers.DateTimeField()
+    healthy = serializers.BooleanField()
+    kv_cache_usage_perc = serializers.FloatField(allow_null=True)
+    num_requests_running = serializers.IntegerField(allow_null=True)
+    num_requests_waiting = serializers.IntegerField(allow_null=True)
+    num_preemptions_total = serializers.FloatField(allow_null=True)
+    preemptions = serializers.FloatField(allow_null=True, help_text="increase since the previous point")
+    gpu_used = serializers.IntegerField()
+    cpu_used = serializers.IntegerField()
 
 
 class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins)."""
+    """``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins);
+    ``GET /api/v1/operator/nodes/{name}/samples``: its gauges over time."""
 
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsStaffSession]
     serializer_class = NodeOutputSerializer
     pagination_class = None
-    queryset = Node.objects.select_related("base_model").prefetch_related(Prefetch(
-        "placements", to_attr="placements_sorted",
-        queryset=Placement.objects.select_related("adapter_version__adapter__tenant").order_by(
-            "adapter_version__adapter__tenant__slug", "adapter_version__adapter__name", "-adapter_version__number"),
-    )).order_by("name")
+    lookup_field = "name"
+    queryset = Node.objects.all()
+
+    def get_queryset(self) -> QuerySet[Node]:
+        """Nodes with placements and their recent failures (the 5-minute window moves with each request)."""
+        recent = timezone.now() - timedelta(minutes=5)
+        return Node.objects.select_related("base_model").prefetch_related(Prefetch(
+            "placements", to_attr="placements_sorted",
+            queryset=Placement.objects.select_related("adapter_version__adapter__tenant").order_by(
+                "adapter_version__adapter__tenant__slug", "adapter_version__adapter__name", "-adapter_version__number"),
+        )).annotate(failed_requests_5m=Subquery(
+            UsageRecord.objects.filter(node=OuterRef("pk"), created_at__gte=recent, status_code__gte=400)
+            .values("node").annotate(n=Count("id")).values("n")[:1])).order_by("name")
+
+    @extend_schema(parameters=[SamplesQuerySerializer], responses=NodeSampleSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def samples(self, request: Request, name: str | None = None) -> Response:
+        """The node's gauges over ``[since, until)``, oldest first (at most 2,000 points)."""
+        query = SamplesQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        since = query.validated_data.get("since") or timezone.now() - timedelta(hours=1)
+        node = self.get_object()
+        return Response(node_samples(node, since=since, until=query.validated_data.get("until")))
+
+
+class OperatorTrafficViewSet(viewsets.GenericViewSet):
+    """``GET /api/v1/operator/traffic``: every tenant's traffic per adapter version (staff sessions)."""
+
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsStaffSession]
+    serializer_class = TrafficRowSerializer
+    pagination_class = None
+    queryset = UsageRecord.objects.all()
+
+    @extend_schema(parameters=[TrafficQuerySerializer], responses=TrafficRowSerializer(many=True))
+    def list(self, request: Request) -> Response:
+        """Rows sorted by requests, most first."""
+        drain_quietly()
+        return traffic_response(self.get_queryset(), request)

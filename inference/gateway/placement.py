@@ -20,6 +20,7 @@ from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.purge import purge_node_copy
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_client import NodeCallFailed, node_call
+from inference.gateway.node_samples import node_sample_record
 from inference.gateway.tasks import placement_evict_task, placement_warm_task
 from workers.enqueue import enqueue_on_commit
 
@@ -60,6 +61,7 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         node.num_requests_waiting = state.get("num_requests_waiting")
         node.state = {k: v for k, v in state.items() if k not in ("agent_url", "engine_url")}
         node.save()
+        node_sample_record(node=node, state=state, now=node.last_heartbeat_at)
         reported = {a["lora_int_id"]: a for a in state.get("adapters", [])}
         # Known versions only: the id exists, is for this node's base model, and the name is that version's own.
         versions = list(AdapterVersion.objects.select_related("adapter__tenant").filter(pk__in=reported))

@@ -277,8 +277,28 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description ``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins). */
+        /**
+         * @description ``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins);
+         *     ``GET /api/v1/operator/nodes/{name}/samples``: its gauges over time.
+         */
         get: operations["operator_nodes_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/nodes/{name}/samples": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The node's gauges over ``[since, until)``, oldest first (at most 2,000 points). */
+        get: operations["operator_nodes_samples_list"];
         put?: never;
         post?: never;
         delete?: never;
@@ -321,6 +341,74 @@ export interface paths {
         head?: never;
         /** @description A tenant's residency quota, by tenant slug. */
         patch: operations["operator_residency_quotas_partial_update"];
+        trace?: never;
+    };
+    "/api/v1/operator/tenants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Tenants with their limits and quotas, by slug. */
+        get: operations["operator_tenants_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/tenants/{slug}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Tenants with their limits and quotas, by slug. */
+        get: operations["operator_tenants_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/tenants/{slug}/limits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** @description ``PATCH …/{slug}/limits``: set any subset of the limits (audited); 400 names a bad field. */
+        patch: operations["operator_tenants_limits_partial_update"];
+        trace?: never;
+    };
+    "/api/v1/operator/traffic": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Rows sorted by requests, most first. */
+        get: operations["operator_traffic_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
         trace?: never;
     };
     "/api/v1/operator/versions/{id}": {
@@ -477,6 +565,26 @@ export interface paths {
         };
         /** @description ``GET /api/v1/usage/series``: requests, tokens, errors and latency per model per bucket (charts). */
         get: operations["usage_series_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/usage/traffic": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description ``GET /api/v1/usage/traffic``: per adapter version over a period: requests, tokens, errors, latency and
+         *     TTFT percentiles, a sparkline (``inference.gateway.traffic.traffic_table``); most requests first.
+         */
+        get: operations["usage_traffic_list"];
         put?: never;
         post?: never;
         delete?: never;
@@ -649,7 +757,13 @@ export interface components {
             /** Format: date-time */
             readonly created_at: string;
         };
-        /** @description A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and placements. */
+        /**
+         * @description A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and placements.
+         *
+         *     ``gpu_used`` / ``cpu_used``: adapters in GPU slots / in the engine's CPU cache (GPU residents included) from the
+         *     last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
+         *     with status >= 400 in the last 5 minutes (gateway metering).
+         */
         NodeOutput: {
             name: string;
             base_model?: string | null;
@@ -663,7 +777,49 @@ export interface components {
             kv_cache_usage_perc?: number | null;
             num_requests_running?: number | null;
             num_requests_waiting?: number | null;
+            /**
+             * Format: double
+             * @description vLLM's ``num_preemptions_total`` counter from the last heartbeat.
+             */
+            readonly num_preemptions_total: number | null;
+            /** @description Adapters in GPU slots. */
+            readonly gpu_used: number;
+            /** @description Adapters in the engine's CPU cache. */
+            readonly cpu_used: number;
+            readonly failed_requests_5m: number;
             placements: components["schemas"]["PlacementOutput"][];
+        };
+        /** @description One point of a node's history (``inference.gateway.node_samples.node_samples``). */
+        NodeSample: {
+            /** Format: date-time */
+            t: string;
+            healthy: boolean;
+            /** Format: double */
+            kv_cache_usage_perc: number | null;
+            num_requests_running: number | null;
+            num_requests_waiting: number | null;
+            /** Format: double */
+            num_preemptions_total: number | null;
+            /**
+             * Format: double
+             * @description increase since the previous point
+             */
+            preemptions: number | null;
+            gpu_used: number;
+            cpu_used: number;
+        };
+        /** @description One tenant as operators see it: limits and residency quota. */
+        OperatorTenant: {
+            slug: string;
+            name: string;
+            /** @description The four limits. */
+            readonly limits: {
+                [key: string]: unknown;
+            };
+            /** @description ``max_pinned`` and ``max_gpu_bytes`` (null = no limit). */
+            readonly residency_quota: {
+                [key: string]: unknown;
+            };
         };
         /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */
         PatchedApiKeyOutput: {
@@ -680,6 +836,16 @@ export interface components {
             revoked_at?: string | null;
             /** Format: date-time */
             readonly created_at?: string;
+            rpm_limit?: number | null;
+            tpm_limit?: number | null;
+            concurrency_limit?: number | null;
+            max_tokens_limit?: number | null;
+        };
+        /**
+         * @description Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
+         *     the cap on one request's ``max_tokens``.
+         */
+        PatchedLimits: {
             rpm_limit?: number | null;
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
@@ -776,6 +942,33 @@ export interface components {
          * @enum {string}
          */
         TierEnum: "cold" | "staged" | "warm" | "hot" | "errored";
+        /** @description One row of a traffic table (``inference.gateway.traffic.traffic_table``); latencies in ms. */
+        TrafficRow: {
+            tenant: string;
+            model: string;
+            version: number | null;
+            requests: number;
+            /** Format: double */
+            requests_per_s: number;
+            prompt_tokens: number;
+            completion_tokens: number;
+            /** Format: double */
+            tokens_per_s: number;
+            /** @description requests answered with status >= 400 */
+            failures: number;
+            /** Format: double */
+            latency_ms_p50: number | null;
+            /** Format: double */
+            latency_ms_p95: number | null;
+            /** Format: double */
+            latency_ms_p99: number | null;
+            /** Format: double */
+            ttft_ms_p50: number | null;
+            /** Format: double */
+            ttft_ms_p95: number | null;
+            /** @description requests per bucket */
+            spark: number[];
+        };
         /** @description One row of ``GET /api/v1/usage`` (see ``usage_summary``). */
         UsageRow: {
             model: string;
@@ -1340,6 +1533,30 @@ export interface operations {
             };
         };
     };
+    operator_nodes_samples_list: {
+        parameters: {
+            query?: {
+                since?: string;
+                until?: string;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeSample"][];
+                };
+            };
+        };
+    };
     operator_placements_evict_create: {
         parameters: {
             query?: never;
@@ -1432,6 +1649,101 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Quota"];
+                };
+            };
+        };
+    };
+    operator_tenants_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OperatorTenant"][];
+                };
+            };
+        };
+    };
+    operator_tenants_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                slug: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OperatorTenant"];
+                };
+            };
+        };
+    };
+    operator_tenants_limits_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                slug: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedLimits"];
+                "multipart/form-data": components["schemas"]["PatchedLimits"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedLimits"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OperatorTenant"];
+                };
+            };
+        };
+    };
+    operator_traffic_list: {
+        parameters: {
+            query?: {
+                /**
+                 * @description * `minute` - minute
+                 *     * `hour` - hour
+                 */
+                bucket?: "minute" | "hour";
+                since?: string;
+                tenant?: string;
+                until?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TrafficRow"][];
                 };
             };
         };
@@ -1680,6 +1992,34 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UsageSeriesRow"][];
+                };
+            };
+        };
+    };
+    usage_traffic_list: {
+        parameters: {
+            query?: {
+                /**
+                 * @description * `minute` - minute
+                 *     * `hour` - hour
+                 */
+                bucket?: "minute" | "hour";
+                since?: string;
+                tenant?: string;
+                until?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TrafficRow"][];
                 };
             };
         };

@@ -1,0 +1,76 @@
+"""Operator API for tenants (staff sessions): every tenant's gateway limits and residency quota, and edits.
+
+- ``GET /api/v1/operator/tenants``: ``[{"slug", "name", "limits": {...}, "residency_quota": {...}}]``.
+- ``GET /api/v1/operator/tenants/{slug}``: one of them.
+- ``PATCH /api/v1/operator/tenants/{slug}/limits``: any of ``rpm_limit``, ``tpm_limit``, ``concurrency_limit``,
+  ``max_tokens_limit`` (null = unlimited); audited (``FleetAuditRecord`` action ``set_limits``).
+Residency quotas are edited at ``/api/v1/operator/residency-quotas/{slug}`` (``inference.gateway.fleet_api``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from inference.gateway import fleet_services as svc
+from inference.gateway.fleet_api import OperatorViewSet, QuotaSerializer, _actor
+from inference.gateway.models import TenantResidencyQuota
+from tenants.models import LIMIT_FIELDS, Tenant
+from tenants.serializers import LimitsSerializer
+
+
+class LimitsOutputSerializer(serializers.Serializer):
+    """A tenant's gateway limits; null = unlimited (requests/min, tokens/min, in flight, one request's max_tokens)."""
+
+    rpm_limit = serializers.IntegerField(allow_null=True)
+    tpm_limit = serializers.IntegerField(allow_null=True)
+    concurrency_limit = serializers.IntegerField(allow_null=True)
+    max_tokens_limit = serializers.IntegerField(allow_null=True)
+
+
+class OperatorTenantSerializer(serializers.Serializer):
+    """One tenant as operators see it: limits and residency quota."""
+
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    limits = serializers.SerializerMethodField()
+    residency_quota = serializers.SerializerMethodField()
+
+    @extend_schema(responses=LimitsOutputSerializer)
+    def get_limits(self, tenant: Tenant) -> dict[str, Any]:
+        """The four limits."""
+        return {name: getattr(tenant, name) for name in LIMIT_FIELDS}
+
+    @extend_schema(responses=QuotaSerializer)
+    def get_residency_quota(self, tenant: Tenant) -> dict[str, Any]:
+        """``max_pinned`` and ``max_gpu_bytes`` (null = no limit)."""
+        quota: TenantResidencyQuota | None = getattr(tenant, "quota", None)  # prefetched (one-to-one: one or None)
+        return {"max_pinned": quota.max_pinned if quota else None,
+                "max_gpu_bytes": quota.max_gpu_bytes if quota else None}
+
+
+class OperatorTenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet):
+    """Tenants with their limits and quotas, by slug."""
+
+    queryset = Tenant.objects.prefetch_related(
+        Prefetch("residency_quota", queryset=TenantResidencyQuota.objects.all(), to_attr="quota")).order_by("slug")
+    lookup_field = "slug"
+    serializer_class = OperatorTenantSerializer
+
+    @extend_schema(request=LimitsSerializer, responses=OperatorTenantSerializer)
+    @action(detail=True, methods=["patch"])
+    def limits(self, request: Request, slug: str | None = None) -> Response:
+        """``PATCH …/{slug}/limits``: set any subset of the limits (audited); 400 names a bad field."""
+        body = LimitsSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        extra = sorted(set(request.data) - set(LIMIT_FIELDS)) if isinstance(request.data, dict) else []
+        if extra:
+            raise serializers.ValidationError({extra[0]: f"Only limits can be changed: {list(LIMIT_FIELDS)}."})
+        svc.tenant_limits_set(self.get_object(), limits=dict(body.validated_data), actor=_actor(request))
+        return Response(OperatorTenantSerializer(self.get_queryset().get(slug=slug)).data)
