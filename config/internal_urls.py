@@ -1,4 +1,5 @@
-"""URL map of the internal listener (``config.internal_asgi``): node heartbeats, the admin, a health probe."""
+"""URL map of the internal listener (``config.internal_asgi``): node heartbeats, the admin, a health probe and the
+gateway's Prometheus ``/metrics``."""
 
 from django.contrib import admin
 from django.urls import path
@@ -10,6 +11,7 @@ urlpatterns = [
     path("internal/v1/nodes/heartbeat", internal_views.heartbeat),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    path("metrics", internal_views.metrics),
 ]
 
 __all__ = ["urlpatterns", "handler400", "handler403", "handler404", "handler500"]

@@ -226,6 +226,17 @@ QUIVER_GATEWAY_UPSTREAM_POOL = env.int("QUIVER_GATEWAY_UPSTREAM_POOL", default=5
 # Platform-wide caps on a request's choices (n, best_of) and logprobs (OpenAI's own logprobs cap is 5).
 QUIVER_GATEWAY_MAX_N = env.int("QUIVER_GATEWAY_MAX_N", default=8)
 QUIVER_GATEWAY_MAX_LOGPROBS = env.int("QUIVER_GATEWAY_MAX_LOGPROBS", default=5)
+# Admission from KV pressure (inference.fleet.admission, inference.gateway.admission): a node is saturated at
+# QUEUE waiting requests or KV use >= KV (GIE's defaults); figures older than MAX_AGE_S are unknown (= admit).
+# When every eligible node is saturated a request waits in the gateway, in VTC order across tenants, for at most
+# MAX_WAIT_S, with at most MAX_QUEUE waiting per gateway process; past either it gets 429 + Retry-After.
+QUIVER_ADMISSION_QUEUE_SATURATED = env.int("QUIVER_ADMISSION_QUEUE_SATURATED", default=5)
+QUIVER_ADMISSION_KV_SATURATED = env.float("QUIVER_ADMISSION_KV_SATURATED", default=0.8)
+QUIVER_ADMISSION_MAX_AGE_S = env.float("QUIVER_ADMISSION_MAX_AGE_S", default=0.25)
+QUIVER_ADMISSION_MAX_WAIT_S = env.float("QUIVER_ADMISSION_MAX_WAIT_S", default=15.0)
+QUIVER_ADMISSION_MAX_QUEUE = env.int("QUIVER_ADMISSION_MAX_QUEUE", default=1000)
+# How often each gateway process re-reads node load and the shared VTC counters from Redis.
+QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)
 QUIVER_USAGE_STREAM = "quiver:usage"
 QUIVER_USAGE_GROUP = "usage-writers"
 

@@ -31,7 +31,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from inference.gateway import hygiene
+from inference.gateway import hygiene, metrics
+from inference.gateway.admission import AdmissionGate
 from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError
@@ -119,6 +120,7 @@ class GatewayApp:
         self.directory = Directory()
         self.sink = UsageSink()
         self.limiter = RateLimiter()
+        self.admission = AdmissionGate()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_touch: dict[int, float] = {}
@@ -135,9 +137,11 @@ class GatewayApp:
         self.sink = UsageSink()
         self.directory = Directory()
         self.limiter = RateLimiter()  # its Redis client belongs to this loop
+        self.admission = AdmissionGate()
         if self.background:
             self._tasks = [loop.create_task(subscribe_forever(self.directory)),
-                           loop.create_task(self.sink.run_forever())]
+                           loop.create_task(self.sink.run_forever()),
+                           loop.create_task(self.admission.run_forever())]
 
     async def shutdown(self) -> None:
         """Flush usage, stop background tasks, close the upstream pool."""
@@ -294,14 +298,23 @@ class GatewayApp:
             target = await self.resolve(key, body["model"])
             admission = await self.limiter.admit(_scopes(key), reserve=_reservation(upstream, endpoint))
         except GatewayError as exc:
+            if exc.status == 429:
+                metrics.RATE_LIMITED.labels(exc.type).inc()
             return error_response(exc)
+        prompt_estimate = estimate_prompt_tokens(upstream)
         try:
-            node = await self.node_for(target)
+            # KV-pressure admission (inference.gateway.admission): at once unless every eligible node is saturated.
+            node = await self.admission.admit(tenant=str(key.tenant_id), priority=key.priority,
+                                              prompt_tokens=prompt_estimate,
+                                              choose=lambda: self.node_for(target))
         except GatewayError as exc:
             await self.limiter.settle(admission, actual_tokens=0)
             return error_response(exc)
         limit_headers = admission.headers if admission else {}
         upstream["model"] = target.served_name
+        engine_priority = self.admission.engine_priority(node, key.priority)
+        if engine_priority is not None:
+            upstream["priority"] = engine_priority
         stream = bool(upstream.get("stream"))
         client_options = upstream.get("stream_options") or {}
         keep_usage = bool(client_options.get("include_usage"))
@@ -310,9 +323,16 @@ class GatewayApp:
             upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
 
         def record(status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
+            prompt_tokens = int((usage or {}).get("prompt_tokens") or 0)
+            completion_tokens = int((usage or {}).get("completion_tokens") or 0)
             if admission is not None:
-                spent = int((usage or {}).get("prompt_tokens") or 0) + int((usage or {}).get("completion_tokens") or 0)
-                self._spawn(self.limiter.settle(admission, actual_tokens=spent))
+                self._spawn(self.limiter.settle(admission, actual_tokens=prompt_tokens + completion_tokens))
+            self.admission.charge(str(key.tenant_id), prompt_tokens=prompt_tokens - prompt_estimate,
+                                  completion_tokens=completion_tokens)
+            metrics.request_observe(endpoint=endpoint, status=status, served_name=target.served_name,
+                                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                    latency_s=time.monotonic() - started,
+                                    ttft_s=None if ttft_ms is None else ttft_ms / 1000)
             self.sink.emit(usage_row(
                 tenant_id=key.tenant_id, api_key_id=key.pk, adapter_version_id=target.version_id,
                 base_model_id=target.base_model_id, node_id=node.pk, model_name=target.requested,
@@ -368,7 +388,9 @@ class GatewayApp:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **limit_headers})
 
     def _routable(self, fleet: FleetView) -> FleetView:
-        """``fleet`` without the nodes this process found refusing connections within the stale window."""
+        """``fleet`` with fresh load figures (``AdmissionGate.fleet_view``), without the nodes this process found
+        refusing connections within the stale window."""
+        fleet = self.admission.fleet_view(fleet)
         now = time.monotonic()
         down = {pk for pk, until in self._down.items() if until > now}
         if not down:

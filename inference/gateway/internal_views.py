@@ -1,4 +1,5 @@
-"""Node-facing routes (``/internal/v1/*``), served only on the internal listener (``config.internal_asgi``).
+"""Node-facing routes (``/internal/v1/*``) and the gateway's ``/metrics``, served only on the internal listener
+(``config.internal_asgi``).
 
 Authenticated with each node's own heartbeat token, never a tenant key (``inference.gateway.nodes``).
 """
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 import json
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
+from inference.gateway import metrics as gateway_metrics
 from inference.gateway.nodes import NodeRefused, node_heartbeat_accept
 from tenants.authentication import bearer_token
 
@@ -33,3 +35,10 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     except NodeRefused as exc:
         return JsonResponse({"detail": exc.detail, "code": exc.code}, status=exc.status)
     return JsonResponse({"node": node.name, "healthy": node.healthy})
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """``GET /metrics``: the gateway's Prometheus figures (``inference.gateway.metrics``); internal listener only."""
+    body, content_type = gateway_metrics.render()
+    return HttpResponse(body, content_type=content_type)

@@ -10,7 +10,8 @@ Routes (a fixed contract with the control plane):
 - `POST /v1/adapters/unload` `{"lora_name", "purge"}` -> `{"lora_name", "tier": "staged"}` (`"cold"` with purge)
 - `POST /v1/adapters/pin` `{"lora_name"}` -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned": true}`
 - `GET /v1/state` -> see `NodeAgent.state`
-- `GET /metrics` (no auth) -> Prometheus gauges of residency per tier (`inference.node.residency_metrics`)
+- `GET /metrics` (no auth) -> Prometheus gauges of residency per tier and of the engine load the agent publishes
+  for admission (`inference.node.residency_metrics`)
 - `GET /healthz` (no auth) -> 200 `{"status": "ok"}` when the engine's `/health` answers, else 503.
 """
 
@@ -27,6 +28,7 @@ from typing import Annotated, Any
 
 import boto3
 import httpx
+import redis.asyncio as aioredis
 from botocore.config import Config
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -41,6 +43,7 @@ from inference.node.cache import AdapterCache, FileSpec
 from inference.node.config import ConfigError, NodeSettings
 from inference.node.engine_client import EngineHTTPClient
 from inference.node.heartbeat import heartbeat_loop
+from inference.node.load_publisher import LoadPublisher
 from inference.node.service import AgentError, NodeAgent
 
 logger = logging.getLogger(__name__)
@@ -141,6 +144,13 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
         ):
             agent = NodeAgent(settings, cache, EngineHTTPClient(engine_http, settings.node_key))
             app.state.agent = agent
+            redis = aioredis.Redis.from_url(settings.load_redis_url, socket_timeout=1) if settings.load_redis_url \
+                else None
+            publisher = LoadPublisher(agent.engine.metrics_text, redis, settings.node_name,
+                                      interval_s=settings.load_publish_s,
+                                      scheduling_policy=settings.scheduling_policy)
+            app.state.load_publisher = publisher
+            publish_task = asyncio.create_task(publisher.run_forever())
             task: asyncio.Task[None] | None = None
             if settings.control_url:
                 task = asyncio.create_task(
@@ -163,10 +173,13 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
             try:
                 yield
             finally:
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                for running in (task, publish_task):
+                    if running is not None:
+                        running.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await running
+                if redis is not None:
+                    await redis.aclose()
 
     app = FastAPI(
         title="Quiver node agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
@@ -214,7 +227,8 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         # Aggregates only (no adapter names), so Prometheus scrapes it without the node key, like /healthz.
-        return Response(residency_metrics.render(await agent_of(request).state()),
+        return Response(residency_metrics.render(await agent_of(request).state(),
+                                                 load=request.app.state.load_publisher),
                         media_type=residency_metrics.CONTENT_TYPE)
 
     @app.get("/healthz")

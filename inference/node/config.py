@@ -44,6 +44,12 @@ class NodeSettings:
         max_lora_rank: `QUIVER_MAX_LORA_RANK` (default 16, as vLLM does).
         cache_max_bytes: `QUIVER_NODE_CACHE_MAX_BYTES`, the disk cache's byte budget (LRU beyond it); default
             50 GiB, `0` for unbounded.
+        load_redis_url: `QUIVER_LOAD_REDIS_URL` (else `REDIS_URL`), where the engine's load figures are published
+            for the gateway's admission gate (`inference.node.load_publisher`); "" = not published.
+        load_publish_s: `QUIVER_LOAD_PUBLISH_MS` / 1000, seconds between engine scrapes (default 0.1; at most 0.2 keeps
+            the gateway's figures under its 250 ms staleness bound).
+        scheduling_policy: `QUIVER_SCHEDULING_POLICY`, the engine's `--scheduling-policy` (`priority`, as
+            `inference.node.launch` starts it, or `fcfs`); the gateway sends `priority` only to `priority` engines.
     """
 
     node_name: str
@@ -63,6 +69,9 @@ class NodeSettings:
     max_cpu_loras: int
     max_lora_rank: int
     cache_max_bytes: int | None = 50 * 1024**3
+    load_redis_url: str = ""
+    load_publish_s: float = 0.1
+    scheduling_policy: str = "priority"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> NodeSettings:
@@ -104,7 +113,17 @@ class NodeSettings:
             max_cpu_loras=_positive_int(env, "QUIVER_MAX_CPU_LORAS", max_loras),
             max_lora_rank=_positive_int(env, "QUIVER_MAX_LORA_RANK", 16),
             cache_max_bytes=_cache_budget(env),
+            load_redis_url=env.get("QUIVER_LOAD_REDIS_URL") or env.get("REDIS_URL") or "",
+            load_publish_s=_positive_float(env, "QUIVER_LOAD_PUBLISH_MS", 100.0) / 1000,
+            scheduling_policy=_policy(env),
         )
+
+
+def _policy(env: Mapping[str, str]) -> str:
+    value = env.get("QUIVER_SCHEDULING_POLICY", "priority")
+    if value not in ("priority", "fcfs"):
+        raise ConfigError(f"QUIVER_SCHEDULING_POLICY must be 'priority' or 'fcfs', got {value!r}")
+    return value
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -42,6 +42,8 @@ class EngineConfig:
         kv_cache_gib: KV cache size in whole GiB (CPU backend: `VLLM_CPU_KVCACHE_SPACE`, parsed
             with `int()` in `vllm/envs.py`).
         dtype: weights/activation dtype; float32 keeps CPU outputs bit-comparable with transformers.
+        scheduling_policy: vLLM `--scheduling-policy`; `priority` (checked on vllm-cpu 0.32) lets the gateway map
+            tenants' priority classes onto the body's `priority` (lower runs first; requests without one are 0).
     """
 
     model_dir: Path | str
@@ -56,6 +58,7 @@ class EngineConfig:
     max_num_seqs: int
     kv_cache_gib: int
     dtype: str = "float32"
+    scheduling_policy: str = "priority"
 
     @classmethod
     def cpu_dev(cls, model_dir: Path | str, served_model_name: str, *, port: int, api_key: str) -> EngineConfig:
@@ -96,6 +99,7 @@ def engine_argv(config: EngineConfig, python: str | None = None) -> list[str]:
         "--max-lora-rank", str(config.max_lora_rank),
         "--max-model-len", str(config.max_model_len),
         "--max-num-seqs", str(config.max_num_seqs),
+        "--scheduling-policy", config.scheduling_policy,
         "--middleware", ENGINE_EXTENSION,
         "--worker-extension-cls", WORKER_EXTENSION,
         "--disable-uvicorn-access-log",

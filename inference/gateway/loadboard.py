@@ -1,0 +1,93 @@
+"""Each gateway process's view of node load: the figures node agents publish to Redis, re-read in the background.
+
+The request path only reads a dict (``LoadBoard.get``), so admission costs nothing measurable when nodes are not
+saturated. :meth:`LoadBoard.refresh` (every ``QUIVER_ADMISSION_REFRESH_S``, default 50 ms) MGETs one key per live
+node (``inference.node.load_publisher``). With the agent scraping every 100 ms, figures are at most ~160 ms old
+when the gateway decides; older ones count as unknown (``inference.fleet.admission``).
+
+The board also counts what this process sent each node since its figures were taken (``sent_since``), the
+in-flight credit that keeps the admission queue from releasing a burst between two scrapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from inference.fleet.admission import NodeLoad
+from inference.gateway.snapshot import FleetView
+from inference.node.load_publisher import load_decode, load_key
+
+
+class LoadBoard:
+    """Node name → last published :class:`NodeLoad`, plus this process's sends per node since then."""
+
+    def __init__(self) -> None:
+        self.loads: dict[str, NodeLoad] = {}
+        self.version = 0
+        self._sent: dict[str, deque[float]] = {}
+        self._overlay: tuple[FleetView, int, float, FleetView] | None = None
+
+    async def refresh(self, redis: Any, names: Iterable[str]) -> None:
+        """Re-read the figures of ``names`` (one MGET). Raises what the Redis client raises."""
+        wanted = sorted(set(names))
+        if not wanted:
+            self.loads = {}
+            return
+        raw = await redis.mget([load_key(n) for n in wanted])
+        loads = {}
+        for name, value in zip(wanted, raw, strict=True):
+            load = load_decode(value)
+            if load is not None:
+                loads[name] = load
+        if loads != self.loads:
+            self.loads = loads
+            self.version += 1
+
+    def get(self, name: str) -> NodeLoad | None:
+        """The node's last figures (any age), or None."""
+        return self.loads.get(name)
+
+    def note_sent(self, name: str, now_s: float | None = None) -> None:
+        """Record that this process just sent ``name`` a request."""
+        self._sent.setdefault(name, deque()).append(time.time() if now_s is None else now_s)
+
+    def sent_since(self, name: str) -> int:
+        """Requests this process sent ``name`` after its current figures were taken."""
+        sent = self._sent.get(name)
+        if not sent:
+            return 0
+        load = self.loads.get(name)
+        if load is not None:
+            while sent and sent[0] <= load.at_s:
+                sent.popleft()
+        return len(sent)
+
+    def overlay(self, fleet: FleetView, *, now_s: float, max_age_s: float) -> FleetView:
+        """``fleet`` with each node's heartbeat gauges replaced by fresh published figures, where there are any.
+
+        Routing then ranks nodes by the same figures the admission gate judges them by. Cached until the fleet or
+        the figures change.
+        """
+        if not self.loads:
+            return fleet
+        cached = self._overlay
+        # Reused while the fleet and the figures are the same and none of the figures used has gone stale.
+        if cached is not None and cached[0] is fleet and cached[1] == self.version and now_s - cached[2] <= max_age_s:
+            return cached[3]
+        nodes = []
+        oldest = now_s
+        for node in fleet.nodes:
+            load = self.loads.get(node.name)
+            if load is not None and now_s - load.at_s <= max_age_s:
+                node = replace(node, num_requests_running=load.num_requests_running,
+                               num_requests_waiting=load.num_requests_waiting,
+                               kv_cache_usage_perc=load.kv_cache_usage_perc)
+                oldest = min(oldest, load.at_s)
+            nodes.append(node)
+        view = replace(fleet, nodes=tuple(nodes))
+        self._overlay = (fleet, self.version, oldest, view)
+        return view

@@ -1,0 +1,131 @@
+"""Publish this node's engine load to Redis several times a second, for the gateway's admission gate.
+
+Heartbeats (every few seconds, through PostgreSQL) are too slow for admission: the gateway decides on figures no
+older than 250 ms (``inference.fleet.admission``). So the agent scrapes its engine's ``/metrics`` every
+``QUIVER_LOAD_PUBLISH_MS`` (default 100 ms), keeps only the few admission gauges, and writes them as one small JSON
+value under ``quiver:node:load:<node name>`` (expiring after 5 s, so a dead agent's figures vanish). Every gateway
+process reads those keys in the background (``inference.gateway.loadboard``). Timestamps are the agent's wall
+clock: hosts must run NTP, since clock skew adds to the figures' apparent age.
+
+The scan reads only the lines it needs (a vLLM ``/metrics`` body is ~50 KB, mostly histograms): about a
+millisecond per scrape, where a full Prometheus parse costs ten times more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from inference.fleet.admission import NodeLoad
+
+logger = logging.getLogger(__name__)
+KEY_PREFIX = "quiver:node:load:"
+TTL_MS = 5000
+_WANTED = ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running",
+           "vllm:num_preemptions_total")
+
+
+def load_key(node_name: str) -> str:
+    """The Redis key a node's figures live under."""
+    return KEY_PREFIX + node_name
+
+
+def scan_load(text: str, *, at_s: float, scheduling_policy: str = "fcfs") -> NodeLoad:
+    """The admission gauges from a vLLM ``/metrics`` body (names as in ``vllm/v1/metrics/loggers.py``, 0.32).
+
+    KV use is the max over engines; counts are summed; ``waiting_by_reason`` stays None when the engine does not
+    export it. Unparseable values are skipped (never raises).
+
+    Args:
+        text: the Prometheus text.
+        at_s: Unix time the scrape started.
+        scheduling_policy: the engine's ``--scheduling-policy``.
+    """
+    kv = 0.0
+    counts = {"vllm:num_requests_waiting": 0.0, "vllm:num_requests_running": 0.0, "vllm:num_preemptions_total": 0.0}
+    reasons: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(_WANTED):
+            continue
+        head, _, raw = line.rpartition(" ")
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        name = head.split("{", 1)[0]
+        if name == "vllm:kv_cache_usage_perc":
+            kv = max(kv, value)
+        elif name == "vllm:num_requests_waiting_by_reason":
+            reason = head.partition('reason="')[2].partition('"')[0]
+            reasons[reason] = reasons.get(reason, 0.0) + value
+        elif name in counts:
+            counts[name] += value
+    return NodeLoad(at_s=at_s, kv_cache_usage_perc=kv, num_requests_waiting=int(counts["vllm:num_requests_waiting"]),
+                    num_requests_running=int(counts["vllm:num_requests_running"]),
+                    waiting_capacity=int(reasons["capacity"]) if "capacity" in reasons else None,
+                    waiting_deferred=int(reasons["deferred"]) if "deferred" in reasons else None,
+                    num_preemptions_total=counts["vllm:num_preemptions_total"], scheduling_policy=scheduling_policy)
+
+
+def load_decode(raw: bytes | str | None) -> NodeLoad | None:
+    """A published value back into a :class:`NodeLoad`; None for a missing or malformed one."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return NodeLoad(**{k: data[k] for k in NodeLoad.__dataclass_fields__ if k in data})
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+class LoadPublisher:
+    """Scrape → publish loop; ``last`` holds the newest figures (the agent's ``/metrics`` shows them too).
+
+    Args:
+        metrics_text: coroutine returning the engine's ``/metrics`` body.
+        redis: a ``redis.asyncio`` client, or None to scrape without publishing.
+        node_name: this node's name.
+        interval_s: seconds between scrapes.
+        scheduling_policy: the engine's ``--scheduling-policy``, published so the gateway knows whether it may
+            send ``priority``.
+    """
+
+    def __init__(self, metrics_text: Callable[[], Awaitable[str]], redis: Any, node_name: str, *,
+                 interval_s: float = 0.1, scheduling_policy: str = "fcfs") -> None:
+        self.metrics_text = metrics_text
+        self.redis = redis
+        self.key = load_key(node_name)
+        self.interval_s = interval_s
+        self.scheduling_policy = scheduling_policy
+        self.last: NodeLoad | None = None
+        self.failures = 0
+        self.scrape_s = 0.0
+
+    async def publish_once(self) -> NodeLoad | None:
+        """One scrape and publish; failures are counted and logged (once per streak), never raised."""
+        started = time.time()
+        try:
+            load = scan_load(await self.metrics_text(), at_s=started, scheduling_policy=self.scheduling_policy)
+            self.scrape_s = time.time() - started
+            if self.redis is not None:
+                await self.redis.set(self.key, json.dumps(asdict(load), separators=(",", ":")), px=TTL_MS)
+        except Exception as exc:  # noqa: BLE001 - an engine or Redis blip must not end the loop
+            if self.failures == 0:
+                logger.warning("agent.load_publish_failed", extra={"error": repr(exc)})
+            self.failures += 1
+            return None
+        self.failures = 0
+        self.last = load
+        return load
+
+    async def run_forever(self) -> None:
+        """Publish every ``interval_s`` until cancelled."""
+        while True:
+            started = time.monotonic()
+            await self.publish_once()
+            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))

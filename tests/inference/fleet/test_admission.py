@@ -1,0 +1,54 @@
+"""The pure admission decisions: saturation with staleness and in-flight credit, VTC cost, lift and pick order."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.fleet.admission import NodeLoad, SaturationConfig, node_saturated, vtc_cost, vtc_lift, vtc_pick
+
+CONFIG = SaturationConfig()  # GIE's defaults: queue 5, KV 0.8; stale after 0.25 s
+
+
+@pytest.mark.parametrize(("load", "sent", "expected"), [
+    (NodeLoad(at_s=100.0, num_requests_waiting=4, kv_cache_usage_perc=0.79), 0, False),
+    (NodeLoad(at_s=100.0, num_requests_waiting=5), 0, True),
+    (NodeLoad(at_s=100.0, kv_cache_usage_perc=0.8), 0, True),
+    (NodeLoad(at_s=100.0, num_requests_waiting=3), 2, True),  # sends since the scrape count as waiting
+    (NodeLoad(at_s=100.0, num_requests_waiting=3), 1, False),
+])
+def test_saturated_at_queue_5_or_kv_08_counting_unreported_sends(load: NodeLoad, sent: int, expected: bool) -> None:
+    assert node_saturated(load, now_s=100.1, config=CONFIG, sent_since=sent) is expected
+
+
+def test_missing_or_stale_figures_are_unknown_not_saturated() -> None:
+    full = NodeLoad(at_s=100.0, num_requests_waiting=50, kv_cache_usage_perc=1.0)
+
+    assert node_saturated(None, now_s=100.0, config=CONFIG) is None
+    assert node_saturated(full, now_s=100.25, config=CONFIG) is True
+    assert node_saturated(full, now_s=100.26, config=CONFIG) is None
+
+
+def test_thresholds_come_from_the_config() -> None:
+    load = NodeLoad(at_s=0.0, num_requests_waiting=1, kv_cache_usage_perc=0.5)
+
+    assert node_saturated(load, now_s=0.0, config=SaturationConfig(queue_saturated=1)) is True
+    assert node_saturated(load, now_s=0.0, config=SaturationConfig(kv_saturated=0.5)) is True
+    assert node_saturated(load, now_s=0.0, config=SaturationConfig(queue_saturated=2, kv_saturated=0.6)) is False
+
+
+def test_cost_prices_output_twice_input_over_the_weight() -> None:
+    assert vtc_cost(prompt_tokens=10, completion_tokens=5) == 20.0
+    assert vtc_cost(prompt_tokens=10, completion_tokens=5, weight=2.0) == 10.0
+
+
+def test_lift_raises_a_returning_tenant_to_the_backlogs_minimum_and_never_lowers() -> None:
+    assert vtc_lift(3.0, {"a": 100.0, "b": 40.0}) == 40.0
+    assert vtc_lift(70.0, {"a": 100.0, "b": 40.0}) == 70.0
+    assert vtc_lift(3.0, {}) == 3.0
+
+
+def test_pick_strict_band_then_lowest_counter_then_arrival() -> None:
+    assert vtc_pick({}) is None
+    assert vtc_pick({"flood": (0, 900.0, 1), "quiet": (0, 10.0, 50)}) == "quiet"
+    assert vtc_pick({"flood": (-1, 900.0, 1), "quiet": (0, 10.0, 50)}) == "flood"  # a higher band goes first
+    assert vtc_pick({"a": (0, 10.0, 7), "b": (0, 10.0, 3)}) == "b"

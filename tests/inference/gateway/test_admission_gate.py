@@ -1,0 +1,203 @@
+"""The admission gate (one gateway process): fast path, fair release order, lift, bounded wait and queue, Redis sync."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from inference.fleet.admission import NodeLoad
+from inference.gateway.admission import COUNTERS_KEY, AdmissionGate
+from inference.gateway.errors import GatewayError
+from inference.gateway.snapshot import FleetView, NodeView
+from inference.node.load_publisher import load_key
+
+NODE = NodeView(pk=1, name="n1", engine_url="http://n1", base_model_id=1)
+
+
+async def _choose() -> NodeView:
+    return NODE
+
+
+def _load(**figures: float) -> NodeLoad:
+    return NodeLoad(at_s=time.time(), **figures)  # type: ignore[arg-type]
+
+
+def test_unsaturated_or_unknown_nodes_admit_at_once() -> None:
+    async def run() -> None:
+        gate = AdmissionGate()
+        assert await gate.admit(tenant="a", priority=0, prompt_tokens=10, choose=_choose) is NODE  # no figures
+        gate.board.loads = {"n1": _load(num_requests_waiting=4)}
+        assert await gate.admit(tenant="a", priority=0, prompt_tokens=10, choose=_choose) is NODE
+        gate.board.loads = {"n1": NodeLoad(at_s=time.time() - 1, num_requests_waiting=99)}  # stale
+        assert await gate.admit(tenant="a", priority=0, prompt_tokens=10, choose=_choose) is NODE
+        assert gate.depth == 0 and gate.pending["a"] == 30.0  # three prompts charged
+
+    asyncio.run(run())
+
+
+def test_saturated_requests_wait_and_leave_in_vtc_order(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_MAX_WAIT_S = 5.0
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.served = {"flood": 1000.0, "quiet": 0.0}
+        gate.board.loads = {"n1": _load(num_requests_waiting=9)}
+        order: list[str] = []
+
+        async def request(tenant: str) -> None:
+            await gate.admit(tenant=tenant, priority=0, prompt_tokens=1, choose=_choose)
+            order.append(tenant)
+
+        tasks = [asyncio.create_task(request("flood")) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(request("quiet")))
+        await asyncio.sleep(0.01)
+        assert gate.depth == 4 and await gate.dispatch() == 0  # still saturated: nobody leaves
+        # Room for one request per fresh figure (waiting 4 of 5). The quiet tenant joined a backlog, so it was lifted
+        # to the flooder's counter (no credit for idle time); equal counters go FCFS, then each release charges the
+        # flooder, so the quiet request leaves second, not fourth as in FCFS.
+        for _ in range(4):
+            gate.board.loads = {"n1": _load(num_requests_waiting=4)}
+            assert await gate.dispatch() == 1
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+        assert order == ["flood", "quiet", "flood", "flood"]
+
+    asyncio.run(run())
+
+
+def test_higher_band_leaves_before_a_lower_counter() -> None:
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.served = {"vip": 1000.0, "quiet": 0.0}
+        gate.board.loads = {"n1": _load(num_requests_waiting=9)}
+        quiet = asyncio.create_task(gate.admit(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose))
+        vip = asyncio.create_task(gate.admit(tenant="vip", priority=-1, prompt_tokens=1, choose=_choose))
+        await asyncio.sleep(0.01)
+        gate.board.loads = {"n1": _load(num_requests_waiting=4)}
+        assert await gate.dispatch() == 1
+        await asyncio.sleep(0.01)
+        assert vip.done() and not quiet.done()
+        quiet.cancel()
+
+    asyncio.run(run())
+
+
+def test_a_tenant_back_from_idle_is_lifted_to_the_backlogs_minimum() -> None:
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.served = {"busy": 500.0, "busier": 800.0, "idle": 3.0}
+        gate.board.loads = {"n1": _load(num_requests_waiting=9)}
+        waiting = [asyncio.create_task(gate.admit(tenant=t, priority=0, prompt_tokens=1, choose=_choose))
+                   for t in ("busy", "busier", "idle")]
+        await asyncio.sleep(0.01)
+        assert gate.counter("idle") == 500.0 and gate.counter("busier") == 800.0
+        for task in waiting:
+            task.cancel()
+
+    asyncio.run(run())
+
+
+def test_the_wait_is_bounded_and_ends_in_an_openai_429(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_MAX_WAIT_S = 0.05
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.board.loads = {"n1": _load(kv_cache_usage_perc=0.95)}
+        with pytest.raises(GatewayError) as err:
+            await gate.admit(tenant="a", priority=0, prompt_tokens=1, choose=_choose)
+        exc = err.value
+        assert (exc.status, exc.code, exc.type) == (429, "engine_overloaded", "requests")
+        assert exc.headers["Retry-After"] == "2" and "saturated" in exc.message
+        assert gate.depth == 0 and not gate.queues
+
+    asyncio.run(run())
+
+
+def test_a_full_queue_sheds_the_heaviest_tenants_newest_request(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_MAX_QUEUE = 2
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.served = {"flood": 1000.0, "quiet": 0.0}
+        gate.board.loads = {"n1": _load(num_requests_waiting=9)}
+        floods = [asyncio.create_task(gate.admit(tenant="flood", priority=0, prompt_tokens=1, choose=_choose))
+                  for _ in range(2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(GatewayError):  # the flooder cannot push out its own requests
+            await gate.admit(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
+        quiet = asyncio.create_task(gate.admit(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose))
+        await asyncio.sleep(0.01)
+        assert floods[1].done() and isinstance(floods[1].exception(), GatewayError)
+        assert not floods[0].done() and not quiet.done() and gate.depth == 2
+        for task in (floods[0], quiet):
+            task.cancel()
+
+    asyncio.run(run())
+
+
+def test_a_client_that_goes_away_leaves_the_queue() -> None:
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.board.loads = {"n1": _load(num_requests_waiting=9)}
+        task = asyncio.create_task(gate.admit(tenant="a", priority=0, prompt_tokens=1, choose=_choose))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.sleep(0.01)
+        assert gate.depth == 0 and not gate.queues
+
+    asyncio.run(run())
+
+
+def test_routing_sees_fresh_figures_in_place_of_heartbeat_gauges() -> None:
+    gate = AdmissionGate()
+    fleet = FleetView(nodes=(NODE, NodeView(pk=2, name="n2", engine_url="http://n2", base_model_id=1)))
+    gate.board.loads = {"n1": _load(num_requests_waiting=7, kv_cache_usage_perc=0.5)}
+    gate.board.version += 1
+
+    view = gate.fleet_view(fleet)
+
+    assert (view.nodes[0].num_requests_waiting, view.nodes[0].kv_cache_usage_perc) == (7, 0.5)
+    assert view.nodes[1] is fleet.nodes[1]
+    assert gate.fleet_view(fleet) is view  # cached until figures change
+
+
+def test_engine_priority_only_for_priority_engines() -> None:
+    gate = AdmissionGate()
+    assert gate.engine_priority(NODE, 1) is None  # no figures: the engine may run fcfs, which refuses it
+    gate.board.loads = {"n1": NodeLoad(at_s=0.0, scheduling_policy="priority")}
+    assert gate.engine_priority(NODE, 1) == 1 and gate.engine_priority(NODE, 0) is None
+    gate.board.loads = {"n1": NodeLoad(at_s=0.0, scheduling_policy="fcfs")}
+    assert gate.engine_priority(NODE, -1) is None
+
+
+def test_sync_reads_published_figures_and_shares_counters_through_redis() -> None:
+    node = f"gate-test-{uuid.uuid4().hex[:8]}"
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+
+    async def run() -> None:
+        redis = aioredis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL)
+        try:
+            await redis.set(load_key(node), json.dumps(asdict(_load(num_requests_waiting=6))), px=5000)
+            first, second = AdmissionGate(), AdmissionGate()  # two gateway processes
+            first.charge(tenant, prompt_tokens=10, completion_tokens=20)
+            await first.sync([node])
+            assert first.board.get(node) is not None and first.board.get(node).num_requests_waiting == 6  # type: ignore[union-attr]
+            second.queues[tenant] = deque([object()])  # type: ignore[list-item]  # a backlog: counters get re-read
+            await second.sync([node])
+            assert second.served[tenant] == 50.0 and first.counter(tenant) == 50.0
+        finally:
+            await redis.hdel(COUNTERS_KEY, tenant)
+            await redis.delete(load_key(node))
+            await redis.aclose()
+
+    asyncio.run(run())
