@@ -17,7 +17,8 @@ from inference.gateway.fleet_api import (
     OperatorVersionViewSet,
     ResidencyViewSet,
 )
-from inference.gateway.operator_api import NodeViewSet, OperatorTrafficViewSet
+from inference.gateway.node_registry_api import NodeRegistryViewSet
+from inference.gateway.operator_api import OperatorTrafficViewSet
 from inference.gateway.operator_tenants import OperatorTenantViewSet
 from tenants.auth_views import LoginView, LogoutView, MeView, TenantPickView
 from tenants.views import ApiKeyViewSet, MemberViewSet, TenantLimitsViewSet
@@ -28,7 +29,7 @@ router.register("base-models", BaseModelViewSet, basename="base-model")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("members", MemberViewSet, basename="member")
-router.register("operator/nodes", NodeViewSet, basename="operator-node")
+router.register("operator/nodes", NodeRegistryViewSet, basename="operator-node")
 router.register("operator/versions", OperatorVersionViewSet, basename="operator-version")
 router.register("operator/placements", OperatorPlacementViewSet, basename="operator-placement")
 router.register("operator/residency-quotas", OperatorQuotaViewSet, basename="operator-residency-quota")

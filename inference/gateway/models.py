@@ -28,6 +28,9 @@ class Node(models.Model):
     # Generation of the node's derived credentials (inference.gateway.node_keys); +1 revokes the old pair.
     key_generation = models.PositiveIntegerField(default=1)
     registered_at = models.DateTimeField(null=True)
+    # Set by deregistration: the row stays so that registering the name again moves to a new key generation
+    # (a deleted row would restart at generation 1 and revive the old credentials).
+    deregistered_at = models.DateTimeField(null=True, blank=True)
     healthy = models.BooleanField(default=False)
     last_heartbeat_at = models.DateTimeField(null=True)
     max_loras = models.PositiveIntegerField(default=0)

@@ -52,7 +52,8 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
     """Register node ``name`` (or change its URLs and base model) and return its credentials.
 
     Re-registering keeps the node's credentials unless ``rotate``, which moves it to a new key generation: the old
-    key and token stop working and the node is unhealthy until it heartbeats with the new ones.
+    key and token stop working and the node is unhealthy until it heartbeats with the new ones. Registering a
+    deregistered name always moves to a new generation.
 
     Raises:
         NodeRefused: 400 ``invalid`` (name not 1-63 lowercase letters, digits or hyphens; a URL not http(s)),
@@ -72,15 +73,33 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
         node = Node.objects.select_for_update().filter(name=name).first()
         if node is None:
             node = Node(name=name, key_generation=1)
-        elif rotate:
+        elif rotate or node.deregistered_at is not None:
             node.key_generation += 1
             node.healthy = False
+        node.deregistered_at = None
         node.agent_url, node.engine_url = agent_url.rstrip("/"), engine_url.rstrip("/")
         node.base_model = base
         node.registered_at = timezone.now()
         node.save()
     logger.info("node.registered", extra={"node": name, "generation": node.key_generation, "rotated": rotate})
     return node, node_credentials(name, node.key_generation)
+
+
+def node_deregister(node: Node) -> Node:
+    """Take ``node`` out of the fleet: its credentials stop working (new key generation, never issued), it is
+    unhealthy, and its placements are dropped so nothing routes to it. The row stays (see ``Node.deregistered_at``);
+    whatever the node still holds goes with the machine. Idempotent.
+    """
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        if node.deregistered_at is None:
+            node.key_generation += 1
+            node.healthy = False
+            node.deregistered_at = timezone.now()
+            node.save(update_fields=["key_generation", "healthy", "deregistered_at"])
+            Placement.objects.filter(node=node).delete()
+    logger.info("node.deregistered", extra={"node": node.name, "generation": node.key_generation})
+    return node
 
 
 def node_heartbeat_accept(*, token: str, body: Any) -> Node:

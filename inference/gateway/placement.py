@@ -50,7 +50,10 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         recorded; versions the node no longer reports drop to ``cold`` on it.
     """
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node.pk)
+        locked = Node.objects.select_for_update().get(pk=node.pk)
+        if locked.key_generation != node.key_generation or locked.deregistered_at is not None:
+            return locked  # rotated or deregistered between authenticating this heartbeat and now: write nothing
+        node = locked
         node.healthy = bool(state.get("healthy"))
         node.last_heartbeat_at = timezone.now()
         node.max_loras = state.get("max_loras") or 0

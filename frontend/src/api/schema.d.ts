@@ -278,12 +278,51 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * @description ``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins);
-         *     ``GET /api/v1/operator/nodes/{name}/samples``: its gauges over time.
+         * @description The operator node view (list, samples) plus retrieve, register, rotate and deregister; deregistered nodes
+         *     are neither listed nor found.
          */
         get: operations["operator_nodes_list"];
         put?: never;
+        /** @description Register a node; 409 ``node_exists`` when the name is registered (rotate or deregister it first). */
+        post: operations["operator_nodes_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/nodes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description The operator node view (list, samples) plus retrieve, register, rotate and deregister; deregistered nodes
+         *     are neither listed nor found.
+         */
+        get: operations["operator_nodes_retrieve"];
+        put?: never;
         post?: never;
+        /** @description Deregister the node: credentials revoked, placements dropped, out of routing. */
+        delete: operations["operator_nodes_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/nodes/{name}/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description New credentials for the node (shown once); the old key and token stop working now. */
+        post: operations["operator_nodes_rotate_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -757,6 +796,12 @@ export interface components {
             /** Format: date-time */
             readonly created_at: string;
         };
+        /** @description The node's credentials as the env lines its agent and engine take (``VLLM_API_KEY`` = ``QUIVER_NODE_KEY``). */
+        NodeCredentials: {
+            QUIVER_NODE_NAME: string;
+            QUIVER_NODE_KEY: string;
+            QUIVER_NODE_TOKEN: string;
+        };
         /**
          * @description A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and placements.
          *
@@ -788,6 +833,22 @@ export interface components {
             readonly cpu_used: number;
             readonly failed_requests_5m: number;
             placements: components["schemas"]["PlacementOutput"][];
+        };
+        /** @description A node to register: its name, the URLs the control plane reaches it at, and the base model it serves. */
+        NodeRegisterInput: {
+            name: string;
+            agent_url: string;
+            engine_url: string;
+            base_model: string;
+        };
+        /** @description A registration or rotation: the node and, this once, its credentials. */
+        NodeRegistered: {
+            name: string;
+            base_model: string;
+            agent_url: string;
+            engine_url: string;
+            key_generation: number;
+            credentials: components["schemas"]["NodeCredentials"];
         };
         /** @description One point of a node's history (``inference.gateway.node_samples.node_samples``). */
         NodeSample: {
@@ -1529,6 +1590,93 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["NodeOutput"][];
+                };
+            };
+        };
+    };
+    operator_nodes_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NodeRegisterInput"];
+                "multipart/form-data": components["schemas"]["NodeRegisterInput"];
+                "application/x-www-form-urlencoded": components["schemas"]["NodeRegisterInput"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeRegistered"];
+                };
+            };
+        };
+    };
+    operator_nodes_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeOutput"];
+                };
+            };
+        };
+    };
+    operator_nodes_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    operator_nodes_rotate_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeRegistered"];
                 };
             };
         };
