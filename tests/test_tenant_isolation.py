@@ -171,6 +171,10 @@ NOT_TENANT_OBJECTS = {
     "api/v1/auth/tenant": "picks one of the caller's own tenants (membership checked)",
     "api/v1/operator/nodes$": "staff-only fleet view; tenants' keys and sessions get 403 (tests/inference/gateway/"
                               "test_operator_api.py)",
+    "api/v1/operator/nodes/(?P<name>[a-z0-9-]+)$": "staff-only node registry; tenants' keys and sessions get 403 "
+                                                   "(tests/inference/gateway/test_operator_nodes_api.py)",
+    "api/v1/operator/nodes/(?P<name>[a-z0-9-]+)/rotate$": "staff-only node registry; tenants' keys and sessions get "
+                                                          "403 (tests/inference/gateway/test_operator_nodes_api.py)",
     "api/v1/operator/versions/(?P<pk>[^/.]+)$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
     "api/v1/operator/versions/(?P<pk>[^/.]+)/pin$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
     "api/v1/operator/versions/(?P<pk>[^/.]+)/replicas$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
