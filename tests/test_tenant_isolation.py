@@ -182,7 +182,7 @@ NOT_TENANT_OBJECTS = {
     "api/v1/operator/placements/(?P<pk>[^/.]+)/evict$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
     "api/v1/operator/residency-quotas/(?P<slug>[^/.]+)$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
     "api/v1/operator/audit$": "staff-only fleet action; tenants' keys and sessions get 403 (tests/inference/gateway/test_fleet_api.py)",
-    "api/v1/operator/nodes/(?P<name>[^/.]+)/samples$": "staff-only node history; tenants get 403 (tests/inference/"
+    "api/v1/operator/nodes/(?P<name>[a-z0-9-]+)/samples$": "staff-only node history; tenants get 403 (tests/inference/"
                                                        "gateway/test_operator_console_api.py)",
     "api/v1/operator/traffic$": "staff-only traffic of every tenant; tenants get 403 (test_operator_console_api.py)",
     "api/v1/operator/tenants$": "staff-only tenant limits; tenants get 403 (test_operator_console_api.py)",
