@@ -144,3 +144,45 @@ class Purge(models.Model):
 
     def __str__(self) -> str:
         return f"purge {self.kind} {self.pk} ({self.reason})"
+
+
+class Upload(models.Model):
+    """A browser-direct upload in progress: S3 multipart uploads the server created, one per declared file.
+
+    The client declares each file's ``name``, ``size`` (bytes) and ``sha256`` up front; the server picks every key
+    (``tenants/<tenant pk>/uploads/<public id>/<name>``), signs part URLs bound to their exact lengths, completes each
+    file itself, and a worker checks the sha256 before the version exists (``adapters_app.direct_upload``).
+    ``files`` is ``[{"name", "size", "sha256", "key", "upload_id", "completed"}]``. State moves
+    ``open → verifying → done | failed``, or ``open → aborted`` (cancelled, or expired and swept).
+    """
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        VERIFYING = "verifying"
+        DONE = "done"
+        FAILED = "failed"
+        ABORTED = "aborted"
+
+    public_id = models.CharField(max_length=32, unique=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="uploads")
+    adapter_name = models.CharField(max_length=40)
+    base_model_name = models.CharField(max_length=200, blank=True, default="")
+    part_size = models.PositiveBigIntegerField()
+    files = models.JSONField()
+    state = models.CharField(max_length=12, choices=State.choices, default=State.OPEN)
+    version = models.ForeignKey(AdapterVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+    verify_claimed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "expires_at"])]
+
+    def __str__(self) -> str:
+        return f"upload {self.public_id} ({self.state})"
+
+    @property
+    def prefix(self) -> str:
+        """The S3 prefix every key of this upload lives under."""
+        return f"tenants/{self.tenant_id}/uploads/{self.public_id}/"

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from adapters_app import storage
-from adapters_app.models import AdapterVersion, Purge
+from adapters_app.models import AdapterVersion, Purge, Upload
 from adapters_app.signals import NodeCopyDropFailed, fleet_port
 
 logger = logging.getLogger(__name__)
@@ -142,8 +142,11 @@ def s3_orphans_collect(*, grace_s: int | None = None) -> int:
     referenced = {f["s3_key"] for files in AdapterVersion.objects.values_list("files", flat=True) for f in files or []}
     pending = {k for keys in Purge.objects.filter(kind=Purge.Kind.S3, done_at=None).values_list("s3_keys", flat=True)
                for k in keys}
+    # Browser-direct uploads still open or being verified own their objects until they finish or are swept.
+    live = {f["key"] for files in Upload.objects.filter(state__in=[Upload.State.OPEN, Upload.State.VERIFYING])
+            .values_list("files", flat=True) for f in files}
     orphans = [key for key, modified in storage.list_objects("tenants/")
-               if modified < cutoff and key not in referenced and key not in pending]
+               if modified < cutoff and key not in referenced and key not in pending and key not in live]
     if orphans:
         with transaction.atomic():
             purge_s3_keys(orphans, reason="gc_orphan_object")

@@ -272,25 +272,8 @@ def adapter_version_upload(
                 obj = storage.put_stream(prefix + name, stream, limit=remaining)
                 stored.append(obj)
                 remaining -= obj.size
-        files = [{"name": o.key[len(prefix) :], "size": o.size, "sha256": o.sha256, "s3_key": o.key} for o in stored]
-        sha256 = _content_sha256(files)
-        with transaction.atomic():
-            adapter = _adapter_for_upload(tenant, name=adapter_name, base_model_name=base_model_name)
-            # Lock order tenant → adapter (as adapter_create): quotas, version numbering and duplicate detection.
-            locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
-            adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
-            existing = adapter.versions.filter(sha256=sha256).first()
-            if existing is None:
-                _check_version_quota(locked, adapter)
-                _check_storage_quota(locked, adding=sum(o.size for o in stored))
-                number = (adapter.versions.order_by("-number").values_list("number", flat=True).first() or 0) + 1
-                version = AdapterVersion(
-                    tenant=tenant, adapter=adapter, number=number, sha256=sha256,
-                    size_bytes=sum(o.size for o in stored), s3_prefix=prefix, files=files,
-                )
-                version.full_clean()
-                version.save()
-                enqueue_on_commit(adapter_version_validate_task, version.pk)
+        version, created = adapter_version_record(
+            tenant, adapter_name=adapter_name, base_model_name=base_model_name, prefix=prefix, stored=stored)
     except UploadRejected as exc:
         storage.delete_keys(o.key for o in stored)
         raise _rejected(exc) from exc
@@ -309,12 +292,58 @@ def adapter_version_upload(
     except BaseException:
         storage.delete_keys(o.key for o in stored)
         raise
+    if not created:
+        return version, False
+    logger.info("adapter_version.uploaded", extra={"version_id": version.pk, "sha256": version.sha256,
+                                                  "tenant": tenant.slug})
+    return version, True
+
+
+def adapter_version_record(
+    tenant: Tenant,
+    *,
+    adapter_name: str,
+    base_model_name: str | None,
+    prefix: str,
+    stored: Sequence[storage.StoredObject],
+) -> tuple[AdapterVersion, bool]:
+    """Record objects already in S3 under ``prefix`` as a new version, enqueueing its validation on commit.
+
+    Shared by the through-Django upload and the browser-direct one (``adapters_app.direct_upload``). Quotas, the
+    version number and duplicate detection are decided under the tenant and adapter row locks. Identical bytes
+    return the existing version (its new copies are deleted; a rejected one is validated again).
+
+    Returns:
+        ``(version, created)``.
+
+    Raises:
+        QuiverError: ``quota_exceeded`` (403), ``base_model_mismatch`` (409), ``base_model_not_found`` (400); the
+            caller deletes ``stored``.
+    """
+    files = [{"name": o.key[len(prefix) :], "size": o.size, "sha256": o.sha256, "s3_key": o.key} for o in stored]
+    sha256 = _content_sha256(files)
+    with transaction.atomic():
+        adapter = _adapter_for_upload(tenant, name=adapter_name, base_model_name=base_model_name)
+        # Lock order tenant → adapter (as adapter_create): quotas, version numbering and duplicate detection.
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
+        existing = adapter.versions.filter(sha256=sha256).first()
+        if existing is None:
+            _check_version_quota(locked, adapter)
+            _check_storage_quota(locked, adding=sum(o.size for o in stored))
+            number = (adapter.versions.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+            version = AdapterVersion(
+                tenant=tenant, adapter=adapter, number=number, sha256=sha256,
+                size_bytes=sum(o.size for o in stored), s3_prefix=prefix, files=files,
+            )
+            version.full_clean()
+            version.save()
+            enqueue_on_commit(adapter_version_validate_task, version.pk)
     if existing is not None:
         storage.delete_keys(o.key for o in stored)
         if existing.status == AdapterVersion.Status.REJECTED and existing.files:
             existing = adapter_version_revalidate(existing)
         return existing, False
-    logger.info("adapter_version.uploaded", extra={"version_id": version.pk, "sha256": sha256, "tenant": tenant.slug})
     return version, True
 
 

@@ -35,6 +35,20 @@ def s3_client() -> Any:
     )
 
 
+@lru_cache(maxsize=1)
+def s3_browser_client() -> Any:
+    """A boto3 client that only presigns, for the endpoint browsers reach (``AWS_S3_BROWSER_ENDPOINT_URL``, default
+    ``AWS_S3_ENDPOINT_URL``): a SigV4 signature covers the host, so it must be the one the browser sends to."""
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.AWS_S3_BROWSER_ENDPOINT_URL or settings.AWS_S3_ENDPOINT_URL,
+        aws_access_key_id=settings.AWS_ACCESS_KEY_ID,
+        aws_secret_access_key=settings.AWS_SECRET_ACCESS_KEY,
+        region_name=settings.AWS_S3_REGION_NAME,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
 class SizeLimitExceeded(Exception):
     """More bytes arrived than the cap allows; ``limit`` is that cap in bytes."""
 
@@ -120,3 +134,82 @@ def download_to(key: str, path: Path) -> str:
             digest.update(chunk)
             out.write(chunk)
     return digest.hexdigest()
+
+
+# --- Multipart uploads driven by a browser: the server creates, signs, lists, completes and aborts; the bytes of
+# each part go from the browser straight to S3.
+
+def multipart_create(key: str) -> str:
+    """Start a multipart upload of ``key``; returns its ``UploadId``."""
+    return s3_client().create_multipart_upload(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["UploadId"]
+
+
+def presign_part(key: str, upload_id: str, part_number: int, *, content_length: int, expires_s: int) -> str:
+    """A URL that PUTs exactly ``content_length`` bytes as part ``part_number`` of ``upload_id`` (of ``key`` only).
+
+    ``Content-Length`` is among the signed headers, so S3 answers ``SignatureDoesNotMatch`` to a body of any other
+    length (checked against SeaweedFS 4.48 and AWS); the browser sets that header itself from the part's slice.
+    """
+    return s3_browser_client().generate_presigned_url(
+        "upload_part", ExpiresIn=expires_s,
+        Params={"Bucket": settings.AWS_STORAGE_BUCKET_NAME, "Key": key, "UploadId": upload_id,
+                "PartNumber": part_number, "ContentLength": content_length})
+
+
+def multipart_parts(key: str, upload_id: str) -> list[dict[str, Any]]:
+    """Parts stored so far: ``[{"PartNumber", "ETag", "Size"}]`` ascending (paginated past 1,000)."""
+    paginator = s3_client().get_paginator("list_parts")
+    parts: list[dict[str, Any]] = []
+    for page in paginator.paginate(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key, UploadId=upload_id):
+        parts.extend({"PartNumber": p["PartNumber"], "ETag": p["ETag"], "Size": p["Size"]}
+                     for p in page.get("Parts", []))
+    return sorted(parts, key=lambda p: p["PartNumber"])
+
+
+def multipart_complete(key: str, upload_id: str, parts: list[dict[str, Any]]) -> None:
+    """Complete ``upload_id`` from ``[{"PartNumber", "ETag"}]`` (ascending)."""
+    s3_client().complete_multipart_upload(
+        Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key, UploadId=upload_id,
+        MultipartUpload={"Parts": [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in parts]})
+
+
+def multipart_abort(key: str, upload_id: str) -> None:
+    """Abort ``upload_id`` and free its parts; an upload already gone (aborted, completed) is fine."""
+    try:
+        s3_client().abort_multipart_upload(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key, UploadId=upload_id)
+    except s3_client().exceptions.NoSuchUpload:
+        pass
+    except Exception as exc:  # SeaweedFS and MinIO answer 404 with other codes for a finished upload
+        if getattr(exc, "response", {}).get("Error", {}).get("Code") not in ("NoSuchUpload", "404", "NoSuchKey"):
+            raise
+
+
+def multipart_uploads(prefix: str) -> list[tuple[str, str, datetime]]:
+    """``(key, upload_id, initiated)`` of every unfinished multipart upload under ``prefix``."""
+    paginator = s3_client().get_paginator("list_multipart_uploads")
+    found: list[tuple[str, str, datetime]] = []
+    for page in paginator.paginate(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Prefix=prefix):
+        found.extend((u["Key"], u["UploadId"], u["Initiated"]) for u in page.get("Uploads", []))
+    return found
+
+
+def object_size(key: str) -> int | None:
+    """The stored size of ``key`` in bytes, or None when there is no such object."""
+    try:
+        return int(s3_client().head_object(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["ContentLength"])
+    except Exception as exc:
+        if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+
+
+def object_sha256(key: str) -> tuple[str, int]:
+    """Stream ``key`` once: ``(hex sha256, size in bytes)``; nothing is written to disk."""
+    body = s3_client().get_object(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["Body"]
+    digest = hashlib.sha256()
+    size = 0
+    with closing(body):
+        for chunk in body.iter_chunks(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size

@@ -77,3 +77,27 @@ def gc_s3_orphans_task() -> None:
     from adapters_app.purge import s3_orphans_collect
 
     s3_orphans_collect()
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=VALIDATE_RETRIES, ignore_result=True)
+def upload_verify_task(self, upload_id: int) -> None:  # type: ignore[no-untyped-def]
+    """Check a browser-direct upload's sha256s and record its version (``direct_upload.upload_verify``).
+
+    Storage trouble is retried with backoff (5 … 80 s); the sweeper re-sends a verification whose worker died.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from adapters_app.direct_upload import upload_verify
+
+    try:
+        upload_verify(upload_id)
+    except (BotoCoreError, ClientError, OSError) as exc:
+        raise self.retry(exc=exc, countdown=5 * 2**self.request.retries) from exc
+
+
+@shared_task(ignore_result=True)
+def upload_sweep_task() -> None:
+    """Periodic (beat): abort expired or orphaned browser-direct uploads, re-send stuck verifications."""
+    from adapters_app.direct_upload import uploads_sweep
+
+    uploads_sweep()

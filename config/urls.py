@@ -7,6 +7,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
+from adapters_app.upload_views import UploadViewSet
 from adapters_app.views import AdapterVersionViewSet, AdapterViewSet, BaseModelViewSet
 from config.console import console_index
 from inference.gateway.api import UsageViewSet
@@ -38,6 +39,7 @@ router.register("operator/tenants", OperatorTenantViewSet, basename="operator-te
 router.register("operator/traffic", OperatorTrafficViewSet, basename="operator-traffic")
 router.register("residency", ResidencyViewSet, basename="residency")
 router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/versions", AdapterVersionViewSet, basename="adapter-version")
+router.register(r"adapters/(?P<adapter_name>[a-z0-9-]+)/uploads", UploadViewSet, basename="adapter-upload")
 
 
 def healthz(request: HttpRequest) -> JsonResponse:

@@ -176,5 +176,26 @@ def _start_once(data_dir: Path, bucket: str, access_key: str, secret_key: str, c
     except BaseException:
         service.stop()
         raise
+    try:
+        configure_browser_cors(client, bucket)
+    except BaseException:
+        service.stop()
+        raise
     service.started_s = time.monotonic() - t0
     return service
+
+
+def browser_cors_rules(origins: tuple[str, ...] = ("*",)) -> dict:
+    """The bucket CORS that browser-direct uploads need (``adapters_app.direct_upload``; docs/console.md).
+
+    Browsers PUT parts to presigned URLs and must read each part's ``ETag`` (S3 hides it from scripts unless
+    exposed: ``aws/aws-sdk-js#191``). Only PUT is needed: the server creates, lists, completes and aborts. Local
+    SeaweedFS allows any origin (the console's port varies per test session); production lists its console origin.
+    """
+    return {"CORSRules": [{"AllowedOrigins": list(origins), "AllowedMethods": ["PUT", "GET", "HEAD"],
+                           "AllowedHeaders": ["*"], "ExposeHeaders": ["ETag"], "MaxAgeSeconds": 3600}]}
+
+
+def configure_browser_cors(client, bucket: str, origins: tuple[str, ...] = ("*",)) -> None:  # noqa: ANN001
+    """Put :func:`browser_cors_rules` on ``bucket`` (SeaweedFS 4.48 honours bucket CORS and sends ``Vary: Origin``)."""
+    client.put_bucket_cors(Bucket=bucket, CORSConfiguration=browser_cors_rules(origins))

@@ -75,7 +75,7 @@ class _SessionView(APIView):
 
 @method_decorator(csrf_protect, name="dispatch")
 class LoginView(_SessionView):
-    """``POST /api/v1/auth/login``: start a session. 400 bad credentials, 429 with ``Retry-After`` when throttled."""
+    """``POST /api/v1/auth/login``: start a session. 401 wrong credentials, 400 a malformed body, 429 with ``Retry-After`` when throttled."""
 
     permission_classes = [AllowAny]
 
@@ -96,7 +96,9 @@ class LoginView(_SessionView):
         user = authenticate(request._request, username=username, password=password)
         if user is None:
             services.login_failure_record(username=username, ip=ip)
-            raise QuiverError("Wrong username or password.", code="invalid_credentials",
+            # 401 as for any failed authentication (RFC 9110 §15.5.2; DRF's NotAuthenticated/AuthenticationFailed);
+            # a 400 would say the request was malformed. The console shows ``detail`` either way.
+            raise QuiverError("Wrong username or password.", code="invalid_credentials", status_code=401,
                               fields={"password": ["Wrong username or password."]})
         services.login_failures_clear(username=username)
         login(request._request, user)  # rotates the session key and the CSRF token

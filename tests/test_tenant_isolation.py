@@ -38,6 +38,28 @@ class TestAdapters(TenantScopedAPITests):
         return {"name": "secret-bot"}
 
 
+class TestUploads(TenantScopedAPITests):
+    """Browser-direct uploads: another tenant can neither read, sign, list, complete nor abort one."""
+
+    calls: ClassVar = [
+        ("get", "/api/v1/adapters/{name}/uploads/{upload}", None),
+        ("get", "/api/v1/adapters/{name}/uploads/{upload}/parts", None),
+        ("post", "/api/v1/adapters/{name}/uploads/{upload}/sign", {"name": "adapter_config.json", "part_numbers": [1]}),
+        ("post", "/api/v1/adapters/{name}/uploads/{upload}/complete", {"name": "adapter_config.json"}),
+        ("post", "/api/v1/adapters/{name}/uploads/{upload}/abort", None),
+        ("post", "/api/v1/adapters/{name}/uploads", {"files": [{"name": "adapter.zip", "size": 1, "sha256": "a" * 64}]}),
+    ]
+
+    def make_object(self, tenant: Tenant) -> dict[str, Any]:
+        from adapters_app.direct_upload import upload_create
+
+        _ready_adapter(tenant, "secret-bot")
+        upload = upload_create(tenant, adapter_name="secret-bot", base_model_name=None, files=[
+            {"name": "adapter_config.json", "size": 10, "sha256": "a" * 64},
+            {"name": "adapter_model.safetensors", "size": 10, "sha256": "b" * 64}])
+        return {"name": "secret-bot", "upload": upload.public_id}
+
+
 class TestApiKeys(TenantScopedAPITests):
     calls: ClassVar = [
         ("get", "/api/v1/api-keys/{key_id}", None),
@@ -208,7 +230,7 @@ def _routes(patterns: list[Any], prefix: str = "") -> list[str]:
 def test_every_route_is_covered_by_a_matrix_family() -> None:
     from django.urls import get_resolver, resolve
 
-    sample = {"name": "secret-bot", "key_id": "0123456789ab"}
+    sample = {"name": "secret-bot", "key_id": "0123456789ab", "upload": "0" * 32}
     covered = set()
     for family in TenantScopedAPITests.__subclasses__():
         urls = [template.format(**sample) for _, template, _ in family.calls]

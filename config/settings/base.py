@@ -163,6 +163,7 @@ CELERY_TASK_SOFT_TIME_LIMIT = 540
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_ROUTES = {
     "adapters_app.tasks.adapter_version_validate_task": {"queue": "validation"},
+    "adapters_app.tasks.upload_verify_task": {"queue": "validation"},
     "inference.gateway.tasks.placement_warm_task": {"queue": "placement"},
     "inference.gateway.tasks.placement_evict_task": {"queue": "placement"},
     "inference.gateway.tasks.fleet_reconcile_task": {"queue": "placement"},
@@ -174,6 +175,7 @@ CELERY_BEAT_SCHEDULE = {
     "validation-sweep": {"task": "adapters_app.tasks.validation_sweep_task", "schedule": 60.0},
     "purge-reconcile": {"task": "adapters_app.tasks.purge_reconcile_task", "schedule": 30.0},
     "gc-s3-orphans": {"task": "adapters_app.tasks.gc_s3_orphans_task", "schedule": 3600.0},
+    "upload-sweep": {"task": "adapters_app.tasks.upload_sweep_task", "schedule": 300.0},
     "usage-drain": {"task": "inference.gateway.tasks.usage_drain_task", "schedule": 1.0},
 }
 # A child killed mid-task (OOM, SIGKILL) puts its acks_late task back on the queue instead of acking it.
@@ -188,6 +190,13 @@ AWS_ACCESS_KEY_ID = env("AWS_ACCESS_KEY_ID", default=None)
 AWS_SECRET_ACCESS_KEY = env("AWS_SECRET_ACCESS_KEY", default=None)
 AWS_STORAGE_BUCKET_NAME = env("AWS_STORAGE_BUCKET_NAME", default="quiver")
 AWS_S3_REGION_NAME = env("AWS_S3_REGION_NAME", default="us-east-1")
+# The S3 endpoint as browsers reach it (presigned part URLs are signed for this host); default AWS_S3_ENDPOINT_URL.
+AWS_S3_BROWSER_ENDPOINT_URL = env("AWS_S3_BROWSER_ENDPOINT_URL", default=None)
+# Browser-direct uploads (adapters_app.direct_upload): part size, part-URL lifetime, and how long an unfinished
+# upload may stay open before the sweeper aborts it.
+QUIVER_UPLOAD_PART_BYTES = env.int("QUIVER_UPLOAD_PART_BYTES", default=8 * 1024 * 1024)
+QUIVER_UPLOAD_URL_EXPIRY_S = env.int("QUIVER_UPLOAD_URL_EXPIRY_S", default=600)
+QUIVER_UPLOAD_TTL_S = env.int("QUIVER_UPLOAD_TTL_S", default=6 * 3600)
 
 # --- Quiver
 QUIVER_API_KEY_PREFIX = "qv"

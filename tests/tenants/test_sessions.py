@@ -65,7 +65,7 @@ def test_failed_logins_are_throttled_per_username(alice: User) -> None:
     client, token = _csrf_client()
     for _ in range(3):
         bad = _login(client, token, "alice", "wrong")
-        assert bad.status_code == 400 and bad.json()["code"] == "invalid_credentials"
+        assert bad.status_code == 401 and bad.json()["code"] == "invalid_credentials"
     locked = _login(client, token, "ALICE", PASSWORD)  # even the right password, any case
     assert locked.status_code == 429 and locked.json()["code"] == "login_throttled"
     assert 0 < int(locked["Retry-After"]) <= 900

@@ -22,6 +22,112 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/adapters/{adapter_name}/uploads": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description ``POST``: declare the files (name, size, sha256); 201 with the S3 upload of each, ready for parts. */
+        post: operations["adapters_uploads_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{adapter_name}/uploads/{public_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Uploads of one adapter's new versions; another tenant's upload id is a 404 like any missing one. */
+        get: operations["adapters_uploads_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{adapter_name}/uploads/{public_id}/abort": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description ``POST .../abort`` (or ``DELETE``, as Uppy sends): cancel; S3 parts are aborted and objects deleted. */
+        post: operations["adapters_uploads_abort_create"];
+        /** @description ``POST .../abort`` (or ``DELETE``, as Uppy sends): cancel; S3 parts are aborted and objects deleted. */
+        delete: operations["adapters_uploads_abort_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{adapter_name}/uploads/{public_id}/complete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description ``POST .../complete``: the server completes the file's multipart upload and checks its size; once every
+         *     file is complete the upload is ``verifying`` (a worker checks sha256, then the version appears).
+         */
+        post: operations["adapters_uploads_complete_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{adapter_name}/uploads/{public_id}/parts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``GET .../parts?name=``: the parts S3 holds for a file, to resume after a dropped connection. */
+        get: operations["adapters_uploads_parts_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{adapter_name}/uploads/{public_id}/sign": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description ``POST .../sign``: presigned part URLs for one file. */
+        post: operations["adapters_uploads_sign_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/adapters/{adapter_name}/versions": {
         parameters: {
             query?: never;
@@ -977,6 +1083,15 @@ export interface components {
          */
         ScopesEnum: "adapters:read" | "adapters:write" | "keys:manage" | "inference";
         /**
+         * @description * `open` - Open
+         *     * `verifying` - Verifying
+         *     * `done` - Done
+         *     * `failed` - Failed
+         *     * `aborted` - Aborted
+         * @enum {string}
+         */
+        StateEnum: "open" | "verifying" | "done" | "failed" | "aborted";
+        /**
          * @description * `uploaded` - Uploaded
          *     * `validating` - Validating
          *     * `ready` - Ready
@@ -1029,6 +1144,69 @@ export interface components {
             ttft_ms_p95: number | null;
             /** @description requests per bucket */
             spark: number[];
+        };
+        /** @description Input of ``POST .../complete``: the file (or ``?name=``) and, optionally, the parts as uploaded. */
+        UploadCompleteInput: {
+            name?: string;
+            parts?: components["schemas"]["UploadPart"][];
+        };
+        /** @description Input of ``POST .../uploads``: the files to upload, and ``base_model`` to create the adapter. */
+        UploadCreateInput: {
+            files: components["schemas"]["UploadFileInput"][];
+            /** @default  */
+            base_model: string;
+        };
+        /** @description One declared file: its name, size in bytes and hex sha256. */
+        UploadFileInput: {
+            name: string;
+            size: number;
+            sha256: string;
+        };
+        /** @description A declared file: ``parts`` is how many parts of ``part_size`` it takes; ``upload_id`` is S3's. */
+        UploadFileOutput: {
+            name: string;
+            size: number;
+            sha256: string;
+            upload_id: string;
+            parts: number;
+            completed: boolean;
+        };
+        /** @description An upload: ``state`` ``open → verifying → done | failed``, or ``aborted``; ``version`` once ``done``. */
+        UploadOutput: {
+            id: string;
+            adapter: string;
+            state: components["schemas"]["StateEnum"];
+            part_size: number;
+            readonly files: components["schemas"]["UploadFileOutput"][];
+            /** @description The version number this upload became, once ``done``. */
+            readonly version: number | null;
+            error: unknown;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
+        };
+        /**
+         * @description A part S3 holds (or that the client uploaded): number and ETag; ``name`` (the file) and ``Size`` (bytes) in
+         *     listings.
+         */
+        UploadPart: {
+            name?: string;
+            PartNumber: number;
+            ETag: string;
+            Size?: number;
+        };
+        /** @description Input of ``POST .../sign``: one file, and the part numbers to sign (at most 100). */
+        UploadSignInput: {
+            name: string;
+            part_numbers: number[];
+        };
+        /** @description Presigned ``PUT`` URLs by part number, valid ``expires_in`` seconds; each takes exactly its part's bytes. */
+        UploadSignOutput: {
+            urls: {
+                [key: string]: string;
+            };
+            expires_in: number;
         };
         /** @description One row of ``GET /api/v1/usage`` (see ``usage_summary``). */
         UsageRow: {
@@ -1101,6 +1279,180 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AdapterOutput"];
+                };
+            };
+        };
+    };
+    adapters_uploads_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                adapter_name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UploadCreateInput"];
+                "application/xml": components["schemas"]["UploadCreateInput"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadOutput"];
+                };
+            };
+        };
+    };
+    adapters_uploads_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                adapter_name: string;
+                public_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadOutput"];
+                };
+            };
+        };
+    };
+    adapters_uploads_abort_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                adapter_name: string;
+                public_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadOutput"];
+                };
+            };
+        };
+    };
+    adapters_uploads_abort_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                adapter_name: string;
+                public_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    adapters_uploads_complete_create: {
+        parameters: {
+            query?: {
+                dialect?: "s3";
+                name?: string;
+            };
+            header?: never;
+            path: {
+                adapter_name: string;
+                public_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["UploadCompleteInput"];
+                "application/xml": components["schemas"]["UploadCompleteInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadOutput"];
+                };
+            };
+        };
+    };
+    adapters_uploads_parts_list: {
+        parameters: {
+            query?: {
+                dialect?: "s3";
+                /** @description one file; all files when omitted */
+                name?: string;
+            };
+            header?: never;
+            path: {
+                adapter_name: string;
+                public_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadPart"][];
+                };
+            };
+        };
+    };
+    adapters_uploads_sign_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                adapter_name: string;
+                public_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UploadSignInput"];
+                "application/xml": components["schemas"]["UploadSignInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadSignOutput"];
                 };
             };
         };
