@@ -150,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(32),
             "QUIVER_NODE_STALE_AFTER_S": "30",
         }
-        for d in ("broker", "broker-done", "broker-control"):
+        for d in ("broker", "broker-done", "broker-control", "metrics"):
             (args.workdir / d).mkdir()
+        # The gateway's metrics reach the internal listener's /metrics through prometheus-client's multiprocess files.
+        web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(args.workdir / "metrics")}
         _say("migrating the SQLite database and registering the base model")
         _manage(env, "migrate", "--noinput")
         _manage(
@@ -188,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                 "--log-level",
                 "warning",
             ],
-            env,
+            web_env,
         )
         procs.start("web-internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
-                                     "--port", str(internal_port), "--log-level", "warning"], env)
+                                     "--port", str(internal_port), "--log-level", "warning"], web_env)
         procs.start(
             "worker",
             [

@@ -73,13 +73,15 @@ class AdapterLabels:
         self.period_s = period_s
         self.counts: dict[str, float] = {}
         self.top: set[str] = set()
-        self._ranked_at = time.monotonic()
+        self._ranked_at: float | None = None
         self._lock = threading.Lock()
 
     def label(self, name: str, now: float | None = None) -> str:
         """The label for a request to ``name`` (counts the request)."""
         now = time.monotonic() if now is None else now
         with self._lock:
+            if self._ranked_at is None:
+                self._ranked_at = now
             if name in self.counts or len(self.counts) < 10 * self.n:
                 self.counts[name] = self.counts.get(name, 0.0) + 1
             if now - self._ranked_at >= self.period_s:
