@@ -15,6 +15,7 @@ django_application = get_asgi_application()
 
 from config.front_door import FrontDoor  # noqa: E402  (needs settings configured)
 from inference.gateway import app as gateway  # noqa: E402
+from inference.gateway.guard import OpenAIErrorGuard  # noqa: E402
 
 
 async def _route(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -24,5 +25,6 @@ async def _route(scope, receive, send):  # type: ignore[no-untyped-def]
         await django_application(scope, receive, send)
 
 
-# Body caps and credential checks happen before Django (or the gateway) reads a request body.
-application = FrontDoor(_route)
+# Body caps and credential checks happen before Django (or the gateway) reads a request body; outermost, nothing
+# under /v1/ answers a non-OpenAI-shaped 5xx.
+application = OpenAIErrorGuard(FrontDoor(_route))

@@ -276,13 +276,20 @@ class GatewayApp:
     def _parse(raw: bytes) -> dict[str, Any]:
         try:
             body = json.loads(raw or b"{}")
+        except RecursionError as exc:  # not a ValueError: nesting past the parser's depth limit
+            raise GatewayError(400, "Request body is nested too deeply to be an OpenAI request.",
+                               code="invalid_json") from exc
         except ValueError as exc:
             raise GatewayError(400, "Request body must be JSON.", code="invalid_json") from exc
         if not isinstance(body, dict):
             raise GatewayError(400, "Request body must be a JSON object.", code="invalid_json")
-        if not isinstance(body.get("model"), str) or not body["model"]:
+        model = body.get("model")
+        if model is None or model == "":
             raise GatewayError(400, "Field 'model' is required: your adapter's name or the base model.",
                                code="missing_model", param="model")
+        if not isinstance(model, str):
+            raise GatewayError(400, f"Invalid 'model': expected a string (your adapter's name or the base model), "
+                               f"got {type(model).__name__}.", code="invalid_type", param="model")
         return body
 
     async def handle(self, request: Request, endpoint: str) -> Response:

@@ -1,0 +1,123 @@
+"""Nothing under ``/v1/`` answers a non-OpenAI-shaped error: the guard's catch-all, and the edge bodies that used
+to reach it (deep JSON, a non-string ``model``) answered as 400s naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+
+from config.asgi import application
+from inference.gateway import app as gateway
+from inference.gateway.app import GatewayApp
+from inference.gateway.guard import OpenAIErrorGuard
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+
+
+def _scope(method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
+            "raw_path": path.encode(), "query_string": b"", "scheme": "http", "server": ("testserver", 80),
+            "client": ("127.0.0.1", 5000), "root_path": "",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+
+
+def _call(app: Any, method: str, path: str, body: bytes = b"",
+          headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    # As Django's test client does: the handler must not close the test's database connection.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        async_to_sync(app)(_scope(method, path, headers or {}), receive, send)
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start.get("headers", [])}, raw
+
+
+async def _raises(scope: Any, receive: Any, send: Any) -> None:
+    raise RuntimeError("secret engine detail")
+
+
+async def _html_500(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/html")]})
+    await send({"type": "http.response.body", "body": b"<h1>Traceback: secret</h1>"})
+
+
+async def _plain_503(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"upstream ", "more_body": True})
+    await send({"type": "http.response.body", "body": b"gone"})
+
+
+def _openai_error(raw: bytes) -> dict[str, Any]:
+    error = json.loads(raw)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_an_exception_under_v1_is_a_json_500_without_its_text() -> None:
+    status, headers, raw = _call(OpenAIErrorGuard(_raises), "POST", "/v1/completions")
+    assert status == 500 and headers["content-type"] == "application/json"
+    assert _openai_error(raw)["code"] == "internal_error"
+    assert b"secret" not in raw
+
+
+@pytest.mark.parametrize(("app", "status"), [(_html_500, 500), (_plain_503, 503)])
+def test_a_non_json_5xx_under_v1_is_replaced_by_the_openai_shape(app: Any, status: int) -> None:
+    got, headers, raw = _call(OpenAIErrorGuard(app), "GET", "/v1/models")
+    assert got == status and headers["content-type"] == "application/json"
+    assert _openai_error(raw)["type"] == "server_error"
+    assert b"secret" not in raw and b"gone" not in raw
+
+
+def test_other_paths_pass_through_untouched() -> None:
+    status, headers, raw = _call(OpenAIErrorGuard(_html_500), "GET", "/api/v1/adapters")
+    assert (status, headers["content-type"], raw) == (500, "text/html", b"<h1>Traceback: secret</h1>")
+    with pytest.raises(RuntimeError):
+        _call(OpenAIErrorGuard(_raises), "GET", "/healthz")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(("body", "code", "param"), [
+    (b"[" * 200_000 + b"]" * 200_000, "invalid_json", None),  # past the JSON parser's depth limit
+    (b'{"model": ' + b"[" * 50_000 + b"]" * 50_000 + b', "prompt": "x"}', "invalid_json", None),
+    (b'{"model": ["tiny-llama"], "prompt": "x"}', "invalid_type", "model"),
+    (b'{"model": {"name": "bot"}, "messages": []}', "invalid_type", "model"),
+    (b'{"model": 7, "prompt": "x"}', "invalid_type", "model"),
+    (b'{"model": "", "prompt": "x"}', "missing_model", "model"),
+    (b'{"prompt": "x"}', "missing_model", "model"),
+])
+def test_edge_bodies_on_the_real_app_are_400_naming_the_field(path: str, body: bytes, code: str, param: str | None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole ASGI stack of config.asgi, with a gateway that starts no background tasks in this short-lived loop.
+    monkeypatch.setattr(gateway, "application", GatewayApp(background=False))
+    _, key = api_key_create(TenantFactory(), name="k")
+    status, headers, raw = _call(application, "POST", path, body,
+                                 {"authorization": f"Bearer {key}", "content-type": "application/json",
+                                  "content-length": str(len(body))})
+    assert status == 400 and headers["content-type"] == "application/json", raw[:200]
+    error = _openai_error(raw)
+    assert (error["code"], error["param"]) == (code, param)
+    if param == "model" and code == "invalid_type":
+        assert "'model'" in error["message"] and "string" in error["message"]
