@@ -230,7 +230,7 @@ QUIVER_GATEWAY_BUS_CHANNEL = "quiver:gateway:invalidate"
 QUIVER_GATEWAY_CACHE_TTL_S = env.float("QUIVER_GATEWAY_CACHE_TTL_S", default=60.0)
 QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S = env.float("QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S", default=1.0)
 QUIVER_GATEWAY_FLEET_REFRESH_S = env.float("QUIVER_GATEWAY_FLEET_REFRESH_S", default=0.5)
-# Keep-alive connections per gateway process to all engines together (httpx pool).
+# Keep-alive connections per gateway process to all engines together (the aiohttp pool of inference.gateway.upstream).
 QUIVER_GATEWAY_UPSTREAM_POOL = env.int("QUIVER_GATEWAY_UPSTREAM_POOL", default=512)
 # Platform-wide caps on a request's choices (n, best_of) and logprobs (OpenAI's own logprobs cap is 5).
 QUIVER_GATEWAY_MAX_N = env.int("QUIVER_GATEWAY_MAX_N", default=8)

@@ -24,7 +24,6 @@ from datetime import timedelta
 from typing import Any
 
 import anyio
-import httpx
 from django.conf import settings
 from django.utils import timezone
 from starlette.requests import ClientDisconnect, Request
@@ -40,7 +39,13 @@ from inference.gateway.limits import RateLimiter, estimate_prompt_tokens
 from inference.gateway.limits import Scope as LimitScope
 from inference.gateway.metering import usage_row
 from inference.gateway.snapshot import FleetView, KeyView, NodeView, TargetView, node_choose
-from inference.gateway.upstream import upstream_client, upstream_close, upstream_headers
+from inference.gateway.upstream import (
+    UpstreamError,
+    UpstreamRefused,
+    UpstreamResponse,
+    upstream_close,
+    upstream_post,
+)
 from inference.gateway.usage_sink import UsageSink
 
 logger = logging.getLogger(__name__)
@@ -346,16 +351,14 @@ class GatewayApp:
                 version_number=target.version_number, endpoint=endpoint, stream=stream, status_code=status,
                 usage=usage, latency_ms=(time.monotonic() - started) * 1000, ttft_ms=ttft_ms, created_at=arrived))
 
-        client = upstream_client()
         content = json.dumps(upstream).encode()
         try:
             while True:
-                upstream_request = client.build_request("POST", f"{node.engine_url}/v1/{endpoint}", content=content,
-                                                        headers=upstream_headers(node.key))
                 try:
-                    response = await client.send(upstream_request, stream=True)
+                    response = await upstream_post(f"{node.engine_url}/v1/{endpoint}", content=content,
+                                                   node_key=node.key)
                     break
-                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                except UpstreamRefused as exc:
                     # Nothing reached the engine (a dead or moved node), so the request may go to another one; this
                     # process skips the node until heartbeats would have aged it out of routing everywhere.
                     logger.warning("gateway.upstream_refused", extra={"node": node.name, "error": repr(exc)})
@@ -364,7 +367,7 @@ class GatewayApp:
                         node = await self.node_for(target)
                     except GatewayError:
                         raise exc from None
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
             record(502, None)
             return error_response(GatewayError(502, "The inference node did not answer; retry.",
@@ -372,7 +375,7 @@ class GatewayApp:
         if response.status_code >= 400 or not stream:
             try:
                 raw = await response.aread()
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 logger.warning("gateway.upstream_failed", extra={"node": node.name, "error": repr(exc)})
                 record(502, None)
                 return error_response(GatewayError(502, "The inference node stopped answering; retry.",
@@ -406,7 +409,7 @@ class GatewayApp:
         return replace(fleet, nodes=tuple(n for n in fleet.nodes if n.pk not in down))
 
     @staticmethod
-    async def _relay(upstream: httpx.Response, *, target: TargetView, keep_usage: bool, record: Any,
+    async def _relay(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any,
                      started: float) -> AsyncIterator[bytes]:
         """Relay the engine's SSE stream with ``model`` renamed; meter what was actually sent.
 
@@ -448,7 +451,7 @@ class GatewayApp:
                 yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
             if outcome == 499:  # the engine ended without [DONE]
                 outcome = 502
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             logger.warning("gateway.stream_cut", extra={"error": repr(exc)})
             outcome = 502
         finally:

@@ -7,10 +7,12 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import TargetView
+from inference.gateway.upstream import upstream_close, upstream_post
 
 SSE = (
     'data: {"id":"1","model":"acme--bot--7","choices":[{"index":0,"text":"Pa"}],'
@@ -24,32 +26,46 @@ TARGET = TargetView(requested="bot", base_model_id=1, base_model_name="tiny", se
                     version_id=7, version_number=1)
 
 
-def _relay(stream: Any, keep_usage: bool) -> tuple[list[str], list[tuple[int, Any]]]:
+async def _engine(request: web.Request) -> web.StreamResponse:
+    """A real HTTP server sending ``SSE`` in chunks split mid-line; ``/cut`` drops the connection after one event."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if request.path == "/cut":
+        await response.write(SSE.split("\n\n")[0].encode() + b"\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+    data = SSE.encode()
+    for i in range(0, len(data), 37):
+        await response.write(data[i:i + 37])
+    await response.write_eof()
+    return response
+
+
+def _relay(path: str, keep_usage: bool) -> tuple[list[str], list[tuple[int, Any]]]:
     seen: list[tuple[int, Any]] = []
 
     def record(status: int, usage: Any, ttft_ms: float | None = None) -> None:
         seen.append((status, usage))
 
     async def run() -> list[str]:
-        transport = httpx.MockTransport(lambda request: httpx.Response(200, stream=stream))
-        client = httpx.AsyncClient(transport=transport)
-        response = await client.send(client.build_request("POST", "http://engine/v1/completions"), stream=True)
-        events = GatewayApp._relay(response, target=TARGET, keep_usage=keep_usage, record=record, started=0.0)
-        return [c.decode() async for c in events]
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", _engine)
+        async with TestServer(app) as server:
+            try:
+                response = await upstream_post(str(server.make_url(path)), content=b"{}", node_key="k")
+                events = GatewayApp._relay(response, target=TARGET, keep_usage=keep_usage, record=record,
+                                           started=0.0)
+                return [c.decode() async for c in events]
+            finally:
+                await upstream_close()
 
     return asyncio.run(run()), seen
 
 
-class _Cut(httpx.AsyncByteStream):
-    """The engine sends one chunk, then its connection drops."""
-
-    async def __aiter__(self):  # type: ignore[no-untyped-def]
-        yield SSE.split("\n\n")[0].encode() + b"\n\n"
-        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
-
-
 def test_relay_rewrites_model_and_meters_without_leaking_usage() -> None:
-    events, seen = _relay(httpx.ByteStream(SSE.encode()), keep_usage=False)
+    events, seen = _relay("/v1/completions", keep_usage=False)
     payloads = [json.loads(e[6:]) for e in events if e != "data: [DONE]\n\n"]
     assert [p["model"] for p in payloads] == ["bot", "bot"]
     assert all("usage" not in p for p in payloads)
@@ -58,7 +74,7 @@ def test_relay_rewrites_model_and_meters_without_leaking_usage() -> None:
 
 
 def test_relay_keeps_usage_when_the_client_asked() -> None:
-    events, _ = _relay(httpx.ByteStream(SSE.encode()), keep_usage=True)
+    events, _ = _relay("/v1/completions", keep_usage=True)
     assert len(events) == 4
     assert json.loads(events[0][6:])["usage"] is None  # OpenAI: usage only on the final chunk
     assert json.loads(events[2][6:])["usage"]["completion_tokens"] == 2
@@ -66,7 +82,7 @@ def test_relay_keeps_usage_when_the_client_asked() -> None:
 
 
 def test_a_cut_stream_ends_with_an_error_event_and_is_metered_502_with_tokens_sent() -> None:
-    events, seen = _relay(_Cut(), keep_usage=False)
+    events, seen = _relay("/cut", keep_usage=False)
     assert json.loads(events[0][6:])["choices"][0]["text"] == "Pa"
     error = json.loads(events[-1][6:])["error"]
     assert error["code"] == "upstream_stream_cut" and error["type"] == "server_error"
