@@ -133,6 +133,21 @@ class TestUsageTraffic(TenantScopedAPITests):
     make_object = TestUsage.make_object
 
 
+class TestUsageRollups(TenantScopedAPITests):
+    list_url = "/api/v1/usage/rollups"
+    list_field = "model"
+
+    def make_object(self, tenant: Tenant) -> dict[str, Any]:
+        from django.utils import timezone
+
+        from inference.gateway.models import UsageRollup
+
+        UsageRollup.objects.create(tenant=tenant, minute=timezone.now().replace(second=0, microsecond=0),
+                                   model_name="rolled", requests=1, errors=0, prompt_tokens=1, completion_tokens=1,
+                                   latency_p50_ms=1.0, latency_p95_ms=1.0)
+        return {"name": "rolled"}
+
+
 class TestResidency(TenantScopedAPITests):
     list_url = "/api/v1/residency"
     list_field = "adapter"

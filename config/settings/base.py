@@ -177,6 +177,8 @@ CELERY_BEAT_SCHEDULE = {
     "gc-s3-orphans": {"task": "adapters_app.tasks.gc_s3_orphans_task", "schedule": 3600.0},
     "upload-sweep": {"task": "adapters_app.tasks.upload_sweep_task", "schedule": 300.0},
     "usage-drain": {"task": "inference.gateway.tasks.usage_drain_task", "schedule": 1.0},
+    "usage-rollup": {"task": "inference.gateway.tasks.usage_rollup_task", "schedule": 60.0},
+    "usage-retention": {"task": "inference.gateway.tasks.usage_retention_task", "schedule": 3600.0},
 }
 # A child killed mid-task (OOM, SIGKILL) puts its acks_late task back on the queue instead of acking it.
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -248,6 +250,12 @@ QUIVER_ADMISSION_MAX_QUEUE = env.int("QUIVER_ADMISSION_MAX_QUEUE", default=1000)
 QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)
 QUIVER_USAGE_STREAM = "quiver:usage"
 QUIVER_USAGE_GROUP = "usage-writers"
+# Raw usage records older than this many days are deleted (usage-retention beat task); 0 keeps them forever.
+# The per-minute rollups (inference.gateway.rollups) are kept.
+QUIVER_USAGE_RETENTION_DAYS = env.int("QUIVER_USAGE_RETENTION_DAYS", default=90)
+# Minutes this recent are recomputed on every rollup run: a record is written when its request ends (a stream up to
+# QUIVER_PROXY_TIMEOUT_S after it arrived, after a warm wait), but counts in the minute it arrived.
+QUIVER_USAGE_ROLLUP_LOOKBACK_S = env.int("QUIVER_USAGE_ROLLUP_LOOKBACK_S", default=600)
 
 LOGGING = {
     "version": 1,

@@ -1,4 +1,5 @@
-"""Control-plane API for metering: ``GET /api/v1/usage[?since=<ISO 8601>]``, ``…/series``, ``…/traffic``."""
+"""Control-plane API for metering: ``GET /api/v1/usage[?since=<ISO 8601>]``, ``…/series``, ``…/traffic``,
+``…/rollups``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from inference.gateway.metering import usage_drain
-from inference.gateway.models import UsageRecord
+from inference.gateway.models import UsageRecord, UsageRollup
+from inference.gateway.rollups import usage_rollups
 from inference.gateway.selectors import usage_csv, usage_summary
 from inference.gateway.traffic import MAX_BUCKETS, traffic_table
 from inference.gateway.usage_series import BUCKETS, usage_series
@@ -52,6 +54,35 @@ class UsageSeriesQuerySerializer(serializers.Serializer):
     """Query of ``GET /api/v1/usage/series``: ``since`` (default: an hour ago) and ``bucket`` (minute, hour)."""
     since = serializers.DateTimeField(required=False)
     bucket = serializers.ChoiceField(choices=sorted(BUCKETS), default="minute")
+
+
+class UsageRollupQuerySerializer(serializers.Serializer):
+    """Query of ``GET /api/v1/usage/rollups``: ``since`` (default: an hour ago), ``until`` (exclusive, optional),
+    ``model`` (one adapter or the base model, optional)."""
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    model = serializers.CharField(required=False, max_length=200)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """``since`` must come before ``until``."""
+        if attrs.get("since") and attrs.get("until") and attrs["since"] >= attrs["until"]:
+            raise serializers.ValidationError({"until": "must be after 'since'."})
+        return attrs
+
+
+class UsageRollupRowSerializer(serializers.Serializer):
+    """One minute of one model's traffic (see ``rollups.usage_rollups``)."""
+    minute = serializers.DateTimeField(help_text="start of the UTC minute, by request arrival")
+    model = serializers.CharField()
+    version = serializers.IntegerField(allow_null=True, help_text="adapter version; null = the base model")
+    requests = serializers.IntegerField()
+    failures = serializers.IntegerField(help_text="requests answered with status >= 400 (as in /usage/series)")
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    latency_p50_ms = serializers.FloatField()
+    latency_p95_ms = serializers.FloatField()
+    ttft_p50_ms = serializers.FloatField(allow_null=True, help_text="streamed requests only; null when none")
+    ttft_p95_ms = serializers.FloatField(allow_null=True)
 
 
 class UsageRowSerializer(serializers.Serializer):
@@ -168,3 +199,16 @@ class UsageViewSet(TenantScopedViewSet):
         TTFT percentiles, a sparkline (``inference.gateway.traffic.traffic_table``); most requests first."""
         drain_quietly()
         return traffic_response(self.get_queryset(), request)
+
+    @extend_schema(parameters=[UsageRollupQuerySerializer], responses=UsageRollupRowSerializer(many=True))
+    @action(detail=False, methods=["get"])
+    def rollups(self, request: Request) -> Response:
+        """``GET /api/v1/usage/rollups``: per-minute requests, errors, tokens, latency and TTFT percentiles per
+        adapter version, from the rollups (kept past the raw records' retention; about a minute behind)."""
+        query = UsageRollupQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        since = data.get("since") or timezone.now() - timedelta(hours=1)
+        rows = usage_rollups(UsageRollup.objects.filter(tenant=self.tenant), since=since, until=data.get("until"),
+                             model=data.get("model"))
+        return Response(rows)

@@ -176,3 +176,34 @@ class NodeSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}@{self.t.isoformat()}"
+
+
+class UsageRollup(models.Model):
+    """One minute of one tenant's traffic to one model (adapter version, or the base model when
+    ``version_number`` is null), summarised from :class:`UsageRecord` by ``inference.gateway.rollups.usage_rollup``.
+
+    Minutes are UTC, by request arrival; ``errors`` counts statuses >= 400 (499 and 502 included); latencies are
+    PostgreSQL ``percentile_cont`` over the minute's records, TTFT over its streamed records (null when none streamed).
+    Recomputed while the minute is inside ``QUIVER_USAGE_ROLLUP_LOOKBACK_S``, so late records (a long stream is
+    written when it ends) still count; kept after raw records pass ``QUIVER_USAGE_RETENTION_DAYS``.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage_rollups")
+    minute = models.DateTimeField(db_index=True)
+    model_name = models.CharField(max_length=200)
+    version_number = models.PositiveIntegerField(null=True)
+    adapter_version = models.ForeignKey(AdapterVersion, null=True, on_delete=models.SET_NULL, related_name="+")
+    requests = models.PositiveIntegerField()
+    errors = models.PositiveIntegerField()
+    prompt_tokens = models.PositiveBigIntegerField()
+    completion_tokens = models.PositiveBigIntegerField()
+    latency_p50_ms = models.FloatField()
+    latency_p95_ms = models.FloatField()
+    ttft_p50_ms = models.FloatField(null=True)
+    ttft_p95_ms = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%dT%H:%M} {self.model_name}"

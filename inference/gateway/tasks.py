@@ -63,3 +63,27 @@ def usage_drain_task() -> None:
     from inference.gateway.metering import usage_drain
 
     usage_drain()
+
+
+@shared_task(ignore_result=True, max_retries=0, time_limit=300, soft_time_limit=240)
+def usage_rollup_task() -> None:
+    """Beat, every minute: recompute the per-minute usage rollups of the lookback window (``rollups.usage_rollup``);
+    the stream is drained first so what was metered a moment ago counts."""
+    import redis
+
+    from inference.gateway.metering import usage_drain
+    from inference.gateway.rollups import usage_rollup
+
+    try:
+        usage_drain()
+    except redis.RedisError as exc:  # roll up what is stored; the next tick sees the rest
+        logger.warning("usage.drain_failed", extra={"error": str(exc)})
+    usage_rollup()
+
+
+@shared_task(ignore_result=True, max_retries=0, time_limit=1800, soft_time_limit=1700)
+def usage_retention_task() -> None:
+    """Beat, hourly: delete raw usage records past ``QUIVER_USAGE_RETENTION_DAYS`` (``rollups.usage_retention_purge``)."""
+    from inference.gateway.rollups import usage_retention_purge
+
+    usage_retention_purge()
