@@ -701,6 +701,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/usage/rollups": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description ``GET /api/v1/usage/rollups``: per-minute requests, errors, tokens, latency and TTFT percentiles per
+         *     adapter version, from the rollups (kept past the raw records' retention; about a minute behind).
+         */
+        get: operations["usage_rollups_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/usage/series": {
         parameters: {
             query?: never;
@@ -1207,6 +1227,33 @@ export interface components {
                 [key: string]: string;
             };
             expires_in: number;
+        };
+        /** @description One minute of one model's traffic (see ``rollups.usage_rollups``). */
+        UsageRollupRow: {
+            /**
+             * Format: date-time
+             * @description start of the UTC minute, by request arrival
+             */
+            minute: string;
+            model: string;
+            /** @description adapter version; null = the base model */
+            version: number | null;
+            requests: number;
+            /** @description requests answered with status >= 400 (as in /usage/series) */
+            failures: number;
+            prompt_tokens: number;
+            completion_tokens: number;
+            /** Format: double */
+            latency_p50_ms: number;
+            /** Format: double */
+            latency_p95_ms: number;
+            /**
+             * Format: double
+             * @description streamed requests only; null when none
+             */
+            ttft_p50_ms: number | null;
+            /** Format: double */
+            ttft_p95_ms: number | null;
         };
         /** @description One row of ``GET /api/v1/usage`` (see ``usage_summary``). */
         UsageRow: {
@@ -2466,6 +2513,29 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UsageRow"][];
+                };
+            };
+        };
+    };
+    usage_rollups_list: {
+        parameters: {
+            query?: {
+                model?: string;
+                since?: string;
+                until?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageRollupRow"][];
                 };
             };
         };
