@@ -78,7 +78,6 @@ class AdmissionGate:
 
     def __init__(self) -> None:
         self.board = LoadBoard()
-        self.config = _config()
         self.queues: dict[str, deque[Waiter]] = {}
         self.depth = 0
         self.seq = 0
@@ -90,6 +89,11 @@ class AdmissionGate:
         self._names: tuple[str, ...] = ()
         self._fleet_seen: FleetView | None = None
         self._routed_at = 0.0
+
+    @property
+    def config(self) -> SaturationConfig:
+        """Thresholds from settings, read on each use (operators and tests may change them at run time)."""
+        return _config()
 
     # --- VTC counters
     def counter(self, tenant: str) -> float:

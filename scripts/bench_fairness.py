@@ -1,0 +1,231 @@
+"""Benchmark fair sharing: a quiet tenant's streaming TTFT alone and while another tenant floods the gateway.
+
+One CPU vLLM node (the tiny demo model), its node agent (publishing engine load for admission), the gateway
+(uvicorn serving ``config.asgi``) and the internal listener, on PostgreSQL and Redis (started by
+``devtools.services``). Two tenants: ``quiet`` without limits, ``flood`` with a requests-per-minute limit. In
+alternating rounds the quiet tenant streams at a steady rate alone, then at the same rate while the flooder sends
+open-loop at ``--flood-factor`` × its limit (default 6×). Printed: the quiet tenant's p50/p99 TTFT alone and under
+the flood and the p99 ratio, the flooder's 200s and 429s (and how many 429s carried ``Retry-After``), every 5xx,
+the gateway's admission counters from the internal ``/metrics``, and the load average.
+
+Targets (issue 7): quiet p99 TTFT under the flood ≤ 1.5 × solo; the flooder gets 429 with ``Retry-After``; zero 5xx.
+
+Usage:
+    ./scripts/bench_fairness [--rounds 2] [--seconds 20] [--quiet-rps 4] [--flood-rpm 300] [--flood-factor 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from demo.assets import ensure_demo_assets  # noqa: E402
+from demo.run import CONTROL_ONLY, Processes  # noqa: E402
+from devtools.proc import free_port  # noqa: E402
+from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
+
+PY = sys.executable
+PROMPT = "the cat sat on the mat and the dog ran to the"
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class Tally:
+    """Outcomes of one tenant's requests: status counts, 429s with Retry-After, TTFTs (ms) of the 200s."""
+
+    def __init__(self) -> None:
+        self.status: Counter[int] = Counter()
+        self.retry_after = 0
+        self.ttft: list[float] = []
+        self.errors: Counter[str] = Counter()
+
+
+async def _stream(client: httpx.AsyncClient, key: str, body: dict[str, object], tally: Tally) -> None:
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True},
+                                 headers={"Authorization": f"Bearer {key}"}) as resp:
+            tally.status[resp.status_code] += 1
+            if resp.status_code == 429 and resp.headers.get("retry-after"):
+                tally.retry_after += 1
+            if resp.status_code != 200:
+                await resp.aread()
+                return
+            first = None
+            async for line in resp.aiter_lines():
+                if first is None and line.startswith("data:") and '"text"' in line:
+                    first = (time.perf_counter() - t0) * 1000
+                if '"error"' in line:
+                    tally.errors["stream_error_event"] += 1
+            if first is not None:
+                tally.ttft.append(first)
+    except httpx.HTTPError as exc:
+        tally.errors[type(exc).__name__] += 1
+
+
+async def _open_loop(client: httpx.AsyncClient, key: str, body: dict[str, object], rps: float, seconds: float,
+                     tally: Tally) -> None:
+    """Send at a fixed rate regardless of answers (a client that does not back off)."""
+    tasks: list[asyncio.Task[None]] = []
+    start = time.perf_counter()
+    n = int(rps * seconds)
+    for i in range(n):
+        delay = start + i / rps - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_stream(client, key, body, tally)))
+    await asyncio.gather(*tasks)
+
+
+async def _bench(web_url: str, quiet_key: str, flood_key: str, model: str, args: argparse.Namespace) -> dict:
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
+    quiet_body = {"model": model, "prompt": PROMPT, "max_tokens": args.quiet_tokens, "temperature": 0}
+    flood_body = {"model": model, "prompt": PROMPT * 4, "max_tokens": args.flood_tokens, "temperature": 0,
+                  "ignore_eos": True}
+    solo, flooded, flood = Tally(), Tally(), Tally()
+    flood_rps = args.flood_rpm / 60 * args.flood_factor
+    async with httpx.AsyncClient(base_url=web_url, timeout=120, limits=limits) as client:
+        await _open_loop(client, quiet_key, quiet_body, 4, 3, Tally())  # warm connections and caches
+        for r in range(args.rounds):
+            await _open_loop(client, quiet_key, quiet_body, args.quiet_rps, args.seconds, solo)
+            print(f"round {r + 1}: solo done ({len(solo.ttft)} TTFTs)", flush=True)
+            await asyncio.sleep(61 - time.time() % 60)  # a fresh rate-limit window for each flood
+            await asyncio.gather(
+                _open_loop(client, quiet_key, quiet_body, args.quiet_rps, args.seconds, flooded),
+                _open_loop(client, flood_key, flood_body, flood_rps, args.seconds, flood))
+            print(f"round {r + 1}: flood done ({len(flooded.ttft)} TTFTs; flooder {dict(flood.status)})", flush=True)
+            await asyncio.sleep(2)
+    return {"solo": solo, "flooded": flooded, "flood": flood, "flood_rps": flood_rps}
+
+
+def _admission_counters(internal_url: str) -> dict[str, float]:
+    text = httpx.get(internal_url + "/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("quiver_gateway_admission_total", "quiver_gateway_rate_limited_total")):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the stack, run the rounds, print the figures. Returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2, help="solo/flood rounds")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    parser.add_argument("--quiet-rps", type=float, default=4.0, help="the quiet tenant's request rate")
+    parser.add_argument("--quiet-tokens", type=int, default=16, help="max_tokens of the quiet tenant's requests")
+    parser.add_argument("--flood-rpm", type=int, default=300, help="the flooder's requests-per-minute limit")
+    parser.add_argument("--flood-factor", type=float, default=6.0, help="the flood rate as a multiple of its limit")
+    parser.add_argument("--flood-tokens", type=int, default=64, help="max_tokens of the flooder's requests")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
+        raise SystemExit("run through ./scripts/bench_fairness (it starts PostgreSQL and Redis)")
+
+    assets = ensure_demo_assets(REPO / ".cache" / "demo-assets")
+    workdir = Path(tempfile.mkdtemp(prefix="quiver-bench-fair-"))
+    (workdir / "logs").mkdir()
+    (workdir / "metrics").mkdir()
+    procs = Processes(workdir / "logs")
+    engine_port, web_port, agent_port, internal_port = free_port(), free_port(), free_port(), free_port()
+    web_url, internal_url = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{internal_port}"
+    engine_url, agent_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{agent_port}"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.local",
+        "DJANGO_DEBUG": "false",
+        "DJANGO_LOG_LEVEL": "WARNING",
+        "QUIVER_NODE_SECRET": os.urandom(32).hex(),
+        "DJANGO_SECRET_KEY": os.urandom(32).hex(),
+        "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex(),
+        "CELERY_TASK_ALWAYS_EAGER": "false",
+    }
+    web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")}
+    with ExitStack() as stack:
+        stack.callback(procs.stop_all)
+        _manage(env, "migrate", "--noinput")
+        _manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
+        suffix = os.getpid()
+        quiet_key = _manage(env, "quiver_tenant_create", f"quiet{suffix}", "--name", "Quiet").splitlines()[-1]
+        flood_key = _manage(env, "quiver_tenant_create", f"flood{suffix}", "--name", "Flood").splitlines()[-1]
+        _manage(env, "shell", "-c", f"from tenants.models import Tenant; "
+                f"Tenant.objects.filter(slug='flood{suffix}').update(rpm_limit={args.flood_rpm})")
+        node_env = dict(line.split("=", 1) for line in _manage(
+            env, "quiver_node_register", "fair-node-1", "--agent-url", agent_url, "--engine-url", engine_url,
+            "--base-model", assets.served_name).splitlines())
+        node_key = node_env["QUIVER_NODE_KEY"]
+        engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
+        procs.start("vllm", engine_argv(engine, python=PY),
+                    engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY}))
+        procs.start("web", [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
+                            str(web_port), "--log-level", "warning", "--no-access-log"], web_env)
+        procs.start("internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
+                                 "--port", str(internal_port), "--log-level", "warning"], web_env)
+        procs.start("agent", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1", "--port",
+                              str(agent_port), "--log-level", "warning"], {
+            **{k: v for k, v in env.items() if k not in CONTROL_ONLY}, **node_env, "QUIVER_ENGINE_URL": engine.url,
+            "QUIVER_BASE_MODEL": assets.served_name, "QUIVER_NODE_CACHE_DIR": str(workdir / "node-cache"),
+            "QUIVER_AGENT_URL": agent_url, "QUIVER_CONTROL_URL": internal_url, "QUIVER_LOAD_REDIS_URL": env["REDIS_URL"],
+            "QUIVER_HEARTBEAT_SECONDS": "2", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",
+            "QUIVER_MAX_LORA_RANK": "16", "AWS_STORAGE_BUCKET_NAME": "quiver",
+        })
+        procs.wait_http("web", web_url + "/healthz", 60)
+        procs.wait_http("vllm", engine.url + "/health", 900)  # slow under a shared CPU
+        procs.wait_http("agent", agent_url + "/healthz", 60)
+        deadline = time.monotonic() + 60
+        probe = {"model": assets.served_name, "prompt": "x", "max_tokens": 1}
+        while httpx.post(web_url + "/v1/completions", json=probe, timeout=30,
+                         headers={"Authorization": f"Bearer {quiet_key}"}).status_code != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit("the gateway never served the base model (no node heartbeat?)")
+            time.sleep(0.5)
+        load0 = os.getloadavg()
+        print(f"quiet: {args.quiet_rps:g} req/s streaming, max_tokens {args.quiet_tokens}; flood: limit "
+              f"{args.flood_rpm} rpm, sent at {args.flood_factor:g}x = {args.flood_rpm / 60 * args.flood_factor:.1f} "
+              f"req/s, max_tokens {args.flood_tokens}; {args.rounds} rounds x {args.seconds:g} s per phase; "
+              f"cores {os.cpu_count()}; load avg {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
+        r = asyncio.run(_bench(web_url, quiet_key, flood_key, assets.served_name, args))
+        solo, flooded, flood = r["solo"], r["flooded"], r["flood"]
+        fivexx = sum(n for t in (solo, flooded, flood) for s, n in t.status.items() if s >= 500)
+        cut = sum(sum(t.errors.values()) for t in (solo, flooded, flood))
+        load1 = os.getloadavg()
+        s99, f99 = _pct(solo.ttft, .99), _pct(flooded.ttft, .99)
+        print(f"\n{'quiet tenant TTFT':<28} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}")
+        print(f"{'  alone':<28} {len(solo.ttft):>5} {_pct(solo.ttft, .5):8.1f} {s99:8.1f}")
+        print(f"{'  under the flood':<28} {len(flooded.ttft):>5} {_pct(flooded.ttft, .5):8.1f} {f99:8.1f}")
+        print(f"p99 ratio (flood / alone): {f99 / s99:.2f}x   (goal <= 1.5x)")
+        print(f"quiet statuses: alone {dict(solo.status)}, under the flood {dict(flooded.status)}")
+        print(f"flooder: sent {sum(flood.status.values())} at {r['flood_rps']:.1f} req/s; statuses "
+              f"{dict(flood.status)}; 429s {flood.status[429]}, with Retry-After {flood.retry_after}")
+        print(f"5xx responses: {fivexx}   (goal 0); transport errors / error events: {cut} {dict(solo.errors + flooded.errors + flood.errors)}")
+        print(f"gateway counters: {_admission_counters(internal_url)}")
+        print(f"load avg: before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "
+              f"{load1[2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
