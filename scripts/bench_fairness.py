@@ -192,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             "QUIVER_HEARTBEAT_SECONDS": "2", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",
             "QUIVER_MAX_LORA_RANK": "16", "AWS_STORAGE_BUCKET_NAME": "quiver",
         })
-        procs.wait_http("web", web_url + "/healthz", 60)
+        procs.wait_http("web", web_url + "/healthz", 600)  # slow under a shared CPU
         procs.wait_http("vllm", engine.url + "/health", 900)  # slow under a shared CPU
-        procs.wait_http("agent", agent_url + "/healthz", 60)
+        procs.wait_http("agent", agent_url + "/healthz", 300)
         deadline = time.monotonic() + 60
         probe = {"model": assets.served_name, "prompt": "x", "max_tokens": 1}
         while httpx.post(web_url + "/v1/completions", json=probe, timeout=30,

@@ -16,23 +16,33 @@ slug_validator = RegexValidator(
 )
 
 
+# Priority classes → vLLM's request ``priority`` (lower runs first; 0 is the engine's default).
+PRIORITY_CLASSES = {"high": -1, "normal": 0, "low": 1}
+PRIORITY_CHOICES = [(name, name) for name in PRIORITY_CLASSES]
+
+
 class RequestLimits(models.Model):
     """Gateway limits shared by tenants and keys; null = unlimited (enforced by ``inference.gateway.limits``).
 
     Units: requests per minute, tokens per minute (prompt + completion), requests in flight, and a cap on one
-    request's ``max_tokens``.
+    request's ``max_tokens``. ``priority_class`` orders requests when nodes are saturated (``high`` before
+    ``normal`` before ``low``; on the gateway's admission queue and, as vLLM's ``priority`` -1/0/1, in the engine's
+    priority scheduler); null = ``normal`` on a tenant, the tenant's class on a key. A key never ranks above its
+    tenant.
     """
 
     rpm_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     tpm_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_tokens_limit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    # null = unset (inherit), as null means "no limit" on the fields above
+    priority_class = models.CharField(max_length=8, null=True, blank=True, choices=PRIORITY_CHOICES)  # noqa: DJ001
 
     class Meta:
         abstract = True
 
 
-LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit")
+LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit", "priority_class")
 
 
 class Tenant(RequestLimits):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from tenants.models import LIMIT_FIELDS, ApiKey
+from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey
 from tenants.scopes import ALL_SCOPES
 
 
@@ -24,6 +24,8 @@ class LimitsSerializer(serializers.Serializer):
     tpm_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
     concurrency_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
     max_tokens_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    priority_class = serializers.ChoiceField(choices=list(PRIORITY_CLASSES), allow_null=True, required=False,
+                                             help_text="high, normal or low: the order under saturation.")
 
 
 class ApiKeyOutputSerializer(serializers.ModelSerializer):

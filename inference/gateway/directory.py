@@ -51,6 +51,14 @@ def _limits(obj: Any) -> Limits:
                   concurrency=getattr(obj, "concurrency_limit", None), max_tokens=getattr(obj, "max_tokens_limit", None))
 
 
+def _priority(tenant_class: str | None, key_class: str | None) -> int:
+    """vLLM's ``priority`` for a key: its own class if set, never above (numerically below) its tenant's."""
+    from tenants.models import PRIORITY_CLASSES
+
+    tenant_p = PRIORITY_CLASSES.get(tenant_class or "normal", 0)
+    return max(tenant_p, PRIORITY_CLASSES.get(key_class, tenant_p)) if key_class else tenant_p
+
+
 def load_key(key_id: str) -> KeyView | None:
     """The key with ``key_id`` (any state: the caller checks enabled/expiry), or None."""
     from tenants.models import ApiKey
@@ -61,7 +69,7 @@ def load_key(key_id: str) -> KeyView | None:
     return KeyView(pk=key.pk, key_id=key.key_id, digest=key.digest, enabled=key.enabled, expires_at=key.expires_at,
                    scopes=frozenset(key.scopes), tenant_id=key.tenant_id, tenant_slug=key.tenant.slug,
                    tenant_limits=_limits(key.tenant), key_limits=_limits(key),
-                   priority=getattr(key, "priority", None) or getattr(key.tenant, "priority", 0) or 0)
+                   priority=_priority(key.tenant.priority_class, key.priority_class))
 
 
 def load_target(tenant_id: int, model: str) -> TargetView | str:

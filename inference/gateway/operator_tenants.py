@@ -32,6 +32,7 @@ class LimitsOutputSerializer(serializers.Serializer):
     tpm_limit = serializers.IntegerField(allow_null=True)
     concurrency_limit = serializers.IntegerField(allow_null=True)
     max_tokens_limit = serializers.IntegerField(allow_null=True)
+    priority_class = serializers.CharField(allow_null=True)
 
 
 class OperatorTenantSerializer(serializers.Serializer):
@@ -44,7 +45,7 @@ class OperatorTenantSerializer(serializers.Serializer):
 
     @extend_schema(responses=LimitsOutputSerializer)
     def get_limits(self, tenant: Tenant) -> dict[str, Any]:
-        """The four limits."""
+        """The limits and the priority class."""
         return {name: getattr(tenant, name) for name in LIMIT_FIELDS}
 
     @extend_schema(responses=QuotaSerializer)

@@ -43,7 +43,7 @@ class KeyView:
     tenant_slug: str
     tenant_limits: Limits = Limits()
     key_limits: Limits = Limits()
-    priority: int = 0
+    priority: int = 0  # vLLM's priority for this key's requests (lower first): tenants.models.PRIORITY_CLASSES
 
     def secret_matches(self, secret: str, hmac_key: bytes) -> bool:
         """Constant-time check of the presented secret against the stored HMAC-SHA256 digest (conventions §4)."""

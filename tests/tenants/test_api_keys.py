@@ -134,10 +134,30 @@ def test_key_limits_are_editable_and_checked(make_client) -> None:  # type: igno
 
 
 @pytest.mark.django_db
+def test_key_priority_class_is_editable_and_never_ranks_above_its_tenant(make_client) -> None:  # type: ignore[no-untyped-def]
+    from inference.gateway.directory import load_key
+
+    client, tenant, _ = make_client()
+    key_id = client.post("/api/v1/api-keys", {"name": "batch"}, format="json").json()["key_id"]
+    bad = client.patch(f"/api/v1/api-keys/{key_id}", {"priority_class": "urgent"}, format="json")
+    assert bad.status_code == 400 and "priority_class" in bad.json()["fields"]
+    assert load_key(key_id).priority == 0  # type: ignore[union-attr]  # normal by default
+    resp = client.patch(f"/api/v1/api-keys/{key_id}", {"priority_class": "low"}, format="json")
+    assert resp.status_code == 200 and resp.json()["priority_class"] == "low"
+    assert load_key(key_id).priority == 1  # type: ignore[union-attr]  # vLLM runs lower values first
+    client.patch(f"/api/v1/api-keys/{key_id}", {"priority_class": "high"}, format="json")
+    assert load_key(key_id).priority == 0  # type: ignore[union-attr]  # a key cannot outrank its normal tenant
+    tenant.priority_class = "high"
+    tenant.save()
+    assert load_key(key_id).priority == -1  # type: ignore[union-attr]
+
+
+@pytest.mark.django_db
 def test_tenant_limits_are_readable_by_the_tenant_and_set_by_operators(make_client, django_user_model) -> None:  # type: ignore[no-untyped-def]
     client, tenant, _ = make_client()
     assert client.get("/api/v1/tenant/limits").json() == {"rpm_limit": None, "tpm_limit": None,
-                                                          "concurrency_limit": None, "max_tokens_limit": None}
+                                                          "concurrency_limit": None, "max_tokens_limit": None,
+                                                          "priority_class": None}
     assert client.patch("/api/v1/tenant/limits", {"rpm_limit": 10**6}, format="json").status_code == 403
     staff = django_user_model.objects.create_user(username="op", password="pw-op-123456", is_staff=True)
     operator = APIClient()

@@ -830,6 +830,7 @@ export interface components {
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
             max_tokens_limit?: number | null;
+            priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["BlankEnum"] | components["schemas"]["NullEnum"]) | null;
             secret: string;
         };
         /** @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at``. */
@@ -866,6 +867,7 @@ export interface components {
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
             max_tokens_limit?: number | null;
+            priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["BlankEnum"] | components["schemas"]["NullEnum"]) | null;
         };
         /** @description One operator action. */
         Audit: {
@@ -887,6 +889,8 @@ export interface components {
             /** Format: int64 */
             max_adapter_bytes?: number;
         };
+        /** @enum {unknown} */
+        BlankEnum: "";
         /** @description A version's desired state. */
         Intent: {
             version_id: number;
@@ -995,11 +999,13 @@ export interface components {
             gpu_used: number;
             cpu_used: number;
         };
+        /** @enum {unknown} */
+        NullEnum: null;
         /** @description One tenant as operators see it: limits and residency quota. */
         OperatorTenant: {
             slug: string;
             name: string;
-            /** @description The four limits. */
+            /** @description The limits and the priority class. */
             readonly limits: {
                 [key: string]: unknown;
             };
@@ -1027,6 +1033,7 @@ export interface components {
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
             max_tokens_limit?: number | null;
+            priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["BlankEnum"] | components["schemas"]["NullEnum"]) | null;
         };
         /**
          * @description Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
@@ -1037,6 +1044,14 @@ export interface components {
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
             max_tokens_limit?: number | null;
+            /**
+             * @description high, normal or low: the order under saturation.
+             *
+             *     * `high` - high
+             *     * `normal` - normal
+             *     * `low` - low
+             */
+            priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["NullEnum"]) | null;
         };
         /** @description Input of ``PATCH /api/v1/members/{username}``. */
         PatchedMemberRole: {
@@ -1068,6 +1083,13 @@ export interface components {
             /** Format: date-time */
             readonly updated_at: string;
         };
+        /**
+         * @description * `high` - high
+         *     * `normal` - normal
+         *     * `low` - low
+         * @enum {string}
+         */
+        PriorityClassEnum: "high" | "normal" | "low";
         /** @description A tenant's residency quota; null = no limit. */
         Quota: {
             max_pinned?: number | null;

@@ -140,7 +140,7 @@ def test_operator_edits_limits_audited_and_tenants_cannot(op: APIClient, make_se
     owner, tenant, _ = make_session_client(role="owner")
     listed = {t["slug"]: t for t in op.get("/api/v1/operator/tenants").json()}
     assert listed[tenant.slug]["limits"] == {"rpm_limit": None, "tpm_limit": None, "concurrency_limit": None,
-                                             "max_tokens_limit": None}
+                                             "max_tokens_limit": None, "priority_class": None}
     assert listed[tenant.slug]["residency_quota"] == {"max_pinned": None, "max_gpu_bytes": None}
     answer = op.patch(f"/api/v1/operator/tenants/{tenant.slug}/limits", {"rpm_limit": 2, "max_tokens_limit": 64},
                       format="json")
