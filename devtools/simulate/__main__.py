@@ -19,6 +19,8 @@ from devtools.simulate.policies import BASELINES, Policy, QuiverPolicy
 from devtools.simulate.run import METRICS, Result, simulate
 from devtools.simulate.workload import WorkloadSpec, generate, popularity_share
 from inference.fleet.eviction import EvictionPolicy
+from inference.fleet.placement import PlacementConfig
+from inference.fleet.routing import RouteConfig
 
 POLICIES = ("quiver", "random", "round_robin", "least_loaded", "lru_where_loaded")
 
@@ -51,6 +53,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     q = p.add_argument_group("quiver policy")
     q.add_argument("--eviction", choices=[e.value for e in EvictionPolicy], default="lfu")
     q.add_argument("--replan-s", type=float, default=30.0, help="seconds between placement runs")
+    q.add_argument("--load-bound", type=float, default=PlacementConfig.load_bound,
+                   help="placement's bounded-load c: a node takes at most c x the mean node rate")
+    q.add_argument("--replica-util", type=float, default=PlacementConfig.replica_util,
+                   help="share of a mean node's rate one replica carries before another is added")
+    q.add_argument("--route-bound", type=float, default=RouteConfig.load_bound,
+                   help="routing's bounded-load c over the candidates' mean load (+1)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma list of policies to run")
     p.add_argument("--json", action="store_true", help="print {\"policies\": {name: figures}} only")
     args = p.parse_args(argv)
@@ -80,7 +88,10 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Result], dict[str, float]]:
             if name == "quiver":
                 return QuiverPolicy(nodes, seed=args.seed, sizes=sizes, ranks=trace.rank_of,
                                     tenants=trace.tenant_of, costs=costs, eviction=EvictionPolicy(args.eviction),
-                                    replan_s=args.replan_s)
+                                    replan_s=args.replan_s,
+                                    placement=PlacementConfig(load_bound=args.load_bound,
+                                                              replica_util=args.replica_util),
+                                    routing=RouteConfig(load_bound=args.route_bound))
             return BASELINES[name](nodes, seed=args.seed)
         return make
 

@@ -5,8 +5,9 @@ Run: `uvicorn inference.node.agent:app --host 0.0.0.0 --port 8100` with the env 
 `Authorization: Bearer <QUIVER_NODE_KEY>`. Errors are `{"detail": str, "code": str}`.
 
 Routes (a fixed contract with the control plane):
-- `POST /v1/adapters/load` `{"lora_name", "lora_int_id", "files": [{"name", "s3_key", "sha256", "size"}], "pin"}`
-  -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned", "download_ms", "load_ms"}`
+- `POST /v1/adapters/load` `{"lora_name", "lora_int_id", "files": [{"name", "s3_key", "sha256", "size"}], "pin",
+  "expect_effect"}` -> `{"lora_name", "lora_int_id", "tier" (engine's own: "hot" | "warm"), "pinned", "download_ms",
+  "load_ms", "effect", "evicted"}`
 - `POST /v1/adapters/unload` `{"lora_name", "purge"}` -> `{"lora_name", "tier": "staged"}` (`"cold"` with purge)
 - `POST /v1/adapters/pin` `{"lora_name"}` -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned": true}`
 - `GET /v1/state` -> see `NodeAgent.state`
@@ -69,6 +70,8 @@ class LoadIn(BaseModel):
     lora_int_id: int = Field(ge=1)
     files: list[FileIn] = Field(min_length=1)
     pin: bool = False
+    # False when validation warned the adapter is untrained: a no-effect probe then does not fail the load.
+    expect_effect: bool = True
 
 
 class NameIn(BaseModel):
@@ -209,7 +212,8 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
     @app.post("/v1/adapters/load", dependencies=auth)
     async def load(body: LoadIn, request: Request) -> dict[str, Any]:
         files = [FileSpec(f.name, f.s3_key, f.sha256, f.size) for f in body.files]
-        result = await agent_of(request).load(body.lora_name, body.lora_int_id, files, pin=body.pin)
+        result = await agent_of(request).load(body.lora_name, body.lora_int_id, files, pin=body.pin,
+                                              expect_effect=body.expect_effect)
         return result.as_json()
 
     @app.post("/v1/adapters/unload", dependencies=auth)

@@ -50,6 +50,11 @@ class NodeSettings:
             the gateway's figures under its 250 ms staleness bound).
         scheduling_policy: `QUIVER_SCHEDULING_POLICY`, the engine's `--scheduling-policy` (`priority`, as
             `inference.node.launch` starts it, or `fcfs`); the gateway sends `priority` only to `priority` engines.
+        eviction_policy: `QUIVER_EVICTION_POLICY`, `lru` | `lfu` | `cost` (default `lfu`): which adapter leaves
+            the engine's CPU cache when a load needs room (``inference.fleet.eviction.choose_victims``), chosen by
+            the agent before vLLM's own LRU would.
+        effect_probe: `QUIVER_EFFECT_PROBE` (default on, `0` turns it off): after each load, compare a short greedy
+            completion with and without the adapter (``NodeAgent.probe_effect``).
     """
 
     node_name: str
@@ -72,6 +77,8 @@ class NodeSettings:
     load_redis_url: str = ""
     load_publish_s: float = 0.1
     scheduling_policy: str = "priority"
+    eviction_policy: str = "lfu"
+    effect_probe: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> NodeSettings:
@@ -116,6 +123,8 @@ class NodeSettings:
             load_redis_url=env.get("QUIVER_LOAD_REDIS_URL") or env.get("REDIS_URL") or "",
             load_publish_s=_positive_float(env, "QUIVER_LOAD_PUBLISH_MS", 100.0) / 1000,
             scheduling_policy=_policy(env),
+            eviction_policy=_eviction_policy(env),
+            effect_probe=env.get("QUIVER_EFFECT_PROBE", "1").strip().lower() not in ("0", "false", "no", "off"),
         )
 
 
@@ -163,3 +172,13 @@ def _cache_budget(env: Mapping[str, str]) -> int | None:
     if value < 0:
         raise ConfigError(f"QUIVER_NODE_CACHE_MAX_BYTES must be >= 0 (0 = unbounded), got {value}")
     return value or None
+
+
+EVICTION_POLICIES = ("lru", "lfu", "cost")
+
+
+def _eviction_policy(env: Mapping[str, str]) -> str:
+    value = (env.get("QUIVER_EVICTION_POLICY") or "lfu").strip().lower()
+    if value not in EVICTION_POLICIES:
+        raise ConfigError(f"QUIVER_EVICTION_POLICY={value!r}; use one of {', '.join(EVICTION_POLICIES)}")
+    return value

@@ -98,6 +98,24 @@ class EngineHTTPClient:
         body = await self._json("GET", "/quiver/v1/loras")
         return list(body.get("loras", []))
 
+    async def complete_greedy(self, model: str, prompt: str, *, max_tokens: int) -> tuple[list[int], list[float]]:
+        """`POST /v1/completions`, greedy (`temperature` 0, `ignore_eos`), with each chosen token's logprob.
+
+        Returns:
+            `(token_ids, logprobs)` of the generated tokens.
+
+        Raises:
+            EngineError: the engine refused or could not be reached.
+        """
+        body = await self._json("POST", "/v1/completions", {
+            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "logprobs": 1, "return_token_ids": True})
+        try:
+            choice = body["choices"][0]
+            return [int(t) for t in choice["token_ids"]], [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineError(502, "engine_error", f"unexpected completion shape: {exc}") from exc
+
     async def metrics_text(self) -> str:
         """`GET /metrics` body (Prometheus text).
 

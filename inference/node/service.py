@@ -11,6 +11,7 @@ so in `residency.source`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inference.fleet.eviction import AllPinnedError, EvictionConfig, EvictionPolicy, Resident, choose_victims
 from inference.node.cache import AdapterCache, CacheError, FileSpec
 from inference.node.config import NodeSettings
 from inference.node.engine_client import EngineError, EngineHTTPClient
@@ -46,6 +48,11 @@ class LoadResult:
         pinned: whether the engine pins it now.
         download_ms: staging time in ms (verification of reused files included).
         load_ms: engine `add_lora` (+ `pin_lora`) time in ms.
+        tier: where the engine holds it right after the load (`hot` = GPU slot, `warm` = CPU cache), read from
+            the engine's own lists (vLLM's `add_lora` activates into a GPU slot, so usually `hot`).
+        effect: the effect probe's verdict (`NodeAgent.probe_effect`): `changed`, `no_effect`, `unknown` (the
+            probe failed) or `unchecked` (probe off).
+        evicted: names the agent removed from the engine to make room (its eviction policy's choice).
     """
 
     lora_name: str
@@ -53,17 +60,33 @@ class LoadResult:
     pinned: bool
     download_ms: float
     load_ms: float
+    tier: str = "warm"
+    effect: str = "unchecked"
+    evicted: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """The contract's response body."""
         return {
             "lora_name": self.lora_name,
             "lora_int_id": self.lora_int_id,
-            "tier": "warm",
+            "tier": self.tier,
             "pinned": self.pinned,
             "download_ms": round(self.download_ms, 3),
             "load_ms": round(self.load_ms, 3),
+            "effect": self.effect,
+            "evicted": list(self.evicted),
         }
+
+
+# The effect probe (issue 6 §5): a fixed prompt, a few greedy tokens, each chosen token's logprob compared.
+PROBE_PROMPT = "The quick brown fox jumps over the lazy dog and"
+PROBE_TOKENS = 4
+# An adapter that adds exact zeros leaves fp32 logprobs bit-identical; batching noise stays far below this.
+PROBE_TOLERANCE = 1e-4
+# Reload cost from disk for the cost-aware policy: the engine's fixed add_lora cost measured on the CPU node
+# (22 ms, docs/placement.md) plus the bytes at 1 GB/s (devtools/simulate/costs.py's disk figure).
+RELOAD_FIXED_MS = 22.0
+DISK_BYTES_PER_MS = 1e6
 
 
 ENGINE_TIER_WORD = {"gpu": "hot", "cpu": "warm", "disk": "staged"}
@@ -101,20 +124,33 @@ class NodeAgent:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # lora_name -> (lora_int_id, error code) of its last failed load here; cleared by a good load or unload.
         self.errored: dict[str, tuple[int, str]] = {}
+        # lora_name -> (lora_int_id, effect probe verdict) of its last good load here.
+        self.effects: dict[str, tuple[int, str]] = {}
+        # Making room and adding happen one at a time: two loads must not pick each other's adapters as victims.
+        self._room = asyncio.Lock()
+        self._base_probe: tuple[list[int], list[float]] | None = None
+        self.eviction = EvictionConfig(policy=EvictionPolicy(settings.eviction_policy))
 
     async def load(
-        self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool
+        self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool, expect_effect: bool = True
     ) -> LoadResult:
-        """Stage the files, then `add_lora` with `lora_int_id` (and `pin_lora` if asked).
+        """Stage the files, make room by this node's eviction policy, `add_lora` with `lora_int_id` (and
+        `pin_lora` if asked), then probe that the adapter changes the output.
 
         Idempotent: an adapter already served under the same id answers 200 again. If `lora_name` is
         served under another id (a new AdapterVersion behind the same name), the old one is removed
-        from the engine first, then the new one is added.
+        from the engine first, then the new one is added. When the engine's CPU cache is full, the agent removes
+        the adapter ``choose_victims`` picks (``QUIVER_EVICTION_POLICY``) before vLLM's LRU would pick one.
+
+        Args:
+            expect_effect: False when validation already warned the adapter is untrained; a `no_effect` probe
+                then only shows in the answer and the state report instead of failing the load.
 
         Raises:
             AgentError: `invalid_request` 400; `s3_object_missing` 404; `s3_error` 502;
-                `sha256_mismatch`/`size_mismatch` 422; `engine_load_failed` 422;
-                `lora_int_id_conflict` 409; `pin_failed` 409; `engine_unavailable` 503.
+                `sha256_mismatch`/`size_mismatch` 422; `engine_load_failed` 422; `no_effect` 422 (the adapter
+                changed nothing; it was removed again); `lora_int_id_conflict` 409; `pin_failed` 409;
+                `all_pinned` 409 (the CPU cache holds only pins); `engine_unavailable` 503.
         """
         async with self._locks[lora_name]:
             try:
@@ -128,13 +164,26 @@ class NodeAgent:
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
             started = time.perf_counter()
             try:
-                result = await self._add(lora_name, lora_int_id, str(staged.path), pin)
+                async with self._room:
+                    evicted = await self._make_room(lora_int_id)
+                    result = await self._add(lora_name, lora_int_id, str(staged.path), pin)
             except EngineError as exc:
                 if exc.code != "engine_unavailable":
                     self.errored[lora_name] = (lora_int_id, exc.code)
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
-            self.errored.pop(lora_name, None)
             load_ms = (time.perf_counter() - started) * 1000.0
+            effect = await self.probe_effect(lora_name) if self.settings.effect_probe else "unchecked"
+            if effect == "no_effect" and expect_effect:
+                with contextlib.suppress(EngineError):
+                    await self.engine.remove_lora(lora_name)
+                self.errored[lora_name] = (lora_int_id, "no_effect")
+                self.effects.pop(lora_name, None)
+                logger.warning("agent.no_effect", extra={"lora_name": lora_name, "lora_int_id": lora_int_id})
+                raise AgentError(422, "no_effect", f"'{lora_name}' changes nothing: greedy output and logprobs on a "
+                                 "fixed prompt equal the base model's, so it would serve as the base model")
+            self.errored.pop(lora_name, None)
+            self.effects[lora_name] = (lora_int_id, effect)
+            tier = await self._tier_now(lora_int_id)
         await self._enforce_budget({(lora_name, lora_int_id)})
         logger.info(
             "agent.loaded",
@@ -146,7 +195,92 @@ class NodeAgent:
                 "load_ms": round(load_ms, 1),
             },
         )
-        return LoadResult(lora_name, lora_int_id, bool(result["pinned"]), staged.download_ms, load_ms)
+        return LoadResult(lora_name, lora_int_id, bool(result["pinned"]), staged.download_ms, load_ms, tier=tier,
+                          effect=effect, evicted=evicted)
+
+    async def _tier_now(self, lora_int_id: int) -> str:
+        """The adapter's tier in the engine's own lists now (`hot`/`warm`; `warm` when they cannot be read)."""
+        try:
+            report = await self.engine.loras_report()
+        except EngineError:
+            return "warm"
+        for lora in report.get("loras", []):
+            if int(lora["lora_int_id"]) == lora_int_id and lora.get("tier") in ("gpu", "cpu"):
+                return ENGINE_TIER_WORD[lora["tier"]]
+        return "warm"
+
+    async def _make_room(self, lora_int_id: int) -> tuple[str, ...]:
+        """Remove the adapters ``choose_victims`` picks when the engine's CPU cache is full and ``lora_int_id``
+        is not in it. Without the worker's lists (no extension), vLLM's LRU decides, as before.
+
+        Residents come from the engine's own figures (``inference.node.worker_ext``): recency = seconds since its
+        last batch, frequency = scheduler steps that used it, reload cost = ``RELOAD_FIXED_MS`` + bytes from disk.
+
+        Raises:
+            EngineError: 409 `all_pinned` when every resident is pinned (vLLM would raise the same).
+        """
+        report = await self.engine.loras_report()
+        residency = report.get("residency")
+        if not residency:
+            return ()
+        cpu = [int(i) for i in residency.get("cpu", [])]
+        capacity = int(residency.get("max_cpu_loras") or self.settings.max_cpu_loras)
+        if lora_int_id in cpu or len(cpu) < capacity:
+            return ()
+        names = {int(lora["lora_int_id"]): lora["lora_name"] for lora in report.get("loras", [])}
+        sizes = {int(k): int(v) for k, v in residency.get("bytes", {}).items()}
+        idle = {int(k): float(v) for k, v in residency.get("idle_s", {}).items()}
+        steps = {int(k): float(v) for k, v in residency.get("steps", {}).items()}
+        pinned = {int(i) for i in residency.get("pinned", [])}
+        residents = [Resident(version_id=i, tenant_id=0, size_bytes=sizes.get(i, 0), pinned=i in pinned,
+                              last_used_s=-idle.get(i, 1e12), hits=steps.get(i, 0.0), hits_at_s=0.0,
+                              reload_ms=RELOAD_FIXED_MS + sizes.get(i, 0) / DISK_BYTES_PER_MS,
+                              desired=i in names)  # an id no name serves is garbage: it goes first
+                     for i in cpu]
+        try:
+            victims = choose_victims(residents, slots=capacity, budget_bytes=None, incoming_bytes=0, now_s=0.0,
+                                     config=self.eviction)
+        except AllPinnedError as exc:
+            raise EngineError(409, "all_pinned", f"every adapter in the engine's CPU cache is pinned: {exc}") from exc
+        removed = []
+        for victim in victims:
+            name = names.get(victim)
+            if name is None:
+                continue  # not removable by name; vLLM's LRU takes it
+            try:
+                await self.engine.remove_lora(name)
+            except EngineError as exc:
+                if exc.code != "lora_not_found":
+                    raise
+            self.effects.pop(name, None)
+            removed.append(name)
+        if removed:
+            logger.info("agent.evicted", extra={"lora_names": removed, "policy": self.eviction.policy.value,
+                                                "for_lora_int_id": lora_int_id})
+        return tuple(removed)
+
+    async def probe_effect(self, lora_name: str) -> str:
+        """Does the adapter change the output? ``PROBE_TOKENS`` greedy tokens on ``PROBE_PROMPT``, with and without it.
+
+        Returns:
+            `changed` (other tokens, or some chosen token's logprob differs by more than ``PROBE_TOLERANCE``),
+            `no_effect` (identical: the adapter adds nothing, e.g. every lora_B is zero or its weights cancel, the
+            `vllm#34186` class of silent no-ops), or `unknown` (the engine did not answer the probe). The base
+            model's answer is asked once per agent process.
+        """
+        try:
+            if self._base_probe is None:
+                self._base_probe = await self.engine.complete_greedy(self.settings.base_model, PROBE_PROMPT,
+                                                                     max_tokens=PROBE_TOKENS)
+            ids, logprobs = await self.engine.complete_greedy(lora_name, PROBE_PROMPT, max_tokens=PROBE_TOKENS)
+        except EngineError as exc:
+            logger.warning("agent.probe_failed", extra={"lora_name": lora_name, "error": exc.detail})
+            return "unknown"
+        base_ids, base_logprobs = self._base_probe
+        if ids != base_ids or len(logprobs) != len(base_logprobs):
+            return "changed"
+        delta = max((abs(a - b) for a, b in zip(logprobs, base_logprobs, strict=True)), default=0.0)
+        return "changed" if delta > PROBE_TOLERANCE else "no_effect"
 
     async def _enforce_budget(self, keep: set[tuple[str, int]]) -> None:
         """Trim the disk cache to its byte budget (LRU), keeping whatever the engine serves (it reloads from disk)."""
@@ -194,6 +328,7 @@ class NodeAgent:
                         404, "lora_not_found", f"'{lora_name}' is neither loaded nor staged"
                     ) from exc
             self.errored.pop(lora_name, None)
+            self.effects.pop(lora_name, None)
             if purge:
                 await asyncio.to_thread(self.cache.remove, lora_name)
         logger.info("agent.unloaded", extra={"lora_name": lora_name, "purge": purge})
@@ -211,10 +346,11 @@ class NodeAgent:
             except EngineError as exc:
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
         logger.info("agent.pinned", extra={"lora_name": lora_name})
+        lora_int_id = result.get("lora_int_id")
         return {
             "lora_name": lora_name,
-            "lora_int_id": result.get("lora_int_id"),
-            "tier": "warm",
+            "lora_int_id": lora_int_id,
+            "tier": await self._tier_now(int(lora_int_id)) if lora_int_id else "warm",
             "pinned": True,
         }
 
@@ -256,18 +392,23 @@ class NodeAgent:
         hot = metrics.hot_lora_names if metrics else set()
         adapters: list[dict[str, Any]] = []
         served_keys = set()
+        loads = {int(k): int(v) for k, v in (engine_residency or {}).get("loads", {}).items()}
         for lora in served:
-            served_keys.add((lora["lora_name"], int(lora["lora_int_id"])))
-            adapters.append(
-                {
-                    "lora_name": lora["lora_name"],
-                    "lora_int_id": int(lora["lora_int_id"]),
-                    "tier": _tier(lora, hot),
-                    "pinned": bool(lora["pinned"]),
-                    "served": True,
-                    "bytes": int(lora.get("bytes") or 0),
-                }
-            )
+            lora_id = int(lora["lora_int_id"])
+            served_keys.add((lora["lora_name"], lora_id))
+            report_entry: dict[str, Any] = {
+                "lora_name": lora["lora_name"],
+                "lora_int_id": lora_id,
+                "tier": _tier(lora, hot),
+                "pinned": bool(lora["pinned"]),
+                "served": True,
+                "bytes": int(lora.get("bytes") or 0),
+                "loads": loads.get(lora_id, 0),
+            }
+            effect = self.effects.get(lora["lora_name"])
+            if effect is not None and effect[0] == lora_id:
+                report_entry["effect"] = effect[1]
+            adapters.append(report_entry)
         staged = await asyncio.to_thread(self.cache.staged)
         disk_bytes = await asyncio.to_thread(lambda: {(e.lora_name, e.lora_int_id): _dir_bytes(e.path) for e in staged})
         served_names = {name for name, _ in served_keys}
@@ -334,4 +475,5 @@ def residency_summary(adapters: list[dict[str, Any]], engine: dict[str, Any] | N
         "cpu_bytes": sum(int(v) for v in engine.get("bytes", {}).values()) if engine else 0,
         "disk_bytes": disk_bytes,
         "gpu_slot_bytes": slot_bytes,
+        "loads_total": int(engine.get("loads_total", 0)) if engine else None,
     }

@@ -11,7 +11,47 @@ the one source that tells an idle GPU-resident adapter from one that was dropped
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from typing import Any
+
+# Per process (the worker): engine loads (disk -> CPU copy, ``WorkerLoRAManager._load_adapter``) per lora_int_id,
+# and per id the scheduler steps that used it and the monotonic time of the last one (``_apply_adapters``, called
+# for every batch). The agent's eviction policy reads them (recency, frequency); tests count loads.
+LOADS: Counter[int] = Counter()
+STEPS: Counter[int] = Counter()
+LAST_USED: dict[int, float] = {}
+
+
+def _count_engine_activity() -> bool:
+    """Wrap vLLM's ``WorkerLoRAManager._load_adapter`` and ``LRUCacheWorkerLoRAManager._apply_adapters`` (class
+    level, once per process) to fill :data:`LOADS`, :data:`STEPS` and :data:`LAST_USED`. False without vLLM."""
+    try:
+        from vllm.lora import worker_manager
+    except ImportError:
+        return False
+    base, lru = worker_manager.WorkerLoRAManager, worker_manager.LRUCacheWorkerLoRAManager
+    if getattr(base._load_adapter, "_quiver_counted", False):
+        return True
+    load, apply = base._load_adapter, lru._apply_adapters
+
+    def counted_load(self: Any, lora_request: Any) -> Any:
+        model = load(self, lora_request)
+        LOADS[int(lora_request.lora_int_id)] += 1
+        return model
+
+    def counted_apply(self: Any, lora_requests: Any) -> None:
+        apply(self, lora_requests)
+        now = time.monotonic()
+        for request in lora_requests:
+            if request:
+                STEPS[int(request.lora_int_id)] += 1
+                LAST_USED[int(request.lora_int_id)] = now
+
+    counted_load._quiver_counted = True  # type: ignore[attr-defined]
+    base._load_adapter = counted_load  # type: ignore[method-assign]
+    lru._apply_adapters = counted_apply  # type: ignore[method-assign]
+    return True
 
 
 def _tensor_bytes(tensor: Any) -> int:
@@ -48,10 +88,14 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         ``{"gpu": [lora_int_id], "cpu": [lora_int_id], "pinned": [lora_int_id], "max_loras": int,
         "max_cpu_loras": int, "slot_bytes": int, "bytes": {lora_int_id: int}}``: ``gpu`` in slot order (``None``
         slots skipped), ``cpu`` every registered id (GPU residents included, as in vLLM), sorted; ``bytes`` per
-        registered adapter's CPU copy.
+        registered adapter's CPU copy. Also ``loads`` (engine loads per id since the worker started, and
+        ``loads_total``), ``steps`` (scheduler steps that used each registered id) and ``idle_s`` (seconds since
+        each registered id was last in a batch; absent when never used), the order being the engine's own LRU
+        order (``lru``, oldest first).
     """
     manager = worker_lora_manager._adapter_manager
     registered = manager._registered_adapters
+    now = time.monotonic()
     gpu = [i for i in manager.lora_index_to_id if i is not None and i in manager._active_adapters]
     return {
         "gpu": gpu,
@@ -62,6 +106,11 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         "slot_bytes": _slot_bytes(manager),
         # ``.cache`` reads without touching the LRU order (``registered[i]`` would refresh it).
         "bytes": {int(i): _adapter_bytes(registered.cache[i]) for i in registered},
+        "lru": [int(i) for i in registered.cache],
+        "loads": {int(i): n for i, n in LOADS.items()},
+        "loads_total": sum(LOADS.values()),
+        "steps": {int(i): STEPS.get(int(i), 0) for i in registered},
+        "idle_s": {int(i): round(now - LAST_USED[int(i)], 3) for i in registered if int(i) in LAST_USED},
     }
 
 
@@ -75,3 +124,6 @@ class QuiverWorkerExtension:
         if manager is None:
             return {"enabled": False}
         return {"enabled": True, **lora_residency(manager)}
+
+
+_count_engine_activity()  # imported in the worker when vLLM resolves --worker-extension-cls, before any load

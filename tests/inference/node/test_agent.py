@@ -84,7 +84,7 @@ def _state_adapters(agent: TestClient) -> list[dict[str, Any]]:
     assert response.status_code == 200
     adapters = response.json()["adapters"]
     assert all(isinstance(a["bytes"], int) and a["bytes"] >= 0 for a in adapters)
-    return [{k: v for k, v in a.items() if k != "bytes"} for a in adapters]
+    return [{k: v for k, v in a.items() if k not in ("bytes", "loads", "effect")} for a in adapters]
 
 
 def test_load_stages_verified_files_and_serves_the_adapter(
@@ -105,9 +105,10 @@ def test_load_stages_verified_files_and_serves_the_adapter(
     assert {k: body[k] for k in ("lora_name", "lora_int_id", "tier", "pinned")} == {
         "lora_name": "acme--bot",
         "lora_int_id": 31,
-        "tier": "warm",
+        "tier": "hot",  # the engine's own lists: add_lora (and the effect probe) put it in a GPU slot
         "pinned": False,
     }
+    assert body["effect"] == "changed" and body["evicted"] == []
     assert body["download_ms"] > 0 and body["load_ms"] > 0
     staged = settings.cache_dir / "acme--bot" / "31"
     for spec in files:
@@ -137,7 +138,8 @@ def test_load_is_idempotent_and_reuses_the_disk_copy(
     second = agent.post("/v1/adapters/load", json=request)
 
     assert first.status_code == 200 and second.status_code == 200, second.text
-    assert set(second.json()) == {"lora_name", "lora_int_id", "tier", "pinned", "download_ms", "load_ms"}
+    assert set(second.json()) == {"lora_name", "lora_int_id", "tier", "pinned", "download_ms", "load_ms", "effect",
+                                  "evicted"}
     assert second.json()["pinned"] is True
     assert _state_adapters(agent) == [
         {"lora_name": "acme--idem", "lora_int_id": 32, "tier": "hot", "pinned": True, "served": True}
@@ -376,36 +378,88 @@ def test_unreachable_control_plane_and_engine_are_not_fatal(settings: NodeSettin
     assert state.json()["kv_cache_usage_perc"] is None and state.json()["num_requests_running"] is None
 
 
-def test_lru_eviction_past_max_cpu_loras_reports_staged(
+def test_a_full_cpu_cache_loses_the_adapter_the_policy_picks(
     agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
 ) -> None:
+    """QUIVER_EVICTION_POLICY=lfu (the default): the busiest adapter stays though it is the least recently used;
+    vLLM's own LRU would have dropped it."""
     files = upload(tiny_adapters["qv-r8"])
-    count = clean_vllm_engine.max_cpu_loras + 1
-    for i in range(count):
-        body = {"lora_name": f"acme--lru{i}", "lora_int_id": 70 + i, "files": files}
-        assert agent.post("/v1/adapters/load", json=body).status_code == 200
+    capacity = clean_vllm_engine.max_cpu_loras
 
+    def load(i: int) -> dict[str, Any]:
+        answer = agent.post("/v1/adapters/load", json={"lora_name": f"acme--lfu{i}", "lora_int_id": 70 + i,
+                                                      "files": files})
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    load(0)
+    for _ in range(4):  # lfu0 is busy, then the least recently used once the others load
+        done = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
+                          json={"model": "acme--lfu0", "prompt": "the", "max_tokens": 8, "ignore_eos": True},
+                          timeout=120)
+        assert done.status_code == 200
+    answers = [load(i) for i in range(1, capacity)]
+    assert all(a["evicted"] == [] for a in answers)  # room was left
+
+    newcomer = load(capacity)
+
+    assert newcomer["evicted"] == ["acme--lfu1"]  # fewest steps; ties broken by recency
     tiers = {a["lora_name"]: (a["tier"], a["served"]) for a in _state_adapters(agent)}
-
-    # The oldest fell out of the engine's CPU cache (LRU) but its name is still served; the others are resident,
-    # the last two loaded in the GPU slots (add_lora activates), the rest in the CPU cache only.
-    slots = clean_vllm_engine.max_loras
-    assert tiers == {f"acme--lru{i}": ("staged" if i == 0 else "hot" if i >= count - slots else "warm", True)
-                     for i in range(count)}
-    residency = agent.get("/v1/state").json()["residency"]
+    assert tiers["acme--lfu0"][1] is True and tiers["acme--lfu0"][0] in ("hot", "warm")
+    assert tiers["acme--lfu1"] == ("staged", False)
+    state = agent.get("/v1/state").json()
+    residency = state["residency"]
     assert {k: residency[k] for k in ("source", "gpu", "cpu", "disk", "errored", "pinned")} == {
-        "source": "engine", "gpu": slots, "cpu": count - 1 - slots, "disk": 1, "errored": 0, "pinned": 0}
+        "source": "engine", "gpu": clean_vllm_engine.max_loras, "cpu": capacity - clean_vllm_engine.max_loras,
+        "disk": 1, "errored": 0, "pinned": 0}
     assert residency["cpu_bytes"] > 0 and residency["disk_bytes"] > 0 and residency["gpu_slot_bytes"] > 0
+    loads = {a["lora_name"]: a["loads"] for a in state["adapters"] if a["served"]}
+    assert loads == {f"acme--lfu{i}": 1 for i in (0, *range(2, capacity + 1))}  # the engine's own load counts
     scrape = agent.get("/metrics", headers={"Authorization": ""})  # Prometheus needs no node key: aggregates only
     assert scrape.status_code == 200
-    assert f'quiver_node_lora_adapters{{tier="gpu"}} {float(slots)}' in scrape.text
-    # Still served: a request reloads it from its staged path.
-    completion = httpx.post(
-        clean_vllm_engine.url + "/v1/completions",
-        json={"model": "acme--lru0", "prompt": "the", "max_tokens": 2},
-        headers=clean_vllm_engine.headers,
-    )
-    assert completion.status_code == 200
+    assert f'quiver_node_lora_adapters{{tier="gpu"}} {float(clean_vllm_engine.max_loras)}' in scrape.text
+
+
+def test_lru_policy_drops_the_least_recently_used(
+    settings: NodeSettings, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
+) -> None:
+    files = upload(tiny_adapters["qv-r8"])
+    with TestClient(create_app(replace(settings, eviction_policy="lru"))) as client:
+        client.headers["Authorization"] = f"Bearer {settings.node_key}"
+        answers = [client.post("/v1/adapters/load", json={"lora_name": f"acme--lru{i}", "lora_int_id": 80 + i,
+                                                           "files": files}).json()
+                   for i in range(clean_vllm_engine.max_cpu_loras + 1)]
+    assert answers[-1]["evicted"] == ["acme--lru0"]
+
+
+def test_the_effect_probe_refuses_an_adapter_that_changes_nothing(
+    agent: TestClient, upload: Upload, no_effect_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
+) -> None:
+    """B @ A == 0 with no all-zero tensor: validation cannot see it; the probe does, and the load fails."""
+    body = {"lora_name": "acme--noop", "lora_int_id": 91, "files": upload(no_effect_adapters["cancel"])}
+
+    refused = agent.post("/v1/adapters/load", json=body)
+
+    assert (refused.status_code, refused.json()["code"]) == (422, "no_effect"), refused.text
+    errored = [a for a in agent.get("/v1/state").json()["adapters"] if a["lora_name"] == "acme--noop"]
+    assert [(a["tier"], a["error_code"], a["served"]) for a in errored] == [("errored", "no_effect", False)]
+    gone = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
+                      json={"model": "acme--noop", "prompt": "the", "max_tokens": 2}, timeout=120)
+    assert gone.status_code == 404  # never served as the base model in silence
+
+
+def test_a_known_untrained_adapter_is_served_with_its_verdict(
+    agent: TestClient, upload: Upload, no_effect_adapters: dict[str, Path]
+) -> None:
+    """Validation already warned (``adapter_untrained``): the control plane sends ``expect_effect: false``."""
+    body = {"lora_name": "acme--zero", "lora_int_id": 92, "files": upload(no_effect_adapters["zero_b"]),
+            "expect_effect": False}
+
+    served = agent.post("/v1/adapters/load", json=body)
+
+    assert served.status_code == 200 and served.json()["effect"] == "no_effect", served.text
+    (entry,) = [a for a in agent.get("/v1/state").json()["adapters"] if a["lora_name"] == "acme--zero"]
+    assert (entry["tier"], entry["served"], entry["effect"]) == ("hot", True, "no_effect")
 
 
 def test_failed_load_is_reported_errored_until_a_good_load(
