@@ -42,3 +42,16 @@ def adapter_residency(adapter_ids: list[int]) -> dict[int, dict[str, int]]:
     from adapters_app.signals import fleet_port
 
     return fleet_port().residency(adapter_ids)
+
+
+def adapter_version_untrained(version: AdapterVersion) -> bool:
+    """True when validation warned ``adapter_untrained`` (every lora_B is zero): a no-effect probe is expected."""
+    report = version.validation_report or {}
+    return any(p.get("code") == "adapter_untrained" for p in report.get("problems", []))
+
+
+def adapter_version_no_effect_refused(version: AdapterVersion) -> bool:
+    """True when a node's effect probe found the version changes nothing and it is not served (see
+    ``adapters_app.services.adapter_version_effect_record``)."""
+    probe = (version.validation_report or {}).get("effect_probe") or {}
+    return probe.get("verdict") == "no_effect" and not probe.get("served", False)

@@ -435,3 +435,37 @@ def adapter_version_validate(version: AdapterVersion) -> AdapterVersion:
     version.save(update_fields=["status", "validation_report", "r", "lora_alpha", "target_modules", "validated_at"])
     logger.info("adapter_version.validated", extra={"version_id": version.pk, "status": version.status})
     return version
+
+
+NO_EFFECT_MESSAGE = ("A node's effect probe found this version changes nothing: greedy output and logprobs on a fixed "
+                     "prompt equal the base model's, so it would serve as the base model.")
+
+
+def adapter_version_effect_record(version: AdapterVersion, *, verdict: str, served: bool) -> AdapterVersion:
+    """Record a node's effect probe verdict in the version's report, as ``validation_report["effect_probe"]`` =
+    ``{"verdict", "served"}``; ``no_effect`` also adds the problem ``no_effect`` (an error when the version is not
+    served because of it, a warning when validation had already warned ``adapter_untrained``).
+
+    Idempotent: the same verdict writes nothing. The row is locked so concurrent warms on two nodes do not lose a
+    write. ``verdict`` is the agent's (``changed``, ``no_effect``); others are ignored.
+    """
+    if verdict not in ("changed", "no_effect"):
+        return version
+    with transaction.atomic():
+        locked = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        report = dict(locked.validation_report or {})
+        wanted = {"verdict": verdict, "served": served}
+        if report.get("effect_probe") == wanted:
+            return locked
+        problems = [p for p in report.get("problems", []) if p.get("code") != "no_effect"]
+        if verdict == "no_effect":
+            problems.append({"code": "no_effect", "severity": "warning" if served else "error",
+                             "field": WEIGHTS_NAME, "message": NO_EFFECT_MESSAGE,
+                             "hint": "Check that the adapter was trained and exported with its trained weights "
+                                     "(lora_B must not cancel lora_A), then upload it again."})
+        report.update(effect_probe=wanted, problems=problems)
+        locked.validation_report = report
+        locked.save(update_fields=["validation_report"])
+    logger.info("adapter_version.effect_probe", extra={"version_id": version.pk, "verdict": verdict,
+                                                       "served": served})
+    return locked

@@ -53,11 +53,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     q = p.add_argument_group("quiver policy")
     q.add_argument("--eviction", choices=[e.value for e in EvictionPolicy], default="lfu")
     q.add_argument("--replan-s", type=float, default=30.0, help="seconds between placement runs")
-    q.add_argument("--load-bound", type=float, default=PlacementConfig.load_bound,
+    q.add_argument("--load-bound", type=float, default=PlacementConfig().load_bound,
                    help="placement's bounded-load c: a node takes at most c x the mean node rate")
-    q.add_argument("--replica-util", type=float, default=PlacementConfig.replica_util,
+    q.add_argument("--replica-util", type=float, default=PlacementConfig().replica_util,
                    help="share of a mean node's rate one replica carries before another is added")
-    q.add_argument("--route-bound", type=float, default=RouteConfig.load_bound,
+    q.add_argument("--route-bound", type=float, default=RouteConfig().load_bound,
                    help="routing's bounded-load c over the candidates' mean load (+1)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma list of policies to run")
     p.add_argument("--json", action="store_true", help="print {\"policies\": {name: figures}} only")

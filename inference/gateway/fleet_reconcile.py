@@ -3,8 +3,10 @@ over live nodes, recent request rates and operators' ``VersionIntent``), through
 
 Idempotent and crash-safe: it reads only committed rows and asks for warms through ``placement_request_warm``, which
 skips a version that is resident or already warming; running it twice, or after a control-plane restart, enqueues
-nothing new for a converged fleet. It adds replicas and pins; it does not evict (the engines' LRUs and the agent's
-eviction make room on demand, and an operator can evict now through the API).
+nothing new for a converged fleet. It adds replicas and pins, and it trims: replicas above a version's
+``max_replicas`` (the plan's nodes kept), then tenants over their ``max_gpu_bytes`` quota lose their own GPU-resident
+adapters, least used first (``inference.fleet.eviction.eviction_order``). Pins are never trimmed. Making room on a full
+node is the agent's job (``QUIVER_EVICTION_POLICY`` on the node); an operator can evict now through the API.
 """
 
 from __future__ import annotations
@@ -13,21 +15,26 @@ import logging
 from collections import defaultdict
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
+from inference.fleet.eviction import Resident, eviction_order
 from inference.fleet.placement import Demand, PlacementNode, place
-from inference.gateway.models import Placement, UsageRecord, VersionIntent
+from inference.gateway.models import Placement, TenantResidencyQuota, UsageRecord, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm
+from inference.gateway.tasks import placement_evict_task
+from workers.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 RATE_WINDOW_S = 600
 
 
 def fleet_reconcile() -> int:
-    """One pass over every base model with live nodes; returns how many warms it asked for."""
+    """One pass over every base model with live nodes; returns how many warms and evictions it asked for."""
     asked = 0
+    plans: dict[int, tuple[str, ...]] = {}
     versions = {
         v.pk: v for v in AdapterVersion.objects.filter(status=AdapterVersion.Status.READY)
         .select_related("adapter__base_model", "adapter__tenant").order_by("adapter_id", "-number")
@@ -63,6 +70,7 @@ def fleet_reconcile() -> int:
                                   max_replicas=intent.max_replicas if intent else None,
                                   pinned_nodes=pinned, resident_on=frozenset(held[v.pk])))
         plan = place(demands, nodes)
+        plans.update(plan)
         node_by_name = {n.name: n for n in live}
         for d in demands:
             for name in plan.get(d.version_id, ()):
@@ -76,5 +84,58 @@ def fleet_reconcile() -> int:
                         continue
                 placement_request_warm(versions[d.version_id], node=node_by_name[name])
                 asked += 1
-    logger.info("fleet.reconciled", extra={"warms": asked})
-    return asked
+    evicted = fleet_trim(plans=plans, intents=intents, counts=counts)
+    logger.info("fleet.reconciled", extra={"warms": asked, "evictions": evicted})
+    return asked + evicted
+
+
+def _evict(placement_ids: list[int]) -> None:
+    with transaction.atomic():
+        for placement_id in placement_ids:
+            enqueue_on_commit(placement_evict_task, placement_id)
+
+
+def fleet_trim(*, plans: dict[int, tuple[str, ...]], intents: dict[int, VersionIntent],
+               counts: dict[int, int]) -> int:
+    """Evict what the desired state no longer allows; returns how many evictions it asked for.
+
+    - replicas above ``VersionIntent.max_replicas``: the resident, unpinned replicas off the plan go first;
+    - per tenant with ``TenantResidencyQuota.max_gpu_bytes``: GPU-resident (``hot``) bytes, each counted as its
+      node's rank-padded slot (``residency.gpu_slot_bytes`` in the heartbeat; ``inference.fleet.eviction``), above
+      the quota are evicted from the tenant's own unpinned adapters, fewest recent requests first.
+    """
+    victims: list[int] = []
+    resident = list(Placement.objects.filter(tier__in=RESIDENT, pinned=False).select_related("node")
+                    .values_list("pk", "adapter_version_id", "node__name", "tier", "node__state",
+                                 "adapter_version__tenant_id"))
+    by_version: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for pk, version_id, node_name, _, _, _ in resident:
+        by_version[version_id].append((pk, node_name))
+    for version_id, intent in intents.items():
+        held = by_version.get(version_id, [])
+        pinned = Placement.objects.filter(adapter_version_id=version_id, pinned=True).count()
+        if intent.max_replicas is None or len(held) + pinned <= intent.max_replicas:
+            continue
+        planned = plans.get(version_id, ())
+        held.sort(key=lambda item, planned=planned: (item[1] in planned, item[1]))  # type: ignore[misc]
+        victims.extend(pk for pk, _ in held[:len(held) + pinned - intent.max_replicas])
+    quotas = {q.tenant_id: q.max_gpu_bytes for q in TenantResidencyQuota.objects.exclude(max_gpu_bytes=None)}
+    for tenant_id, max_gpu_bytes in quotas.items():
+        hot = [(pk, version_id, node_name, int(((state or {}).get("residency") or {}).get("gpu_slot_bytes") or 0))
+               for pk, version_id, node_name, tier, state, owner in resident
+               if owner == tenant_id and tier == Placement.Tier.HOT and pk not in victims]
+        used = sum(size for *_, size in hot)
+        if max_gpu_bytes is None or used <= max_gpu_bytes:
+            continue
+        residents = [Resident(version_id=pk, tenant_id=tenant_id, size_bytes=size, hits=float(counts.get(v, 0)),
+                              desired=node_name in plans.get(v, ()), tenant_over_quota=True)
+                     for pk, v, node_name, size in hot]
+        for r in eviction_order(residents, now_s=0.0):
+            if used <= max_gpu_bytes:
+                break
+            victims.append(r.version_id)  # the placement's pk stands in for the id here
+            used -= r.size_bytes
+    _evict(victims)
+    if victims:
+        logger.info("fleet.trimmed", extra={"placements": victims})
+    return len(victims)

@@ -18,6 +18,8 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.purge import purge_node_copy
+from adapters_app.selectors import adapter_version_no_effect_refused, adapter_version_untrained
+from adapters_app.services import adapter_version_effect_record
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_client import NodeCallFailed, node_call
 from inference.gateway.node_samples import node_sample_record
@@ -108,17 +110,22 @@ def node_select_for_warm(base_model: BaseModel, *, r: int | None = None) -> Node
 def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) -> Placement:
     """Load ``version`` onto ``node`` through its agent (S3 → node disk, sha256 checked → engine ``add_lora``).
 
-    ``lora_int_id`` is the version's primary key (conventions §11), ``lora_name`` its served name.
+    ``lora_int_id`` is the version's primary key (conventions §11), ``lora_name`` its served name. The agent probes
+    the adapter's effect after the load (``inference.node.service.NodeAgent.probe_effect``); the verdict is recorded
+    on the version (``adapter_version_effect_record``). A version that changes nothing is refused (``no_effect``)
+    unless validation already warned it is untrained (then it is served, and the report says so).
 
     Raises:
         NodeCallFailed: the agent refused or failed; the placement is left ``errored`` with the reason.
     """
     placement, _ = Placement.objects.get_or_create(node=node, adapter_version=version)
+    untrained = adapter_version_untrained(version)
     payload = {
         "lora_name": version.served_name,
         "lora_int_id": version.lora_int_id,
         "files": [{k: f[k] for k in ("name", "s3_key", "sha256", "size")} for f in version.files],
         "pin": pin,
+        "expect_effect": not untrained,
     }
     try:
         answer = node_call(node, "/v1/adapters/load", payload)
@@ -128,7 +135,10 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
         placement.warming_since = None
         placement.save(update_fields=["tier", "last_error", "warming_since", "updated_at"])
         logger.warning("placement.warm_failed", extra={"version_id": version.pk, "node": node.name, "code": exc.code})
+        if exc.code == "no_effect":
+            adapter_version_effect_record(version, verdict="no_effect", served=False)
         raise
+    adapter_version_effect_record(version, verdict=str(answer.get("effect", "")), served=True)
     placement.tier = answer.get("tier", Placement.Tier.WARM)
     placement.served = True
     placement.pinned = bool(answer.get("pinned", pin))
@@ -157,10 +167,18 @@ def placement_evict(placement: Placement) -> Placement:
 def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
     """Ask a worker to warm ``version`` on ``node`` unless it is resident or a warm is already in flight.
 
-    The enqueue happens on commit; a warm older than ``QUIVER_WARM_WAIT_S`` counts as lost and is re-sent.
+    The enqueue happens on commit; a warm older than ``QUIVER_WARM_WAIT_S`` counts as lost and is re-sent. A version
+    a node's effect probe refused (``no_effect``) is not loaded again: the placement is left ``errored`` with that
+    code, which the gateway answers at once instead of reloading it for every request.
     """
     with transaction.atomic():
         placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
+        if adapter_version_no_effect_refused(version):
+            if placement.tier != Placement.Tier.ERRORED or not placement.last_error.startswith("no_effect"):
+                placement.tier, placement.warming_since = Placement.Tier.ERRORED, None
+                placement.last_error = "no_effect: the adapter changes nothing (effect probe)"
+                placement.save(update_fields=["tier", "warming_since", "last_error", "updated_at"])
+            return placement
         stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
         in_flight = placement.warming_since is not None and placement.warming_since > stale
         if placement.tier in RESIDENT or placement.served or in_flight:

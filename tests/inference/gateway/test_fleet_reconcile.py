@@ -59,3 +59,46 @@ def test_idle_version_gets_one_replica_and_a_pin_is_carried_out(setup: dict[str,
         fleet_reconcile()
     pinned = Placement.objects.get(adapter_version=version, node__name="n1")
     assert pinned.pinned and pinned.warming_since is not None
+
+
+def test_replicas_above_max_are_evicted_off_plan_first(setup: dict[str, Any],
+                                                       django_capture_on_commit_callbacks: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    version = setup["version"]
+    for node in setup["nodes"]:
+        Placement.objects.create(node=node, adapter_version=version, tier="warm", served=True)
+    VersionIntent.objects.create(adapter_version=version, min_replicas=1, max_replicas=1)
+    evicted: list[int] = []
+    monkeypatch.setattr("inference.gateway.fleet_reconcile.placement_evict_task.delay", evicted.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert fleet_reconcile() == 1
+    assert len(evicted) == 1
+    left = Placement.objects.exclude(pk=evicted[0]).get(adapter_version=version)
+    with django_capture_on_commit_callbacks(execute=True):
+        Placement.objects.filter(pk=evicted[0]).update(tier="staged", served=False)
+        assert fleet_reconcile() == 0  # converged: one replica, the planned one kept
+    assert left.tier == "warm"
+
+
+def test_a_tenant_over_its_gpu_bytes_quota_loses_its_own_hot_adapters(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inference.gateway.models import TenantResidencyQuota
+
+    version = setup["version"]
+    n0, n1 = setup["nodes"]
+    Node.objects.filter(pk__in=[n0.pk, n1.pk]).update(state={"residency": {"gpu_slot_bytes": 1000}})
+    other = AdapterVersion.objects.create(tenant=version.tenant, adapter=version.adapter, number=2, sha256="b" * 64,
+                                          size_bytes=10, s3_prefix="y/", files=[], status="rejected", r=8)
+    stranger = TenantFactory(slug="stranger")
+    theirs_adapter = adapter_create(stranger, name="bot", base_model_name="tiny-llama")
+    theirs = AdapterVersion.objects.create(tenant=stranger, adapter=theirs_adapter, number=1, sha256="c" * 64,
+                                           size_bytes=10, s3_prefix="z/", files=[], status="ready", r=8)
+    mine = [Placement.objects.create(node=n, adapter_version=v, tier="hot", served=True)
+            for n, v in ((n0, version), (n1, version), (n0, other))]
+    Placement.objects.create(node=n1, adapter_version=theirs, tier="hot", served=True)
+    TenantResidencyQuota.objects.create(tenant=version.tenant, max_gpu_bytes=1500)  # room for one slot of 1000
+    evicted: list[int] = []
+    monkeypatch.setattr("inference.gateway.fleet_reconcile.placement_evict_task.delay", evicted.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        fleet_reconcile()
+    assert len(evicted) == 2 and set(evicted) <= {p.pk for p in mine}  # never the other tenant's
