@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, Q
@@ -51,6 +52,7 @@ def fleet_reconcile() -> int:
     for version_id, node_name in Placement.objects.filter(Q(tier__in=RESIDENT) | Q(served=True)).values_list(
             "adapter_version_id", "node__name"):
         held[version_id].add(node_name)
+    no_gpu_room = _tenants_without_gpu_room()
     by_base: dict[int, list[AdapterVersion]] = defaultdict(list)
     for v in newest.values():
         by_base[v.adapter.base_model_id].append(v)
@@ -82,11 +84,27 @@ def fleet_reconcile() -> int:
                         pinned=True)
                     if name in held[d.version_id]:
                         continue
+                elif versions[d.version_id].tenant_id in no_gpu_room:
+                    continue  # a load lands in a GPU slot; this tenant has none left (its requests still load it)
                 placement_request_warm(versions[d.version_id], node=node_by_name[name])
                 asked += 1
     evicted = fleet_trim(plans=plans, intents=intents, counts=counts)
     logger.info("fleet.reconciled", extra={"warms": asked, "evictions": evicted})
     return asked + evicted
+
+
+def _hot_bytes(state: dict[str, Any] | None) -> int:
+    return int(((state or {}).get("residency") or {}).get("gpu_slot_bytes") or 0)
+
+
+def _tenants_without_gpu_room() -> set[int]:
+    """Tenants whose GPU-resident bytes already reach ``max_gpu_bytes``: the plan does not warm their versions."""
+    quotas = dict(TenantResidencyQuota.objects.exclude(max_gpu_bytes=None).values_list("tenant_id", "max_gpu_bytes"))
+    used: dict[int, int] = defaultdict(int)
+    for tenant_id, state in Placement.objects.filter(tier=Placement.Tier.HOT, adapter_version__tenant_id__in=quotas
+                                                     ).values_list("adapter_version__tenant_id", "node__state"):
+        used[tenant_id] += _hot_bytes(state)
+    return {t for t, limit in quotas.items() if limit is not None and used[t] >= limit}
 
 
 def _evict(placement_ids: list[int]) -> None:
@@ -121,7 +139,7 @@ def fleet_trim(*, plans: dict[int, tuple[str, ...]], intents: dict[int, VersionI
         victims.extend(pk for pk, _ in held[:len(held) + pinned - intent.max_replicas])
     quotas = {q.tenant_id: q.max_gpu_bytes for q in TenantResidencyQuota.objects.exclude(max_gpu_bytes=None)}
     for tenant_id, max_gpu_bytes in quotas.items():
-        hot = [(pk, version_id, node_name, int(((state or {}).get("residency") or {}).get("gpu_slot_bytes") or 0))
+        hot = [(pk, version_id, node_name, _hot_bytes(state))
                for pk, version_id, node_name, tier, state, owner in resident
                if owner == tenant_id and tier == Placement.Tier.HOT and pk not in victims]
         used = sum(size for *_, size in hot)

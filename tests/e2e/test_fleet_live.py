@@ -1,0 +1,280 @@
+"""Fleet residency on a real node: the session's vLLM CPU engine, its node agent (heartbeat every second), a real
+Celery worker, the gateway, PostgreSQL, Redis and S3.
+
+Engine loads are the engine's own count (``inference.node.worker_ext``: calls of vLLM's ``_load_adapter`` per
+``lora_int_id``), read from the agent's state report; residency is the engine's own lists (``/quiver/v1/loras``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters_app.models import AdapterVersion
+from demo.api_client import upload_adapter, wait_validated
+from inference.gateway.fleet_reconcile import fleet_reconcile
+from inference.gateway.fleet_services import (
+    FleetActionError,
+    placement_evict_now,
+    tenant_residency_quota_set,
+    version_pin,
+    version_replicas_set,
+)
+from inference.gateway.models import Node, Placement
+from inference.gateway.node_client import node_call
+from inference.gateway.node_keys import node_credentials
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HEARTBEAT_S = 1.0  # tests.fixtures.stack.node_agent
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float = 90.0, poll: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+
+
+def _agent_state(agent: Any) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {node_credentials(agent.node_name).key}"}
+    return httpx.get(agent.url + "/v1/state", headers=headers, timeout=60).json()
+
+
+def _engine_lists(agent: Any) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {node_credentials(agent.node_name).key}"}
+    return httpx.get(agent.engine_url + "/quiver/v1/loras", headers=headers, timeout=60).json()
+
+
+def _loads(agent: Any, lora_int_id: int) -> int:
+    residency = _engine_lists(agent)["residency"]
+    return int(residency["loads"].get(str(lora_int_id), 0))
+
+
+def _entry(agent: Any, version: AdapterVersion) -> dict[str, Any] | None:
+    return next((a for a in _agent_state(agent)["adapters"] if a["lora_int_id"] == version.pk), None)
+
+
+def _served(agent: Any, version: AdapterVersion) -> bool:
+    entry = _entry(agent, version)
+    return bool(entry and entry["served"] and entry["tier"] in ("hot", "warm"))
+
+
+def _ready(api: httpx.Client, tenant: Any, name: str, folder: Path) -> AdapterVersion:
+    number = upload_adapter(api, name, folder, base_model="tiny-llama")["number"]
+    assert wait_validated(api, name, number, timeout=180)["status"] == "ready"
+    return AdapterVersion.objects.select_related("adapter__tenant", "adapter__base_model").get(
+        adapter__tenant=tenant, adapter__name=name, number=number)
+
+
+@pytest.fixture
+def tenant_api(gateway_server: str) -> tuple[Any, httpx.Client]:
+    tenant = TenantFactory()
+    _, key = api_key_create(tenant, name="app")
+    return tenant, httpx.Client(base_url=gateway_server, headers={"Authorization": f"Bearer {key}"}, timeout=300)
+
+
+def _complete(api: httpx.Client, model: str, *, attempts: int = 20) -> httpx.Response:
+    """One completion; admission's 429 (busy engine) and a warm still loading are retried, as a client would."""
+    for _ in range(attempts):
+        resp = api.post("/v1/completions", json={"model": model, "prompt": "the cat", "max_tokens": 2,
+                                                 "temperature": 0})
+        code = resp.json().get("error", {}).get("code") if resp.status_code >= 400 else None
+        if resp.status_code == 429 or code == "adapter_warm_timeout":
+            time.sleep(float(resp.headers.get("Retry-After", "1")))
+            continue
+        return resp
+    return resp
+
+
+def _make_cold(node: Node, agent: Any, version: AdapterVersion) -> None:
+    """Off the node entirely (engine and disk) and no placement row: only S3 holds it."""
+    _wait("the warm after validation", lambda: _served(agent, version))
+    node_call(node, "/v1/adapters/unload", {"lora_name": version.served_name, "purge": True})
+    _wait("the node to stop reporting it", lambda: _entry(agent, version) is None, timeout=30)
+    Placement.objects.filter(adapter_version=version).delete()
+
+
+def test_fifty_concurrent_first_requests_make_one_engine_load(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "burst", demo_assets.adapters["capitals"])
+    _make_cold(live_node, node_agent, version)
+    before = _loads(node_agent, version.pk)
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        answers = list(pool.map(lambda _: _complete(api, "burst"), range(50)))
+
+    assert [a.status_code for a in answers] == [200] * 50, [a.text for a in answers if a.status_code != 200][:3]
+    assert _loads(node_agent, version.pk) - before == 1  # one engine load for all 50
+    assert Placement.objects.filter(adapter_version=version).count() == 1
+
+
+def test_evict_now_takes_effect_within_a_heartbeat_and_the_next_request_reloads(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "evictme", demo_assets.adapters["sums"])
+    assert _complete(api, "evictme").status_code == 200
+    placement = Placement.objects.get(adapter_version=version, node=live_node)
+    before = _loads(node_agent, version.pk)
+
+    asked = time.monotonic()
+    placement_evict_now(placement, actor="ops@test")  # outside a transaction: the task is sent at once
+    _wait("the engine to drop it", lambda: not _served(node_agent, version), timeout=30, poll=0.05)
+    took = time.monotonic() - asked
+    row = _wait("the placement to read staged",
+                lambda: Placement.objects.filter(pk=placement.pk, tier="staged", served=False).first(), timeout=30)
+    assert took <= HEARTBEAT_S + 5.0, f"evict took {took:.1f} s"  # the task plus one heartbeat on a busy machine
+    assert version.pk not in _engine_lists(node_agent)["residency"]["cpu"]
+
+    assert _complete(api, "evictme").status_code == 200
+    assert _loads(node_agent, version.pk) - before == 1  # the next request loaded it again
+    assert row.adapter_version_id == version.pk
+
+
+def test_a_pin_survives_eviction_pressure(
+    demo_assets: Any, tiny_adapters: dict[str, Path], base_model: Any, celery_worker: None, node_agent: Any,
+    live_node: Node, tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "pinned", demo_assets.adapters["upper"])
+    _wait("the warm", lambda: _served(node_agent, version))
+    version_pin(version, node=live_node, actor="ops@test")
+    _wait("the engine's pin", lambda: (_entry(node_agent, version) or {}).get("pinned"), timeout=60)
+    loads_before = _loads(node_agent, version.pk)
+
+    # Pressure: twice the CPU cache's worth of other adapters loaded onto the node.
+    files = [{k: f[k] for k in ("name", "s3_key", "sha256", "size")}
+             for f in _ready(api, tenant, "filler", tiny_adapters["qv-r8"]).files]
+    capacity = live_node.max_cpu_loras
+    for i in range(2 * capacity):
+        node_call(live_node, "/v1/adapters/load", {"lora_name": f"pressure--fill--{i}", "lora_int_id": 990_000 + i,
+                                                    "files": files})
+
+    engine = _engine_lists(node_agent)["residency"]
+    assert version.pk in engine["cpu"] and version.pk in engine["pinned"]  # vLLM's own lists
+    assert _loads(node_agent, version.pk) == loads_before  # never evicted, so never reloaded
+    assert _complete(api, "pinned").status_code == 200
+
+
+def test_tenant_residency_quotas_are_enforced(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    first = _ready(api, tenant, "quota-a", demo_assets.adapters["capitals"])
+    second = _ready(api, tenant, "quota-b", demo_assets.adapters["sums"])
+    for version in (first, second):
+        assert _complete(api, version.adapter.name).status_code == 200
+    tenant_residency_quota_set(tenant, max_pinned=1, max_gpu_bytes=None, actor="ops@test")
+    version_pin(first, node=live_node, actor="ops@test")
+    with pytest.raises(FleetActionError) as refused:
+        version_pin(second, node=live_node, actor="ops@test")
+    assert refused.value.code == "residency_quota_exceeded"
+
+    # GPU bytes: no room at all for unpinned GPU residents; the reconciler evicts this tenant's own.
+    tenant_residency_quota_set(tenant, max_pinned=1, max_gpu_bytes=0, actor="ops@test")
+
+    def second_on_gpu() -> bool:
+        assert _complete(api, "quota-b").status_code == 200  # a request puts it in a GPU slot
+        return Placement.objects.filter(adapter_version=second, node=live_node, tier="hot").exists()
+
+    _wait("a heartbeat showing quota-b on GPU", second_on_gpu, timeout=60, poll=HEARTBEAT_S)
+    fleet_reconcile()
+    _wait("the engine to drop the over-quota adapter", lambda: not _served(node_agent, second), timeout=60)
+    assert (_entry(node_agent, first) or {}).get("pinned")  # pins are never trimmed
+    fleet_reconcile()  # and the plan does not warm it back while the tenant has no GPU room
+    time.sleep(3 * HEARTBEAT_S)
+    assert not _served(node_agent, second)
+
+
+def test_reconciler_converges_after_a_control_plane_restart(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client], settings: Any,
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "restart", demo_assets.adapters["capitals"])
+    _make_cold(live_node, node_agent, version)
+    version_replicas_set(version, min_replicas=1, max_replicas=1, actor="ops@test")
+    # A warm was asked for, then the control plane died before any worker ran it: the row says "warming".
+    stale = 2 * settings.QUIVER_WARM_WAIT_S
+    Placement.objects.create(node=live_node, adapter_version=version, tier="cold",
+                             warming_since=time_ago(stale))
+
+    fleet_reconcile()  # the first pass after the restart re-sends the lost warm
+    _wait("the version to be resident again", lambda: _served(node_agent, version), timeout=120)
+    _wait("the heartbeat to record it", lambda: Placement.objects.filter(
+        adapter_version=version, tier__in=["hot", "warm"], warming_since=None).exists(), timeout=30)
+    loads = _loads(node_agent, version.pk)
+    assert fleet_reconcile() == 0 and fleet_reconcile() == 0  # converged: nothing more, however often it runs
+    assert _loads(node_agent, version.pk) == loads
+
+
+def time_ago(seconds: float) -> Any:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return timezone.now() - timedelta(seconds=seconds)
+
+
+def test_the_residency_a_node_reports_is_the_engines_own(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    for name in ("res-a", "res-b", "res-c"):
+        _ready(api, tenant, name, demo_assets.adapters["capitals"])
+        assert _complete(api, name).status_code == 200
+    engine = _engine_lists(node_agent)
+    gpu, cpu = set(engine["residency"]["gpu"]), set(engine["residency"]["cpu"])
+
+    def heartbeat_matches() -> bool:
+        reported = {a["lora_int_id"]: a["tier"] for a in Node.objects.get(pk=live_node.pk).state["adapters"]
+                    if a.get("served")}
+        engine_now = _engine_lists(node_agent)["residency"]
+        if set(engine_now["gpu"]) != gpu or set(engine_now["cpu"]) != cpu:
+            return False  # the engine moved on (another request); compare again
+        hot = {i for i, t in reported.items() if t == "hot"}
+        warm = {i for i, t in reported.items() if t == "warm"}
+        return hot == gpu and warm == cpu - gpu
+
+    _wait("the heartbeat's residency to equal the engine's lists", heartbeat_matches, timeout=30)
+    assert len(gpu) <= live_node.max_loras and gpu <= cpu
+
+
+def test_the_effect_probe_flags_an_adapter_that_does_nothing(
+    no_effect_adapters: dict[str, Path], base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "noop", no_effect_adapters["cancel"])  # validation cannot see it
+
+    report = _wait("the probe's verdict", lambda: (AdapterVersion.objects.get(pk=version.pk).validation_report or {})
+                   .get("effect_probe"), timeout=120)
+    assert report == {"verdict": "no_effect", "served": False}
+    shown = api.get("/api/v1/adapters/noop/versions/1").json()["validation_report"]
+    assert [p["severity"] for p in shown["problems"] if p["code"] == "no_effect"] == ["error"]
+    answer = api.post("/v1/completions", json={"model": "noop", "prompt": "the cat", "max_tokens": 2})
+    assert answer.status_code == 503 and "no_effect" in answer.json()["error"]["message"]
+    assert not _served(node_agent, version)  # never served as the base model in silence
+
+    # PEFT's untouched init (every lora_B zero): validation warned, so it is served and the report says why.
+    untrained = _ready(api, tenant, "untrained", no_effect_adapters["zero_b"])
+    _wait("the untrained version's verdict", lambda: (AdapterVersion.objects.get(pk=untrained.pk).validation_report
+                                                      or {}).get("effect_probe"), timeout=120)
+    assert _complete(api, "untrained").status_code == 200
