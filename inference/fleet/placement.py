@@ -78,14 +78,15 @@ class PlacementConfig:
     """Placement knobs.
 
     Attributes:
-        load_bound: ``c`` in bounded loads: a node takes at most ``c`` × the mean node rate (1.05 = 5 % headroom;
-            docs/placement.md shows the trade-off against loads).
-        replica_util: one replica may carry this share of a mean node's rate before another is added.
+        load_bound: ``c`` in bounded loads: a node takes at most ``c`` × the mean node rate (1.02 = 2 % headroom;
+            docs/placement.md shows the sweep that chose it against loads and balance).
+        replica_util: one replica may carry this share of a mean node's rate before another is added (0.25: the
+            hottest versions get a second replica early, which evens out request counts; same sweep).
         max_replicas: default ceiling on ``k``.
     """
 
-    load_bound: float = 1.05
-    replica_util: float = 0.5
+    load_bound: float = 1.02
+    replica_util: float = 0.25
     max_replicas: int = 4
 
 
