@@ -5,15 +5,14 @@ import { QueryClient, QueryClientProvider } from '@tanstack/react-query'
 import { StrictMode } from 'react'
 import { createRoot } from 'react-dom/client'
 import { Navigate, RouterProvider, createBrowserRouter } from 'react-router'
+import type { ComponentType } from 'react'
 import { Shell } from './Shell'
-import { AdapterDetail } from './pages/AdapterDetail'
-import { Adapters } from './pages/Adapters'
-import { ApiKeys } from './pages/ApiKeys'
 import { Login } from './pages/Login'
-import { Audit } from './pages/Audit'
-import { Nodes } from './pages/Nodes'
-import { Playground } from './pages/Playground'
-import { Usage } from './pages/Usage'
+
+// One chunk per page (React Router's `lazy`): the first load fetches the shell and the page it lands on only.
+const page = (load: () => Promise<Record<string, unknown>>, name: string) => ({
+  lazy: async () => ({ Component: (await load())[name] as ComponentType }),
+})
 
 const queryClient = new QueryClient({ defaultOptions: { queries: { retry: 1, refetchOnWindowFocus: false } } })
 const theme = createTheme({ primaryColor: 'indigo', defaultRadius: 'md' })
@@ -23,15 +22,16 @@ const router = createBrowserRouter([
   {
     path: '/',
     element: <Shell />,
+    HydrateFallback: () => null,
     children: [
       { index: true, element: <Navigate to="/adapters" replace /> },
-      { path: 'adapters', element: <Adapters /> },
-      { path: 'adapters/:name', element: <AdapterDetail /> },
-      { path: 'keys', element: <ApiKeys /> },
-      { path: 'playground', element: <Playground /> },
-      { path: 'usage', element: <Usage /> },
-      { path: 'operator/nodes', element: <Nodes /> },
-      { path: 'operator/audit', element: <Audit /> },
+      { path: 'adapters', ...page(() => import('./pages/Adapters'), 'Adapters') },
+      { path: 'adapters/:name', ...page(() => import('./pages/AdapterDetail'), 'AdapterDetail') },
+      { path: 'keys', ...page(() => import('./pages/ApiKeys'), 'ApiKeys') },
+      { path: 'playground', ...page(() => import('./pages/Playground'), 'Playground') },
+      { path: 'usage', ...page(() => import('./pages/Usage'), 'Usage') },
+      { path: 'operator/nodes', ...page(() => import('./pages/Nodes'), 'Nodes') },
+      { path: 'operator/audit', ...page(() => import('./pages/Audit'), 'Audit') },
     ],
   },
 ])

@@ -1,8 +1,10 @@
 // Upload a PEFT folder (drag and drop, or pick a folder / files / one archive) with per-file and overall
-// progress and cancel. The version then appears in the adapter's list and turns ready or rejected live.
+// progress, cancel, and resume after a dropped connection. Bytes go straight to S3 (s3upload.ts); the version
+// then appears in the adapter's list and turns ready or rejected live.
 import { Alert, Button, Group, Paper, Progress as Bar, Select, Stack, Text, TextInput } from '@mantine/core'
 import { useRef, useState } from 'react'
-import { pickAdapterFiles, filesFromDrop, xhrUploader, type Progress, type Uploader } from './upload'
+import { s3Uploader } from './s3upload'
+import { pickAdapterFiles, filesFromDrop, type Progress, type Uploader, type UploadHandle } from './upload'
 
 export interface UploadPanelProps {
   baseModels: string[]
@@ -14,7 +16,7 @@ export interface UploadPanelProps {
 
 const fmt = (n: number) => (n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : `${(n / 1024).toFixed(1)} KiB`)
 
-export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = false, uploader = xhrUploader, onUploaded }: UploadPanelProps) {
+export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = false, uploader = s3Uploader, onUploaded }: UploadPanelProps) {
   const [adapter, setAdapter] = useState(defaultAdapter)
   const [baseModel, setBaseModel] = useState<string | null>(baseModels[0] ?? null)
   const [files, setFiles] = useState<File[]>([])
@@ -23,7 +25,7 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
   const [result, setResult] = useState<{ ok: boolean; text: string } | null>(null)
   const [busy, setBusy] = useState(false)
   const [over, setOver] = useState(false)
-  const cancelRef = useRef<(() => void) | null>(null)
+  const handleRef = useRef<UploadHandle | null>(null)
 
   const choose = (list: File[]) => {
     const picked = pickAdapterFiles(list)
@@ -37,7 +39,7 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
     setBusy(true)
     setResult(null)
     const handle = uploader(adapter, files, lockAdapter ? null : baseModel, setProgress)
-    cancelRef.current = handle.cancel
+    handleRef.current = handle
     try {
       const { status, body } = await handle.promise
       if (status < 300) {
@@ -51,11 +53,18 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
       setProgress(null)
     } finally {
       setBusy(false)
-      cancelRef.current = null
+      handleRef.current = null
     }
   }
 
   const overall = progress ? Math.round((progress.loaded / Math.max(progress.total, 1)) * 100) : 0
+  const totalBytes = files.reduce((a, f) => a + f.size, 0)
+  const phaseText =
+    progress?.phase === 'hashing'
+      ? `Computing sha256 · ${Math.round(((progress.hashed ?? 0) / Math.max(totalBytes, 1)) * 100)} %`
+      : progress?.phase === 'verifying'
+        ? 'Uploaded; the server is checking sizes and sha256…'
+        : null
   const validName = /^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$/.test(adapter)
 
   return (
@@ -133,6 +142,11 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
               </Text>
             </Group>
             <Bar value={overall} aria-label="Overall progress" />
+            {phaseText && (
+              <Text size="sm" c="dimmed" data-testid="upload-phase">
+                {phaseText}
+              </Text>
+            )}
           </Stack>
         )}
         <Group>
@@ -140,11 +154,21 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
             Upload
           </Button>
           {busy && (
-            <Button variant="outline" color="red" onClick={() => cancelRef.current?.()}>
+            <Button variant="outline" color="red" onClick={() => handleRef.current?.cancel()}>
               Cancel
             </Button>
           )}
         </Group>
+        {busy && progress?.stalled && (
+          <Alert color="orange" title="Upload paused">
+            <Group justify="space-between">
+              <Text size="sm">{progress.stalled}</Text>
+              <Button size="xs" onClick={() => handleRef.current?.resume?.()}>
+                Resume
+              </Button>
+            </Group>
+          </Alert>
+        )}
         {result && (
           <Alert color={result.ok ? 'green' : 'red'} role="status">
             {result.text}

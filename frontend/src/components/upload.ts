@@ -1,5 +1,7 @@
-// Upload transport: one multipart POST to /api/v1/adapters/{name}/versions over XMLHttpRequest (fetch reports
-// no upload progress). Files go in order, so each file's progress is its slice of the bytes sent.
+// Upload transports. The console uses the browser-direct one (s3upload.ts: presigned S3 multipart through Uppy);
+// xhrUploader is the through-Django path that API users also have: one multipart POST to
+// /api/v1/adapters/{name}/versions over XMLHttpRequest (fetch reports no upload progress), files in order, so each
+// file's progress is its slice of the bytes sent.
 import { consoleHeaders } from '../api/client'
 
 export const SERVED_FILES = ['adapter_config.json', 'adapter_model.safetensors']
@@ -9,11 +11,15 @@ export interface Progress {
   loaded: number
   total: number
   perFile: number[] // 0..1 per file, in the order given
+  phase?: 'hashing' | 'uploading' | 'verifying'
+  hashed?: number // bytes hashed so far, while hashing
+  stalled?: string | null // why the upload waits (a dropped connection); resume() continues it
 }
 
 export interface UploadHandle {
   promise: Promise<{ status: number; body: any }>
   cancel: () => void
+  resume?: () => void // after a dropped connection: list the parts S3 holds and send the rest
 }
 
 export type Uploader = (

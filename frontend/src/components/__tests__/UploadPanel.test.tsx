@@ -1,4 +1,4 @@
-import { fireEvent, screen, waitFor } from '@testing-library/react'
+import { act, fireEvent, screen, waitFor } from '@testing-library/react'
 import userEvent from '@testing-library/user-event'
 import { describe, expect, it, vi } from 'vitest'
 import { UploadPanel } from '../UploadPanel'
@@ -29,11 +29,12 @@ function fakeUploader() {
   let finish: (v: { status: number; body: unknown }) => void = () => {}
   let fail: (e: Error) => void = () => {}
   const cancel = vi.fn(() => fail(new Error('Upload cancelled.')))
+  const resume = vi.fn()
   const uploader: Uploader = vi.fn((_a, _f, _b, onProgress) => {
     report = onProgress
-    return { promise: new Promise<{ status: number; body: any }>((res, rej) => { finish = res; fail = rej }), cancel }
+    return { promise: new Promise<{ status: number; body: any }>((res, rej) => { finish = res; fail = rej }), cancel, resume }
   })
-  return { uploader, cancel, progress: (p: Progress) => report(p), finish: (v: { status: number; body: unknown }) => finish(v) }
+  return { uploader, cancel, resume, progress: (p: Progress) => act(() => report(p)), finish: (v: { status: number; body: unknown }) => finish(v) }
 }
 
 describe('UploadPanel', () => {
@@ -77,5 +78,24 @@ describe('UploadPanel', () => {
     fireEvent.change(screen.getByLabelText('Choose adapter files'), { target: { files: FOLDER } })
     expect(screen.getByText(/Use 1-40 lowercase/)).toBeInTheDocument()
     expect(screen.getByRole('button', { name: 'Upload' })).toBeDisabled()
+  })
+
+  it('shows hashing and verifying, and resumes after a dropped connection', async () => {
+    const fake = fakeUploader()
+    renderWithMantine(<UploadPanel baseModels={['tiny-llama']} defaultAdapter="capitals" uploader={fake.uploader} />)
+    fireEvent.change(screen.getByLabelText('Choose adapter folder'), { target: { files: FOLDER } })
+    await userEvent.click(screen.getByRole('button', { name: 'Upload' }))
+    fake.progress({ loaded: 0, total: 1000, perFile: [0, 0], phase: 'hashing', hashed: 500 })
+    expect(await screen.findByTestId('upload-phase')).toHaveTextContent('Computing sha256 · 50 %')
+    fake.progress({ loaded: 400, total: 1000, perFile: [1, 0.33], phase: 'uploading', stalled: 'The connection dropped; the parts already in S3 are kept.' })
+    expect(await screen.findByText(/The connection dropped/)).toBeInTheDocument()
+    expect(screen.getByTestId('overall-progress')).toHaveTextContent('40 %')
+    await userEvent.click(screen.getByRole('button', { name: 'Resume' }))
+    expect(fake.resume).toHaveBeenCalledTimes(1)
+    fake.progress({ loaded: 1000, total: 1000, perFile: [1, 1], phase: 'verifying' })
+    expect(screen.queryByRole('button', { name: 'Resume' })).toBeNull()
+    expect(screen.getByTestId('upload-phase')).toHaveTextContent(/checking sizes and sha256/)
+    fake.finish({ status: 400, body: { detail: 'adapter_model.safetensors: the stored bytes have sha256 x, not the declared y.', code: 'sha256_mismatch' } })
+    await waitFor(() => expect(screen.getByRole('status')).toHaveTextContent(/not the declared/))
   })
 })
