@@ -46,9 +46,9 @@ def test_upload_goes_straight_to_s3_and_the_version_turns_ready(
     page.on("request", lambda r: django_puts.append(r.url) if r.method == "POST" and r.url.endswith("/versions") else None)
     _choose(page, demo_assets.adapters["capitals"], "capitals")
     page.get_by_role("button", name="Upload", exact=True).click()
-    expect(page.get_by_test_id("overall-progress")).to_have_text("100 %")
+    expect(page.get_by_test_id("overall-progress")).to_have_text("100 %", timeout=60_000)
     expect(page.get_by_label("adapter_model.safetensors progress")).to_be_visible()
-    expect(page.get_by_role("status")).to_contain_text("Uploaded capitals v1")
+    expect(page.get_by_role("status")).to_contain_text("Uploaded capitals v1", timeout=60_000)
     row = page.get_by_role("row", name=re.compile("capitals"))
     expect(row.get_by_text("ready")).to_be_visible(timeout=120_000)  # polled, no reload
     upload = Upload.objects.get(tenant=tenant)
@@ -75,7 +75,7 @@ def test_cancel_aborts_the_upload_and_leaves_nothing(
         page.wait_for_timeout(100)
     assert held, "the browser never started a part upload"
     page.get_by_role("button", name="Cancel").click()
-    expect(page.get_by_role("status")).to_contain_text("Upload cancelled.")
+    expect(page.get_by_role("status")).to_contain_text("Upload cancelled.", timeout=30_000)
     upload = Upload.objects.get(tenant=tenant)
     for _ in range(50):
         upload.refresh_from_db()
