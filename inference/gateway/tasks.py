@@ -16,16 +16,22 @@ logger = logging.getLogger(__name__)
 
 @shared_task(max_retries=0)
 def placement_warm_task(placement_id: int) -> None:
-    """Warm one placement row's version on its node; failures are recorded on the row (tier ``errored``)."""
-    from inference.gateway.models import Placement
+    """Warm one placement row's version on its node; failures are recorded on the row (tier ``errored``).
+
+    The pin comes from the operator's intent (``VersionIntent``), not only from the row: heartbeats rewrite the row's
+    ``pinned`` with what the engine reports, and one may land between a pin and this task.
+    """
+    from inference.gateway.models import Placement, VersionIntent
     from inference.gateway.node_client import NodeCallFailed
     from inference.gateway.placement import placement_warm
 
     placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(pk=placement_id).first()
     if placement is None:
         return
+    intent = VersionIntent.objects.filter(adapter_version_id=placement.adapter_version_id).first()
+    pin = placement.pinned or bool(intent and (intent.pinned_fleet or placement.node.name in intent.pinned_nodes))
     try:
-        placement_warm(placement.adapter_version, node=placement.node, pin=placement.pinned)
+        placement_warm(placement.adapter_version, node=placement.node, pin=pin)
     except NodeCallFailed:
         logger.warning("placement_warm_task.failed", extra={"placement_id": placement_id})
 
