@@ -470,14 +470,31 @@ ENGINE_FIELDS = ("kv_transfer_params", "ec_transfer_params", "metrics", "system_
 ENGINE_CHOICE_FIELDS = ("routed_experts", "prompt_logprobs", "prompt_token_ids", "token_ids", "stop_reason")
 
 
+# Optional in OpenAI's schema but never null there; vLLM sends them as null (llm-comply's schema check, openai_chat.json).
+NON_NULL_FIELDS = ("service_tier",)
+NON_NULL_USAGE_FIELDS = ("prompt_tokens_details", "completion_tokens_details")
+NON_NULL_MESSAGE_FIELDS = ("annotations", "function_call", "audio")
+
+
+def _drop_nulls(obj: Any, names: tuple[str, ...]) -> None:
+    if isinstance(obj, dict):
+        for name in names:
+            if name in obj and obj[name] is None:
+                del obj[name]
+
+
 def _strip_engine_fields(data: dict[str, Any]) -> None:
     for name in ENGINE_FIELDS:
         data.pop(name, None)
+    _drop_nulls(data, NON_NULL_FIELDS)
+    _drop_nulls(data.get("usage"), NON_NULL_USAGE_FIELDS)
     for choice in data.get("choices") or []:
         if isinstance(choice, dict):
             for name in ENGINE_CHOICE_FIELDS:
                 if choice.get(name) is None:
                     choice.pop(name, None)
+            _drop_nulls(choice.get("message"), NON_NULL_MESSAGE_FIELDS)
+            _drop_nulls(choice.get("delta"), NON_NULL_MESSAGE_FIELDS)
 
 
 def _engine_error(status: int, data: Any, target: TargetView) -> GatewayError:

@@ -122,3 +122,27 @@ def test_directory_cache_is_bounded_and_refreshes_stale_entries_in_the_backgroun
             directory.db_call = original  # type: ignore[assignment]
 
     asyncio.run(run())
+
+
+def test_engine_nulls_that_openai_never_sends_are_dropped_so_the_schema_holds() -> None:
+    from pathlib import Path
+
+    import llm_comply
+    from llm_comply.schema import SpecLoader
+
+    from inference.gateway.app import _strip_engine_fields
+
+    # A vLLM 0.32 chat completion as the engine sends it (nulls where OpenAI's schema wants a value or nothing).
+    vllm = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bot", "service_tier": None,
+            "system_fingerprint": None, "prompt_logprobs": None, "kv_transfer_params": None,
+            "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                         "token_ids": None, "message": {"role": "assistant", "content": "hi", "refusal": None,
+                                                        "annotations": None, "audio": None, "function_call": None,
+                                                        "tool_calls": [], "reasoning_content": None}}],
+            "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": None,
+                      "completion_tokens_details": None}}
+    spec = SpecLoader(str(Path(llm_comply.__file__).parent / "specs" / "openai_chat.json"))
+    assert spec.validate(json.loads(json.dumps(vllm)), "CreateChatCompletionResponse")  # as sent: not conformant
+    _strip_engine_fields(vllm)
+    assert spec.validate(vllm, "CreateChatCompletionResponse") == []
+    assert vllm["choices"][0]["message"]["refusal"] is None  # nullable in the schema: kept
