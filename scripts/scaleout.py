@@ -16,7 +16,8 @@ the test suite. It starts the whole data plane as separate processes, as Kuberne
 
 Load: ``--concurrency`` client threads send completions (the base model and two adapters, in turn) through both
 gateways. The client plays the load balancer: round-robin, and a gateway that refuses the connection is skipped
-(what a Service does once a pod is gone). Mid-run it SIGKILLs ``gateway-2``, then ``node-2`` (engine and agent).
+(what a Service does once a pod is gone). Mid-run it SIGKILLs ``gateway-2``, then ``node-2`` (engine and agent),
+each once enough requests succeeded (progress, not the clock, so a slow machine runs the same scenario).
 
 Before the kills, a second key with ``rpm_limit`` = ``--rpm`` sends twice that many requests through both gateways
 at once: the limit is shared through Redis, so the two together admit at most ``--rpm``, and the rest get 429 with
@@ -42,7 +43,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa:
 
 PY = sys.executable
 REDIS_DB = 11  # the suite's worker uses db 0: separate queues
+REQUEST_TIMEOUT_S = 180  # one 8-token completion; bounded, generous for 2 busy cores
 STALE_AFTER_S = 10  # heartbeats every 1 s; a busy machine delays some by seconds (the gateway skips a refusing node at once)
 ENGINE_START_TIMEOUT_S = float(os.environ.get("QUIVER_TEST_ENGINE_TIMEOUT", "600"))  # two engines on a busy machine
 
@@ -210,42 +212,63 @@ class LoadBalancer:
             self.down.add(name)
 
 
-def run_load(lb: LoadBalancer, api_key: str, models: list[str], *, duration: float, concurrency: int,
-             t0: float) -> list[Outcome]:
-    """Send completions from ``concurrency`` threads for ``duration`` seconds; every outcome, in order."""
-    outcomes: list[Outcome] = []
-    lock = threading.Lock()
-    model_cycle = itertools.cycle(models)
+class Load:
+    """``concurrency`` client threads sending completions (the models in turn) through ``lb`` until ``stop()``."""
 
-    def client() -> None:
-        with httpx.Client(headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as http:
-            while time.monotonic() - t0 < duration:
-                with lock:
-                    model = next(model_cycle)
+    def __init__(self, lb: LoadBalancer, api_key: str, models: list[str], *, concurrency: int) -> None:
+        """Prepare the clients; ``start()`` starts them (the clock starts then too)."""
+        self.lb, self.api_key = lb, api_key
+        self.outcomes: list[Outcome] = []
+        self._lock = threading.Lock()
+        self._models = itertools.cycle(models)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, name=f"client-{i}") for i in range(concurrency)]
+        self.t0 = 0.0
+
+    def now(self) -> float:
+        """Seconds since ``start()``."""
+        return time.monotonic() - self.t0
+
+    def served(self, *, since: float = 0.0) -> Counter[str]:
+        """Successful requests per gateway that started at or after ``since`` (s)."""
+        with self._lock:
+            return Counter(o.gateway for o in self.outcomes if o.status == 200 and o.start >= since)
+
+    def start(self) -> None:
+        """Start the clients."""
+        self.t0 = time.monotonic()
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> list[Outcome]:
+        """Stop after the requests in flight end; every outcome, by start time."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        return sorted(self.outcomes, key=lambda o: o.start)
+
+    def _client(self) -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {self.api_key}"}, timeout=REQUEST_TIMEOUT_S) as http:
+            while not self._stop.is_set():
+                with self._lock:
+                    model = next(self._models)
                 body = {"model": model, "prompt": "the quick brown", "max_tokens": 8, "temperature": 0}
-                for _ in range(len(lb.gateways)):
-                    name = lb.pick()
-                    start = time.monotonic() - t0
+                for _ in range(len(self.lb.gateways)):
+                    name = self.lb.pick()
+                    start = self.now()
                     try:
-                        resp = http.post(lb.gateways[name] + "/v1/completions", json=body)
+                        resp = http.post(self.lb.gateways[name] + "/v1/completions", json=body)
                         ok = resp.status_code == 200
                         error = "" if ok else f"{resp.status_code} {resp.text[:160]}"
-                        outcome = Outcome(start, time.monotonic() - t0, name, model, resp.status_code, error)
+                        outcome = Outcome(start, self.now(), name, model, resp.status_code, error)
                     except httpx.ConnectError:
-                        lb.mark_down(name)  # nothing was sent: the balancer tries the next gateway
+                        self.lb.mark_down(name)  # nothing was sent: the balancer tries the next gateway
                         continue
                     except httpx.HTTPError as exc:
-                        outcome = Outcome(start, time.monotonic() - t0, name, model, 0, type(exc).__name__)
-                    with lock:
-                        outcomes.append(outcome)
+                        outcome = Outcome(start, self.now(), name, model, 0, type(exc).__name__)
+                    with self._lock:
+                        self.outcomes.append(outcome)
                     break
-
-    threads = [threading.Thread(target=client, name=f"client-{i}") for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sorted(outcomes, key=lambda o: o.start)
 
 
 class EngineCounter:
@@ -287,25 +310,23 @@ class EngineCounter:
         self._thread.join(timeout=5)
 
 
-def rate_limit_check(api: httpx.Client, urls: dict[str, str], model: str, *, rpm: int) -> dict[str, Any]:
-    """A new key limited to ``rpm`` requests a minute sends ``2 x rpm`` requests, alternating the two gateways.
+def rate_limit_check(urls: dict[str, str], model: str, *, secret: str, rpm: int) -> dict[str, Any]:
+    """A key limited to ``rpm`` requests a minute (``secret``) sends ``2 x rpm`` requests, alternating the gateways.
 
     Returns:
-        ``{"rpm_limit", "sent", "admitted": {gateway: n}, "rejected", "retry_after_on_all_429s", "other"}``.
+        ``{"rpm_limit", "windows", "sent", "admitted": {gateway: n}, "rejected", "retry_after_on_all_429s", "other"}``;
+        ``windows`` is how many fixed wall-clock minutes the burst spanned (the limit holds per window).
     """
-    created = api.post("/api/v1/api-keys", json={"name": "rate-limited", "scopes": ["inference"]})
-    created.raise_for_status()
-    key = created.json()
-    api.patch(f"/api/v1/api-keys/{key['key_id']}", json={"rpm_limit": rpm}).raise_for_status()
     admitted: Counter[str] = Counter()
     rejected, retry_after, other = 0, True, 0
     if time.time() % 60 > 40:  # windows are fixed wall-clock minutes (inference.gateway.limits): start a fresh one
         time.sleep(60.5 - time.time() % 60)
     first_window = int(time.time() // 60)
     body = {"model": model, "prompt": "x", "max_tokens": 1}
-    with httpx.Client(headers={"Authorization": f"Bearer {key['secret']}"}, timeout=60) as http:
+    gateways = sorted(urls)
+    with httpx.Client(headers={"Authorization": f"Bearer {secret}"}, timeout=120) as http:
         for i in range(2 * rpm):
-            gateway = ("gateway-1", "gateway-2")[i % 2]
+            gateway = gateways[i % len(gateways)]
             answer = http.post(urls[gateway] + "/v1/completions", json=body)
             if answer.status_code == 200:
                 admitted[gateway] += 1
@@ -319,25 +340,23 @@ def rate_limit_check(api: httpx.Client, urls: dict[str, str], model: str, *, rpm
             "retry_after_on_all_429s": retry_after, "other": other}
 
 
-def residency(env: dict[str, str]) -> dict[str, Any]:
-    """The control plane's view: node → live?, and (node, adapter) → tier, read through the Django models."""
-    os.environ.update(env)
-    import django
+def residency() -> dict[str, Any]:
+    """The control plane's view, read through the Django models (set up by the caller).
 
-    django.setup()
-    from inference.gateway.models import Node, Placement
+    Returns:
+        ``{node name: {"live": bool, "adapters": {adapter name: tier}}}``; live = healthy with a fresh heartbeat.
+    """
+    from django.db import connections
 
-    nodes: dict[str, Any] = {}
     from adapters_app.models import BaseModel
+    from inference.gateway.models import Node, Placement
     from inference.gateway.placement import nodes_live
 
     live = {n.name for b in BaseModel.objects.all() for n in nodes_live(b)}
-    for node in Node.objects.order_by("name"):
-        nodes[node.name] = {"live": node.name in live, "adapters": {}}
+    nodes: dict[str, Any] = {node.name: {"live": node.name in live, "adapters": {}}
+                             for node in Node.objects.order_by("name")}
     for p in Placement.objects.select_related("node", "adapter_version__adapter").order_by("node__name"):
         nodes[p.node.name]["adapters"][p.adapter_version.adapter.name] = p.tier
-    from django.db import connections
-
     connections.close_all()
     return nodes
 
@@ -352,12 +371,149 @@ def converged(view: dict[str, Any], adapters: list[str], dead: str) -> bool:
     return True
 
 
+def _until(what: str, done: Callable[[], bool], deadline: float) -> bool:
+    while not done():
+        if time.monotonic() > deadline:
+            say(f"gave up waiting for {what}")
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def load_with_kills(gateways: dict[str, str], engines: dict[str, str], api_key: str, models: list[str], *,
+                    kill_gateway: tuple[str, Callable[[], None]], kill_node: tuple[str, Callable[[], None]],
+                    concurrency: int, served_before: int = 6, served_between: int = 6, served_after: int = 12,
+                    timeout: float = 300) -> tuple[list[Outcome], dict[str, tuple[float, float]], dict[str, int]]:
+    """Load through ``gateways``; kill by progress, not by the clock, so a slow machine runs the same scenario.
+
+    The gateway dies once every gateway has served ``served_before`` requests and every engine some; the node once
+    ``served_between`` more succeeded; the load stops once ``served_after`` requests begun after both kills
+    succeeded, or at ``timeout`` s in all (the summary then fails on what is missing).
+
+    Returns:
+        ``(outcomes, kill windows {what: (signal sent, process gone)} in s since the load began,
+        requests finished per engine {node: n} by its ``vllm:request_success_total``)``.
+    """
+    load = Load(LoadBalancer(gateways), api_key, models, concurrency=concurrency)
+    windows: dict[str, tuple[float, float]] = {}
+    deadline = time.monotonic() + timeout
+
+    def kill(what: str, how: Callable[[], None]) -> float:
+        sent = load.now()
+        how()
+        windows[what] = (sent, load.now())
+        say(f"killed {what} at t={sent:.1f} s (gone at {windows[what][1]:.1f} s), served so far "
+            f"{dict(load.served())}")
+        return windows[what][1]
+
+    with EngineCounter(engines) as counter:
+        before = dict(counter.last)
+        load.start()
+        if _until("every gateway and engine to serve", lambda: all(load.served()[g] >= served_before for g in gateways)
+                  and all(counter.last[n] > before[n] for n in engines), deadline):
+            gone = kill(*kill_gateway)
+            if _until("requests between the kills", lambda: sum(load.served(since=gone).values()) >= served_between,
+                      deadline):
+                gone = kill(*kill_node)
+                _until("requests after the kills", lambda: sum(load.served(since=gone).values()) >= served_after,
+                       deadline)
+        outcomes = load.stop()
+        time.sleep(0.5)
+        served_by_node = {name: int(counter.last[name] - before[name]) for name in engines}
+    return outcomes, windows, served_by_node
+
+
+def await_convergence(adapters: list[str], dead: str, timeout: float) -> dict[str, Any]:
+    """Poll ``residency()`` until ``converged`` or ``timeout`` s; the last view."""
+    deadline = time.monotonic() + timeout
+    view = residency()
+    while not converged(view, adapters, dead) and time.monotonic() < deadline:
+        time.sleep(1)
+        view = residency()
+    return view
+
+
+def summarize(*, limits: dict[str, Any], outcomes: list[Outcome], kills: dict[str, tuple[float, float]],
+              served_by_node: dict[str, int], view: dict[str, Any], adapters: list[str], killed_gateway: str,
+              killed_node: str, gateways: list[str]) -> dict[str, Any]:
+    """Judge one run. An error is explained when it was open on the killed gateway while it died, or open (through
+    either gateway) while the killed node died; every other error fails the run.
+
+    Returns:
+        The summary dict (``ok`` plus the figures ``report`` prints).
+    """
+    missing = [name for name in (killed_gateway, killed_node) if name not in kills]
+    windows = {name: kills.get(name, (float("inf"), float("inf"))) for name in (killed_gateway, killed_node)}
+
+    def overlaps(o: Outcome, window: tuple[float, float]) -> bool:
+        return o.start <= window[1] and o.end >= window[0]
+
+    def at_kill(o: Outcome) -> bool:
+        return (o.gateway == killed_gateway and overlaps(o, windows[killed_gateway])) or \
+            overlaps(o, windows[killed_node])
+
+    errors = [o for o in outcomes if o.status != 200]
+    unexplained = [o for o in errors if not at_kill(o)]
+    after = [] if missing else [o for o in outcomes if o.start > max(w[1] for w in windows.values())]
+    served_by_gateway = dict(Counter(o.gateway for o in outcomes if o.status == 200))
+    limit_ok = (sum(limits["admitted"].values()) <= limits["rpm_limit"] * limits["windows"] < limits["sent"]
+                and limits["rejected"] > 0 and limits["retry_after_on_all_429s"] and limits["other"] == 0
+                and all(limits["admitted"].get(g, 0) > 0 for g in gateways))
+    summary: dict[str, Any] = {
+        "rate_limit": limits,
+        "rate_limit_ok": limit_ok,
+        "requests": len(outcomes),
+        "served_by_gateway": served_by_gateway,
+        "served_by_node": served_by_node,
+        "served_after_kills": sum(o.status == 200 for o in after),
+        "requests_after_kills": len(after),
+        "kills": windows,
+        "kills_missing": missing,
+        "killed": {"gateway": killed_gateway, "node": killed_node},
+        "errors_at_kill": [asdict(o) for o in errors if at_kill(o)],
+        "errors_unexplained": [asdict(o) for o in unexplained],
+        "residency": view,
+        "converged": converged(view, adapters, killed_node),
+    }
+    summary["ok"] = bool(limit_ok and not missing and not unexplained and summary["converged"] and summary["served_after_kills"] > 0
+                         and all(served_by_gateway.get(g, 0) > 0 for g in gateways)
+                         and all(v > 0 for v in served_by_node.values()))
+    return summary
+
+
+def report(summary: dict[str, Any]) -> list[str]:
+    """The printed summary: rate limit, requests per gateway and node, errors at the kills, converged residency."""
+    limits, kills, killed = summary["rate_limit"], summary["kills"], summary["killed"]
+    lines = [
+        f"scale-out proof: {summary['requests']} requests; {killed['gateway']} killed at "
+        f"{kills[killed['gateway']][0]:.1f} s, {killed['node']} at {kills[killed['node']][0]:.1f} s; "
+        f"{'PASS' if summary['ok'] else 'FAIL'}",
+        f"rate limit {limits['rpm_limit']}/min on one key, {limits['sent']} requests through both gateways: "
+        f"admitted {json.dumps(limits['admitted'])} in {limits['windows']} window(s), 429s {limits['rejected']} "
+        f"(all with Retry-After: {limits['retry_after_on_all_429s']}), other {limits['other']}",
+        "served per gateway: " + json.dumps(summary["served_by_gateway"]),
+        "served per node (vllm:request_success_total): " + json.dumps(summary["served_by_node"]),
+        f"served after both kills: {summary['served_after_kills']} of {summary['requests_after_kills']}",
+        f"errors at the kills: {len(summary['errors_at_kill'])}; other errors: {len(summary['errors_unexplained'])}",
+    ]
+    for tag, key in (("at kill", "errors_at_kill"), ("UNEXPLAINED", "errors_unexplained")):
+        for o in summary[key]:
+            lines.append(f"  [{tag}] t={o['start']:.2f}-{o['end']:.2f} s via {o['gateway']} {o['model']}: "
+                         f"{o['error'] or o['status']}")
+    lines.append("residency (control plane):")
+    for node, state in summary["residency"].items():
+        tiers = ", ".join(f"{a}={t}" for a, t in sorted(state["adapters"].items())) or "-"
+        lines.append(f"  {node}: {'live' if state['live'] else 'out of routing'}; {tiers}")
+    lines.append(f"converged: {summary['converged']}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scenario
     """Run the proof; see the module docstring. Returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=24.0, help="seconds of load in all (default 24)")
-    parser.add_argument("--kill-gateway-at", type=float, default=8.0)
-    parser.add_argument("--kill-node-at", type=float, default=12.0)
+    parser.add_argument("--served-before", type=int, default=6, help="requests each gateway serves before a kill")
+    parser.add_argument("--served-after", type=int, default=12, help="requests served after both kills")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds of load at most")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rpm", type=int, default=12, help="requests-per-minute limit of the rate-limit check")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "scaleout")
@@ -427,8 +583,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
 
         api = stack.enter_context(httpx.Client(base_url=urls["web"], timeout=120,
                                                headers={"Authorization": f"Bearer {api_key}"}))
+        os.environ.update(env)
+        import django
+
+        django.setup()
         deadline = time.monotonic() + 60
-        while len([n for n in residency(env).values() if n["live"]]) < 2:
+        while len([n for n in residency().values() if n["live"]]) < 2:
             if time.monotonic() > deadline:
                 raise RuntimeError("the two nodes never both reported live")
             time.sleep(0.5)
@@ -438,94 +598,36 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             if version["status"] != "ready":
                 raise RuntimeError(f"{name} was rejected: {version['validation_report']}")
         models = [assets.served_name, *adapters]
-        for url in (urls["gateway-1"], urls["gateway-2"]):  # warm every adapter and each gateway's caches
+        gateways = {"gateway-1": urls["gateway-1"], "gateway-2": urls["gateway-2"]}
+        for url in gateways.values():  # warm every adapter and each gateway's caches
             for model in models:
                 answer = api.post(url + "/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 1})
                 answer.raise_for_status()
-        say(f"adapters {', '.join(adapters)} ready and warm; {args.duration:.0f} s of load through both gateways")
+        say(f"adapters {', '.join(adapters)} ready and warm; load through both gateways")
 
-        limits = rate_limit_check(api, urls, assets.served_name, rpm=args.rpm)
+        created = api.post("/api/v1/api-keys", json={"name": "rate-limited", "scopes": ["inference"]})
+        created.raise_for_status()
+        limited = created.json()
+        api.patch(f"/api/v1/api-keys/{limited['key_id']}", json={"rpm_limit": args.rpm}).raise_for_status()
+        limits = rate_limit_check(gateways, assets.served_name, secret=limited["secret"], rpm=args.rpm)
         say(f"rate limit across both gateways: {json.dumps(limits)}")
-        lb = LoadBalancer({"gateway-1": urls["gateway-1"], "gateway-2": urls["gateway-2"]})
-        t0 = time.monotonic()
-        kills: dict[str, tuple[float, float]] = {}  # what -> (signal sent, process gone), s since t0
 
-        def killer() -> None:
-            for at, what in sorted([(args.kill_gateway_at, "gateway-2"), (args.kill_node_at, "node-2")]):
-                time.sleep(max(0.0, at - (time.monotonic() - t0)))
-                sent = time.monotonic() - t0
-                for proc in ([what] if what.startswith("gateway") else ["engine-2", "agent-2"]):
-                    procs.kill(proc)
-                kills[what] = (sent, time.monotonic() - t0)
-                say(f"killed {what} at t={sent:.1f} s (gone at {kills[what][1]:.1f} s)")
+        def kill_node() -> None:
+            procs.kill("engine-2")
+            procs.kill("agent-2")
 
-        with EngineCounter(engines) as counter:
-            before = dict(counter.last)
-            kill_thread = threading.Thread(target=killer, name="killer")
-            kill_thread.start()
-            outcomes = run_load(lb, api_key, models, duration=args.duration,
-                                concurrency=args.concurrency, t0=t0)
-            kill_thread.join()
-            time.sleep(0.5)
-            served_by_node = {name: int(counter.last[name] - before[name]) for name in engines}
+        outcomes, windows, served_by_node = load_with_kills(
+            gateways, engines, api_key, models, kill_gateway=("gateway-2", lambda: procs.kill("gateway-2")),
+            kill_node=("node-2", kill_node), concurrency=args.concurrency, served_before=args.served_before,
+            served_after=args.served_after, timeout=args.timeout)
+        view = await_convergence(adapters, "node-2", 30)
 
-        deadline = time.monotonic() + 30
-        view = residency(env)
-        while not converged(view, adapters, "node-2") and time.monotonic() < deadline:
-            time.sleep(1)
-            view = residency(env)
-
-    kill_windows = {name: kills.get(name, (0.0, 0.0)) for name in ("gateway-2", "node-2")}
-    kill_times = {name: window[0] for name, window in kill_windows.items()}
-    errors = [o for o in outcomes if o.status != 200]
-
-    def overlaps(o: Outcome, window: tuple[float, float]) -> bool:
-        return o.start <= window[1] and o.end >= window[0]
-
-    def in_flight_at_a_kill(o: Outcome) -> bool:
-        # Open on the killed gateway while it died, or open (through either gateway) while the node died.
-        return (o.gateway == "gateway-2" and overlaps(o, kill_windows["gateway-2"])) or \
-            overlaps(o, kill_windows["node-2"])
-
-    unexplained = [o for o in errors if not in_flight_at_a_kill(o)]
-    after = [o for o in outcomes if o.start > max(w[1] for w in kill_windows.values())]
-    summary = {
-        "rate_limit": limits,
-        "requests": len(outcomes),
-        "served_by_gateway": dict(Counter(o.gateway for o in outcomes if o.status == 200)),
-        "served_by_node": served_by_node,
-        "served_after_kills": sum(o.status == 200 for o in after),
-        "kills": kill_windows,
-        "errors_at_kill": [asdict(o) for o in errors if in_flight_at_a_kill(o)],
-        "errors_unexplained": [asdict(o) for o in unexplained],
-        "residency": view,
-        "converged": converged(view, adapters, "node-2"),
-    }
-    print(f"\n== scale-out proof: {len(outcomes)} requests in {args.duration:.0f} s, "
-          f"gateway-2 killed at {kill_times['gateway-2']:.1f} s, node-2 at {kill_times['node-2']:.1f} s ==")
-    print(f"rate limit {limits['rpm_limit']}/min on one key, {limits['sent']} requests through both gateways: "
-          f"admitted {json.dumps(limits['admitted'])}, 429s {limits['rejected']} (all with Retry-After: "
-          f"{limits['retry_after_on_all_429s']})")
-    print("served per gateway:", json.dumps(summary["served_by_gateway"]))
-    print("served per node (vllm:request_success_total):", json.dumps(served_by_node))
-    print(f"served after both kills: {summary['served_after_kills']} of {len(after)}")
-    print(f"errors at the kills: {len(summary['errors_at_kill'])}; other errors: {len(unexplained)}")
-    for o in errors:
-        tag = "at kill" if in_flight_at_a_kill(o) else "UNEXPLAINED"
-        print(f"  [{tag}] t={o.start:.2f}-{o.end:.2f} s via {o.gateway} {o.model}: {o.error or o.status}")
-    print("residency (control plane):")
-    for node, state in view.items():
-        tiers = ", ".join(f"{a}={t}" for a, t in sorted(state["adapters"].items())) or "-"
-        print(f"  {node}: {'live' if state['live'] else 'out of routing'}; {tiers}")
-    print("converged:", summary["converged"])
+    summary = summarize(limits=limits, outcomes=outcomes, kills=windows, served_by_node=served_by_node, view=view,
+                        adapters=adapters, killed_gateway="gateway-2", killed_node="node-2", gateways=sorted(gateways))
+    print("\n" + "\n".join(report(summary)))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
-    limit_ok = (sum(limits["admitted"].values()) <= limits["rpm_limit"] * limits["windows"] and limits["rejected"] > 0
-                and limits["retry_after_on_all_429s"] and all(limits["admitted"].get(g, 0) > 0 for g in lb.gateways))
-    ok = (limit_ok and not unexplained and summary["converged"] and summary["served_after_kills"] > 0
-          and all(summary["served_by_gateway"].get(g, 0) > 0 for g in lb.gateways)
-          and all(v > 0 for v in served_by_node.values()))
-    return 0 if ok else 1
+    return 0 if summary["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,322 @@
+"""Benchmark Quiver's residency-affinity routing against round-robin on two real CPU vLLM nodes (issue 6).
+
+Two CPU vLLM nodes (the tiny demo model, ``max_loras`` 2, ``max_cpu_loras`` 4, so adapters must move), their agents,
+the internal listener, a Celery worker and two gateway processes on the same fleet: one routes with Quiver's policy
+(``QUIVER_ROUTING_POLICY=affinity``, ``inference.fleet.routing.route``), the other round-robin over the nodes that
+serve the adapter (``round_robin``, ``inference.fleet.routing.route_round_robin``). ``--adapters`` random PEFT
+adapters (r 8 on q,v) are uploaded, validated and warmed onto *both* nodes, so both policies see the same fleet
+and every node can serve every adapter; only the routing differs. Then one seeded Zipf trace (``--zipf`` α over
+the adapters, ``--requests`` streamed completions of ``--max-tokens`` tokens, ``--concurrency`` clients in a
+closed loop) is replayed through each gateway in turn, ``--rounds`` times alternating, so machine noise hits both.
+
+Printed side by side per policy: throughput (requests/s, tokens/s), TTFT p50/p99 (first streamed token, ms), the
+engines' own load counts (``disk→cpu`` = adapters read into the CPU cache, ``cpu→gpu`` = moved into a GPU slot,
+counted in each engine's worker by ``inference.node.worker_ext``), per node, and the ratios.
+Target (issue 6): affinity ≥ 1.5× round-robin throughput and a lower p99 TTFT.
+
+Usage:
+    ./scripts/bench_fleet [--adapters 24] [--requests 240] [--zipf 1.0] [--concurrency 16] [--rounds 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import statistics
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from scaleout import Processes, fresh_bucket, fresh_database, manage, redis_db, say  # noqa: E402
+
+from demo.api_client import upload_adapter, wait_validated  # noqa: E402
+from demo.assets import ensure_demo_assets  # noqa: E402
+from demo.tiny_model import make_random_adapter  # noqa: E402
+from devtools.proc import free_port  # noqa: E402
+from devtools.services import backing_services  # noqa: E402
+from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
+
+PY = sys.executable
+REDIS_DB = 12
+POLICIES = ("affinity", "round_robin")
+
+
+def zipf_trace(names: list[str], n: int, alpha: float, seed: int) -> list[str]:
+    """``n`` adapter names drawn with P(rank k) ∝ 1/k^α (rank 1 = ``names[0]``), seeded."""
+    rng = random.Random(seed)
+    weights = [1 / (k ** alpha) for k in range(1, len(names) + 1)]
+    return rng.choices(names, weights=weights, k=n)
+
+
+@dataclass
+class Run:
+    """One replay of the trace through one gateway."""
+
+    policy: str
+    seconds: float
+    ttft_ms: list[float]
+    tokens: int
+    errors: list[str]
+    loads: dict[str, dict[str, int]]  # node -> {"disk_to_cpu", "cpu_to_gpu"} during the run
+
+
+def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, int]:
+    """One streamed completion: (TTFT ms, completion tokens). Raises RuntimeError on a non-200 answer."""
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    with http.stream("POST", url + "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{resp.status_code} {resp.read()[:200]!r}")
+        for line in resp.iter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices") and ttft is None:
+                ttft = (time.perf_counter() - t0) * 1000
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"].get("completion_tokens") or 0)
+    if ttft is None:
+        raise RuntimeError("no token streamed")
+    return ttft, tokens
+
+
+def engine_loads(engines: dict[str, tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """Each engine's load counters since it started: node -> {"disk_to_cpu", "cpu_to_gpu"}."""
+    out = {}
+    for node, (url, key) in engines.items():
+        listing = httpx.get(url + "/quiver/v1/loras", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        listing.raise_for_status()
+        loads = (listing.json().get("residency") or {}).get("loads") or {}
+        out[node] = {"disk_to_cpu": int(loads.get("disk_to_cpu", 0)), "cpu_to_gpu": int(loads.get("cpu_to_gpu", 0))}
+    return out
+
+
+def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency: int, max_tokens: int,
+           engines: dict[str, tuple[str, str]]) -> Run:
+    """Send ``trace`` in order from ``concurrency`` closed-loop clients through the gateway at ``url``."""
+    lock = threading.Lock()
+    queue = iter(enumerate(trace))
+    ttfts: list[float] = []
+    errors: list[str] = []
+    tokens = 0
+
+    def client() -> None:
+        nonlocal tokens
+        with httpx.Client(headers={"Authorization": f"Bearer {api_key}"}, timeout=300) as http:
+            while True:
+                with lock:
+                    item = next(queue, None)
+                if item is None:
+                    return
+                i, model = item
+                body = {"model": model, "prompt": f"the cat {i % 7} sat on", "max_tokens": max_tokens,
+                        "temperature": 0, "ignore_eos": True, "stream": True,
+                        "stream_options": {"include_usage": True}}
+                try:
+                    ttft, n = _stream(http, url, body)
+                except (RuntimeError, httpx.HTTPError) as exc:
+                    with lock:
+                        errors.append(f"{model}: {exc}")
+                    continue
+                with lock:
+                    ttfts.append(ttft)
+                    tokens += n
+
+    before = engine_loads(engines)
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - t0
+    after = engine_loads(engines)
+    loads = {n: {k: after[n][k] - before[n][k] for k in after[n]} for n in after}
+    return Run(policy, seconds, ttfts, tokens, errors, loads)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def aggregate(runs: list[Run]) -> dict[str, Any]:
+    """Totals over one policy's rounds: requests/s and tokens/s over the summed wall time, TTFT percentiles over
+    every request, engine loads summed per node."""
+    seconds = sum(r.seconds for r in runs)
+    ttft = [t for r in runs for t in r.ttft_ms]
+    nodes = sorted({n for r in runs for n in r.loads})
+    loads = {n: {k: sum(r.loads[n][k] for r in runs) for k in ("disk_to_cpu", "cpu_to_gpu")} for n in nodes}
+    return {"requests": len(ttft), "errors": sum(len(r.errors) for r in runs), "seconds": seconds,
+            "rps": len(ttft) / seconds, "tokens_per_s": sum(r.tokens for r in runs) / seconds,
+            "ttft_ms_p50": _pct(ttft, 0.5), "ttft_ms_p99": _pct(ttft, 0.99),
+            "round_rps": [len(r.ttft_ms) / r.seconds for r in runs], "loads": loads,
+            "disk_to_cpu": sum(v["disk_to_cpu"] for v in loads.values()),
+            "cpu_to_gpu": sum(v["cpu_to_gpu"] for v in loads.values())}
+
+
+def table(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The side-by-side table and the ratios (affinity over round-robin)."""
+    a, rr = results["affinity"], results["round_robin"]
+    rows = [("requests served (errors)", lambda r: f"{r['requests']} ({r['errors']})"),
+            ("throughput, requests/s", lambda r: f"{r['rps']:.2f}"),
+            ("throughput, tokens/s", lambda r: f"{r['tokens_per_s']:.1f}"),
+            ("  per round, requests/s", lambda r: " ".join(f"{x:.2f}" for x in r["round_rps"])),
+            ("TTFT p50, ms", lambda r: f"{r['ttft_ms_p50']:.0f}"),
+            ("TTFT p99, ms", lambda r: f"{r['ttft_ms_p99']:.0f}"),
+            ("engine loads disk→cpu", lambda r: f"{r['disk_to_cpu']}"),
+            ("engine loads cpu→gpu", lambda r: f"{r['cpu_to_gpu']}")]
+    for node in a["loads"]:
+        rows.append((f"  {node} disk→cpu / cpu→gpu",
+                     lambda r, n=node: f"{r['loads'][n]['disk_to_cpu']} / {r['loads'][n]['cpu_to_gpu']}"))
+    lines = [f"{'':32} {'affinity (Quiver)':>20} {'round-robin':>20}"]
+    lines += [f"{label:32} {fmt(a):>20} {fmt(rr):>20}" for label, fmt in rows]
+    lines.append(f"ratios: throughput {a['rps'] / rr['rps']:.2f}x (target >= 1.5x); TTFT p99 "
+                 f"{a['ttft_ms_p99'] / rr['ttft_ms_p99']:.2f}x (target < 1); disk→cpu loads "
+                 f"{a['disk_to_cpu'] / max(1, rr['disk_to_cpu']):.2f}x; cpu→gpu loads "
+                 f"{a['cpu_to_gpu'] / max(1, rr['cpu_to_gpu']):.2f}x")
+    return lines
+
+
+def _warm_everywhere(env: dict[str, str], names: list[str]) -> None:
+    """Warm every ready version of ``names`` on every live node (placement_warm through each agent)."""
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.db import connections
+
+    from adapters_app.models import AdapterVersion
+    from inference.gateway.models import Node, Placement
+    from inference.gateway.placement import placement_warm
+
+    nodes = list(Node.objects.filter(healthy=True))
+    for version in AdapterVersion.objects.filter(adapter__name__in=names, status="ready"):
+        for node in nodes:
+            if not Placement.objects.filter(node=node, adapter_version=version, served=True).exists():
+                placement_warm(version, node=node)
+    connections.close_all()
+
+
+def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scenario
+    """Start the fleet, replay the trace through both gateways, print the table. Returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--adapters", type=int, default=24)
+    parser.add_argument("--requests", type=int, default=240, help="requests in the trace (each round replays it)")
+    parser.add_argument("--zipf", type=float, default=1.0, help="popularity skew α")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating replays per policy")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
+    parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    args = parser.parse_args(argv)
+
+    assets = ensure_demo_assets()
+    (args.workdir / "logs").mkdir(parents=True, exist_ok=True)
+    names = [f"bench-{i:02d}" for i in range(args.adapters)]
+    folders = {n: make_random_adapter(assets.base_dir, args.workdir / "adapters" / n, r=8, lora_alpha=16,
+                                      target_modules=["q_proj", "v_proj"], seed=100 + i)
+               for i, n in enumerate(names)}
+    procs = Processes(args.workdir / "logs")
+    with ExitStack() as stack:
+        env = {**os.environ}
+        env.update(stack.enter_context(backing_services(env)))
+        stack.callback(procs.stop_all)
+        env["DATABASE_URL"] = stack.enter_context(fresh_database(env["DATABASE_URL"]))
+        env["AWS_STORAGE_BUCKET_NAME"] = stack.enter_context(fresh_bucket(env))
+        env["REDIS_URL"] = env["CELERY_BROKER_URL"] = redis_db(env["REDIS_URL"], REDIS_DB)
+        env.update({"DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
+                    "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
+                    "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(48),
+                    "QUIVER_NODE_SECRET": secrets.token_urlsafe(48), "QUIVER_WARM_WAIT_S": "120"})
+        say("migrating a fresh database, registering the tiny base model and a tenant")
+        manage(env, "migrate", "--noinput")
+        manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
+        api_key = manage(env, "quiver_tenant_create", "bench", "--name", "Bench").splitlines()[-1]
+        urls = {name: f"http://127.0.0.1:{free_port()}" for name in ("internal", *POLICIES)}
+        procs.start("internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
+                                 "--port", urls["internal"].rsplit(":", 1)[1], "--log-level", "warning"], env)
+        for policy in POLICIES:
+            procs.start(policy, [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
+                                 urls[policy].rsplit(":", 1)[1], "--log-level", "warning", "--no-access-log"],
+                        {**env, "QUIVER_ROUTING_POLICY": policy})
+        procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=4",
+                               "-Q", "celery,validation,placement", "-n", "bench@%h", "--loglevel=WARNING"], env)
+        engines: dict[str, tuple[str, str]] = {}
+        for i in (1, 2):
+            node, agent_url, engine_port = f"node-{i}", f"http://127.0.0.1:{free_port()}", free_port()
+            creds = dict(line.split("=", 1) for line in manage(
+                env, "quiver_node_register", node, "--agent-url", agent_url, "--engine-url",
+                f"http://127.0.0.1:{engine_port}", "--base-model", assets.served_name).splitlines() if "=" in line)
+            engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port,
+                                          api_key=creds["QUIVER_NODE_KEY"])
+            engines[node] = (engine.url, creds["QUIVER_NODE_KEY"])
+            node_env = {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")}
+            procs.start(f"engine-{i}", engine_argv(engine, python=PY), engine_env(engine, node_env))
+            procs.start(f"agent-{i}", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1",
+                                       "--port", agent_url.rsplit(":", 1)[1], "--log-level", "warning"], {
+                **node_env, **creds, "QUIVER_ENGINE_URL": engine.url, "QUIVER_BASE_MODEL": assets.served_name,
+                "QUIVER_NODE_CACHE_DIR": str(args.workdir / f"cache-{i}"), "QUIVER_AGENT_URL": agent_url,
+                "QUIVER_CONTROL_URL": urls["internal"], "QUIVER_HEARTBEAT_SECONDS": "1",
+                "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4", "QUIVER_MAX_LORA_RANK": "16"})
+        for name in ("internal", *POLICIES):
+            procs.wait_http(name, urls[name] + "/healthz", 120)
+        for i, (url, _) in enumerate(engines.values(), start=1):
+            procs.wait_http(f"engine-{i}", url + "/health", 900)
+        api = stack.enter_context(httpx.Client(base_url=urls["affinity"], timeout=300,
+                                               headers={"Authorization": f"Bearer {api_key}"}))
+        say(f"engines up; uploading {len(names)} adapters")
+        numbers = {n: upload_adapter(api, n, folders[n], base_model=assets.served_name)["number"] for n in names}
+        for n in names:
+            if wait_validated(api, n, numbers[n], timeout=600)["status"] != "ready":
+                raise SystemExit(f"{n} was rejected")
+        deadline = time.monotonic() + 120
+        probe = {"model": assets.served_name, "prompt": "x", "max_tokens": 1}
+        while any(api.post(urls[p] + "/v1/completions", json=probe).status_code != 200 for p in POLICIES):
+            if time.monotonic() > deadline:
+                raise SystemExit("the gateways never saw a live node")
+            time.sleep(1)
+        say("warming every adapter on both nodes")
+        _warm_everywhere(env, names)
+        time.sleep(3)  # a heartbeat from each node, and each gateway's fleet view refreshed
+        trace = zipf_trace(names, args.requests, args.zipf, args.seed)
+        top = sorted(((trace.count(n), n) for n in names), reverse=True)[:4]
+        say(f"trace: {len(trace)} requests over {len(set(trace))} adapters (top 4: "
+            f"{', '.join(f'{n} {c}' for c, n in top)}); {args.rounds} rounds per policy, alternating")
+        runs: dict[str, list[Run]] = {p: [] for p in POLICIES}
+        for round_no in range(args.rounds):
+            for policy in (POLICIES if round_no % 2 == 0 else POLICIES[::-1]):
+                run = replay(policy, urls[policy], api_key, trace, concurrency=args.concurrency,
+                             max_tokens=args.max_tokens, engines=engines)
+                runs[policy].append(run)
+                say(f"round {round_no + 1} {policy}: {len(run.ttft_ms)} ok, {len(run.errors)} errors, "
+                    f"{run.seconds:.1f} s; loads {json.dumps(run.loads)}"
+                    + (f"; first error: {run.errors[0]}" if run.errors else ""))
+        results = {p: aggregate(r) for p, r in runs.items()}
+
+    load1, load5, _ = os.getloadavg()
+    print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
+          f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy, concurrency "
+          f"{args.concurrency}, {args.max_tokens} tokens each; cores {os.cpu_count()}, load avg {load1:.1f}/{load5:.1f}")
+    print("\n".join(table(results)))
+    if args.json:
+        print(json.dumps({"policies": results}))
+    return 0 if all(r["errors"] == 0 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
