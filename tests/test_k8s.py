@@ -58,6 +58,13 @@ def objects(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
+def node_sets(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The inference nodes' StatefulSets (one per node), by name."""
+    return sorted((d for d in docs if d["kind"] == "StatefulSet"
+                   and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "node"),
+                  key=lambda d: d["metadata"]["name"])
+
+
 def pod_templates(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
     """`(kind/name, pod template)` of every workload."""
     for doc in docs:
@@ -165,28 +172,32 @@ def test_kubectl_is_the_pinned_wheel() -> None:
 
 def test_gpu_nodes_hold_a_gpu_each_with_probes_and_a_pdb() -> None:
     docs = render("gpu")
-    node = objects(docs, "StatefulSet")["node"]
-    template = node["spec"]["template"]
-    vllm, agent = container(template, "vllm"), container(template, "agent")
-    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert "nvidia.com/gpu" not in agent.get("resources", {}).get("limits", {})
-    assert any(t["key"] == "nvidia.com/gpu" for t in template["spec"]["tolerations"])
-    assert node["spec"]["replicas"] >= 2
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert vllm[probe]["httpGet"]["path"] == "/health", probe
-    assert agent["readinessProbe"]["httpGet"]["path"] == "/healthz"
-    assert "livenessProbe" in agent
-    assert "--enable-lora" in vllm["args"] and "--middleware=inference.node.engine_ext.QuiverEngineExtension" in \
-        vllm["args"]
-    pdbs = [p for p in objects(docs, "PodDisruptionBudget").values()
-            if selects(p["spec"]["selector"], template["metadata"]["labels"])]
-    assert len(pdbs) == 1 and pdbs[0]["spec"].get("maxUnavailable") == 1
+    nodes = node_sets(docs)
+    assert len(nodes) >= 2
+    for node in nodes:
+        template = node["spec"]["template"]
+        vllm, agent = container(template, "vllm"), container(template, "agent")
+        assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert "nvidia.com/gpu" not in agent.get("resources", {}).get("limits", {})
+        assert any(t["key"] == "nvidia.com/gpu" for t in template["spec"]["tolerations"])
+        assert node["spec"]["replicas"] == 1  # one pod: the node's Secret is its alone
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert vllm[probe]["httpGet"]["path"] == "/health", probe
+        assert agent["readinessProbe"]["httpGet"]["path"] == "/healthz"
+        assert "livenessProbe" in agent
+        assert "--enable-lora" in vllm["args"] and "--middleware=inference.node.engine_ext.QuiverEngineExtension" \
+            in vllm["args"]
+        # One budget over every node: drains take one node at a time across the fleet.
+        pdbs = [p for p in objects(docs, "PodDisruptionBudget").values()
+                if selects(p["spec"]["selector"], template["metadata"]["labels"])]
+        assert len(pdbs) == 1 and pdbs[0]["spec"].get("maxUnavailable") == 1
+        assert all(selects(pdbs[0]["spec"]["selector"], n["spec"]["template"]["metadata"]["labels"]) for n in nodes)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_nodes_share_a_node_local_disk_cache_and_register_with_stable_urls(overlay: str) -> None:
     docs = render(overlay)
-    node = objects(docs, "StatefulSet")["node"]
+    node = node_sets(docs)[0]
     template = node["spec"]["template"]
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
     assert "emptyDir" in volumes["node-cache"] and volumes["node-cache"]["emptyDir"]["sizeLimit"]
@@ -206,12 +217,17 @@ def test_nodes_share_a_node_local_disk_cache_and_register_with_stable_urls(overl
     names |= set(re.findall(r"\b([A-Z_]+)=\"", " ".join(agent["command"])))  # exported from the credential files
     assert set(node_config._REQUIRED) | {"QUIVER_NODE_TOKEN"} <= names
     env = {e["name"]: e for e in agent["env"]}
-    assert env["QUIVER_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["QUIVER_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['quiver.io/node']"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     headless = objects(docs, "Service")[node["spec"]["serviceName"]]
     assert headless["spec"]["clusterIP"] == "None"
     for var, port in (("QUIVER_ENGINE_URL", 8000), ("QUIVER_AGENT_URL", 8100)):
-        assert env[var]["value"] == f"http://$(QUIVER_NODE_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE)" \
+        assert env[var]["value"] == f"http://$(POD_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE)" \
             f".svc:{port}"
+    # Every node has its own name (its label), and all share the headless Service.
+    names = [n["spec"]["template"]["metadata"]["labels"]["quiver.io/node"] for n in node_sets(docs)]
+    assert len(set(names)) == len(names) >= 2
+    assert {n["spec"]["serviceName"] for n in node_sets(docs)} == {headless["metadata"]["name"]}
 
 
 def test_cpu_dev_requests_no_gpu() -> None:
@@ -272,11 +288,13 @@ def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
 def test_prometheus_scrapes_web_gateway_and_nodes() -> None:
     docs = render("gpu")
     agent_port = objects(docs, "Service")["node"]["metadata"]["annotations"]["prometheus.io/port"]
-    assert {"containerPort": int(agent_port), "name": "agent"} in container(
-        objects(docs, "StatefulSet")["node"]["spec"]["template"], "agent")["ports"]
+    for node in node_sets(docs):
+        assert {"containerPort": int(agent_port), "name": "agent"} in container(node["spec"]["template"],
+                                                                                 "agent")["ports"]
+    scraped = {"Deployment/web", "Deployment/gateway"} | {f"StatefulSet/{n['metadata']['name']}" for n in node_sets(docs)}
     for where, template in pod_templates(docs):
         notes = template["metadata"].get("annotations", {})
-        if any(where.endswith(f"/{n}") for n in ("web", "gateway", "node")):
+        if where in scraped:
             assert notes["prometheus.io/scrape"] == "true", where
             ports = {p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
             assert int(notes["prometheus.io/port"]) in ports, where
@@ -293,9 +311,10 @@ def _env_example_keys(name: str) -> set[str]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_secret_is_committed_and_every_referenced_key_is_documented(overlay: str) -> None:
     docs = render(overlay)
-    # The one Secret declared is the registration Job's output, without data (an apply never overwrites it).
-    assert {name: {k for k in s if k in ("data", "stringData")} for name, s in objects(docs, "Secret").items()} == {
-        "quiver-node-credentials": set()}
+    # The only Secrets declared are the registration Job's output, one per node, without data (an apply never
+    # overwrites them).
+    secrets = {name: {k for k in s if k in ("data", "stringData")} for name, s in objects(docs, "Secret").items()}
+    assert secrets == {f"quiver-node-credentials-{i}": set() for i in range(len(node_sets(docs)))}
     refs: set[tuple[str, str]] = set()
     for _, template in pod_templates(docs):
         for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
@@ -417,8 +436,8 @@ def test_network_policies_let_only_gateway_and_workers_reach_nodes(overlay: str)
     assert not can({**inside, "source_labels": component("gateway")}, component("web-internal"), 8001)
     # The labels used above are the real pod labels.
     labels = {where: t["metadata"]["labels"] for where, t in pod_templates(docs)}
-    assert labels["StatefulSet/node"] == {**node, **{"app.kubernetes.io/part-of": "quiver"}} or \
-        selects({"matchLabels": node}, labels["StatefulSet/node"])
+    for sts in node_sets(docs):
+        assert selects({"matchLabels": node}, labels[f"StatefulSet/{sts['metadata']['name']}"])
     assert selects({"matchLabels": {"quiver.io/queue": "placement"}}, labels["Deployment/worker-placement"])
 
 
@@ -463,32 +482,41 @@ def _register_nodes_module() -> Any:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_each_node_reads_only_its_own_registered_credentials(overlay: str) -> None:
     docs = render(overlay)
-    node = objects(docs, "StatefulSet")["node"]
-    spec = node["spec"]["template"]["spec"]
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["credentials"]["secret"]["secretName"] == "quiver-node-credentials"
-    assert volumes["credentials"]["secret"]["defaultMode"] == 0o440
-    assert "wait-for-credentials" in {c["name"] for c in spec["initContainers"]}
-    vllm, agent = container(node["spec"]["template"], "vllm"), container(node["spec"]["template"], "agent")
-    assert "/etc/quiver/node-credentials/$POD_NAME.key" in " ".join(vllm["command"])
-    assert "VLLM_API_KEY" not in {e["name"] for e in vllm.get("env", [])}  # from the file, never the spec
-    agent_command = " ".join(agent["command"])
-    for suffix in ("key", "token"):
-        assert f"/etc/quiver/node-credentials/$QUIVER_NODE_NAME.{suffix}" in agent_command
-    # The URLs the Job registers are the ones the agent reports (and the gateway calls).
     module = _register_nodes_module()
-    env = {e["name"]: e.get("value") for e in agent["env"]}
-    engine_url, agent_url = module.node_urls("node-3", NAMESPACE)
-    substitute = {"$(QUIVER_NODE_NAME)": "node-3", "$(POD_NAMESPACE)": NAMESPACE}
-    for var, url in (("QUIVER_ENGINE_URL", engine_url), ("QUIVER_AGENT_URL", agent_url)):
-        value = env[var]
-        for placeholder, real in substitute.items():
-            value = value.replace(placeholder, real)
-        assert value == url, var
-    assert module.STATEFULSET == node["metadata"]["name"] and module.SERVICE == node["spec"]["serviceName"]
+    nodes = node_sets(docs)
+    found = module.node_sets(nodes)  # what the Job reads from the API is what the manifests declare
+    assert [n.secret for n in found] == [f"quiver-node-credentials-{i}" for i in range(len(nodes))]
+    assert len({n.secret for n in found}) == len({n.node for n in found}) == len(nodes)
+    for node, registered in zip(nodes, found, strict=True):
+        spec = node["spec"]["template"]["spec"]
+        mounted = [v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v]
+        assert mounted == [registered.secret]  # this node's Secret and no other
+        assert {v["name"]: v for v in spec["volumes"]}["credentials"]["secret"]["defaultMode"] == 0o440
+        assert "wait-for-credentials" in {c["name"] for c in spec["initContainers"]}
+        vllm, agent = container(node["spec"]["template"], "vllm"), container(node["spec"]["template"], "agent")
+        assert "/etc/quiver/node-credentials/key" in " ".join(vllm["command"])
+        assert "VLLM_API_KEY" not in {e["name"] for e in vllm.get("env", [])}  # from the file, never the spec
+        agent_command = " ".join(agent["command"])
+        for suffix in ("key", "token"):
+            assert f"/etc/quiver/node-credentials/{suffix}" in agent_command
+        # The name and URLs the Job registers are the ones the agent reports (and the gateway calls).
+        labels = node["spec"]["template"]["metadata"]["labels"]
+        assert registered.node == labels[module.NODE_LABEL] and registered.pod == f"{node['metadata']['name']}-0"
+        env = {e["name"]: e.get("value") for e in agent["env"]}
+        engine_url, agent_url = module.node_urls(registered.pod, NAMESPACE)
+        for var, url in (("QUIVER_ENGINE_URL", engine_url), ("QUIVER_AGENT_URL", agent_url)):
+            value = env[var].replace("$(POD_NAME)", registered.pod).replace("$(POD_NAMESPACE)", NAMESPACE)
+            assert value == url, var
+        assert module.SERVICE == node["spec"]["serviceName"]
+        assert selects(_selector(module.NODE_SELECTOR), labels)
 
 
-def test_only_the_registration_job_talks_to_the_api_server_and_only_about_its_secret() -> None:
+def _selector(text: str) -> dict[str, Any]:
+    key, value = text.split("=")
+    return {"matchLabels": {key: value}}
+
+
+def test_only_the_registration_job_talks_to_the_api_server_and_only_about_node_secrets() -> None:
     docs = render("gpu")
     accounts = objects(docs, "ServiceAccount")
     assert accounts["quiver"]["automountServiceAccountToken"] is False
@@ -497,8 +525,18 @@ def test_only_the_registration_job_talks_to_the_api_server_and_only_about_its_se
         mounted = spec.get("automountServiceAccountToken",
                            accounts[spec.get("serviceAccountName", "default")].get("automountServiceAccountToken"))
         assert bool(mounted) == (where == "Job/register-nodes"), where
-    role = objects(docs, "Role")["quiver-registrar"]
-    assert all(rule.get("resourceNames") and set(rule["verbs"]) <= {"get", "patch"} for rule in role["rules"])
-    assert {n for rule in role["rules"] for n in rule["resourceNames"]} == {"node", "quiver-node-credentials"}
-    binding = objects(docs, "RoleBinding")["quiver-registrar"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "quiver-registrar", "namespace": NAMESPACE}]
+    roles, bindings = objects(docs, "Role"), objects(docs, "RoleBinding")
+    assert roles["quiver-registrar"]["rules"] == [{"apiGroups": ["apps"], "resources": ["statefulsets"],
+                                                   "verbs": ["list"]}]
+    node_secrets = {v["secret"]["secretName"] for n in node_sets(docs)
+                    for v in n["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    granted: set[str] = set()
+    for name, binding in bindings.items():
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "quiver-registrar", "namespace": NAMESPACE}]
+        rules = roles[binding["roleRef"]["name"]]["rules"]
+        if name == "quiver-registrar":
+            continue
+        for rule in rules:  # every other grant: get/patch on named Secrets only
+            assert rule["resources"] == ["secrets"] and set(rule["verbs"]) <= {"get", "patch"}, name
+            granted |= set(rule["resourceNames"])
+    assert granted == node_secrets

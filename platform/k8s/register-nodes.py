@@ -1,19 +1,18 @@
-"""Register the StatefulSet's inference nodes and hand each its credentials (the Job ``register-nodes``).
+"""Register the inference nodes and hand each its own credentials (the Job ``register-nodes``).
 
 Run in the control-plane image, with the control plane's settings and ``QUIVER_NODE_SECRET``:
-``python platform/k8s/register-nodes.py``. For every ordinal ``0 … replicas-1`` of the StatefulSet ``node`` it
-calls ``inference.gateway.nodes.node_register`` with the pod's stable URLs
-(``http://node-<i>.node.<namespace>.svc:8000`` for the engine, ``:8100`` for the agent) and writes the node's key
-and heartbeat token into the Secret ``quiver-node-credentials`` as ``node-<i>.key`` / ``node-<i>.token``. The node
-pods mount that Secret and read the two files named after themselves. Re-running is safe: registration keeps a
-node's credentials (``--rotate`` on ``quiver_node_register`` issues new ones), so scaling up means re-running
-the Job. The Kubernetes API is reached with the pod's service-account token (Role ``quiver-registrar``: get the
-StatefulSet, get/patch that one Secret).
+``python platform/k8s/register-nodes.py``. Every node is a one-pod StatefulSet of its own (platform/k8s/nodes),
+labelled ``app.kubernetes.io/component=node`` and ``quiver.io/node=<node name>``. For each one the Job calls
+``inference.gateway.nodes.node_register`` with its pod's stable URLs (``http://<statefulset>-0.node.<namespace>.svc``
+port 8000 for the engine, 8100 for the agent) and writes the node's key and heartbeat token into the Secret its pod
+mounts as ``credentials`` (keys ``key`` and ``token``), so no pod can read another node's. Re-running is safe:
+registration keeps a node's credentials (``--rotate`` on ``quiver_node_register`` issues new ones), so adding a
+node means re-running the Job. The Kubernetes API is reached with the pod's service-account token (Role
+``quiver-registrar``: list StatefulSets; each node's Role: get/patch its one Secret).
 
-Environment: ``QUIVER_BASE_MODEL`` (the base model the nodes serve, registered beforehand),
-``POD_NAMESPACE``, optional ``QUIVER_NODE_REPLICAS`` (skip reading the StatefulSet), ``KUBERNETES_SERVICE_HOST``
-and ``_PORT`` (set by Kubernetes). Exit status 1 with a message when the base model is not registered yet, so the
-Job's back-off retries until it is.
+Environment: ``QUIVER_BASE_MODEL`` (the base model the nodes serve, registered beforehand), ``POD_NAMESPACE``,
+``KUBERNETES_SERVICE_HOST`` and ``_PORT`` (set by Kubernetes). Exit status 1 with a message when the base model is
+not registered yet or a node StatefulSet lacks its label or Secret, so the Job's back-off retries.
 """
 
 from __future__ import annotations
@@ -23,15 +22,16 @@ import json
 import os
 import ssl
 import sys
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-SECRET = "quiver-node-credentials"
-STATEFULSET = "node"
 SERVICE = "node"
+NODE_SELECTOR = "app.kubernetes.io/component=node"
+NODE_LABEL = "quiver.io/node"
 
 
 class KubeApi:
@@ -59,32 +59,58 @@ class KubeApi:
             return json.loads(response.read() or b"{}")
 
 
-def node_urls(name: str, namespace: str) -> tuple[str, str]:
-    """``(engine_url, agent_url)`` of StatefulSet pod ``name`` through the headless Service ``node``."""
-    host = f"{name}.{SERVICE}.{namespace}.svc"
+class NodeSet(NamedTuple):
+    """One node's StatefulSet: the node's name, its pod's name and the Secret the pod mounts."""
+
+    node: str
+    pod: str
+    secret: str
+
+
+def node_urls(pod: str, namespace: str) -> tuple[str, str]:
+    """``(engine_url, agent_url)`` of StatefulSet pod ``pod`` through the headless Service ``node``."""
+    host = f"{pod}.{SERVICE}.{namespace}.svc"
     return f"http://{host}:8000", f"http://{host}:8100"
 
 
-def register(replicas: int, *, namespace: str, base_model: str) -> dict[str, str]:
-    """Register ``node-0 … node-<replicas-1>``; the Secret ``data`` holding their credentials (base64 values).
+def node_sets(items: list[dict[str, Any]]) -> list[NodeSet]:
+    """The nodes in a StatefulSet list (``items`` of ``GET .../statefulsets?labelSelector=...``).
+
+    Raises:
+        ValueError: a node StatefulSet without the ``quiver.io/node`` label or a ``credentials`` Secret volume.
+    """
+    out = []
+    for item in items:
+        name = item["metadata"]["name"]
+        node = item["metadata"].get("labels", {}).get(NODE_LABEL)
+        volumes = {v["name"]: v for v in item["spec"]["template"]["spec"].get("volumes", [])}
+        secret = volumes.get("credentials", {}).get("secret", {}).get("secretName")
+        if not node or not secret:
+            raise ValueError(f"StatefulSet {name}: needs the label {NODE_LABEL} and a Secret volume 'credentials' "
+                             "(build nodes from platform/k8s/nodes/unit)")
+        out.append(NodeSet(node=node, pod=f"{name}-0", secret=secret))
+    return sorted(out, key=lambda n: n.node)
+
+
+def register(nodes: list[NodeSet], *, namespace: str, base_model: str) -> dict[str, dict[str, str]]:
+    """Register ``nodes``; ``{secret name: Secret data}`` holding each one's credentials (base64 ``key``, ``token``).
 
     Raises:
         inference.gateway.nodes.NodeRefused: e.g. 400 ``base_model_not_found``.
     """
     from inference.gateway.nodes import node_register
 
-    data: dict[str, str] = {}
-    for ordinal in range(replicas):
-        name = f"{STATEFULSET}-{ordinal}"
-        engine_url, agent_url = node_urls(name, namespace)
-        _, creds = node_register(name=name, agent_url=agent_url, engine_url=engine_url, base_model_name=base_model)
-        data[f"{name}.key"] = base64.b64encode(creds.key.encode()).decode()
-        data[f"{name}.token"] = base64.b64encode(creds.token.encode()).decode()
-    return data
+    out: dict[str, dict[str, str]] = {}
+    for n in nodes:
+        engine_url, agent_url = node_urls(n.pod, namespace)
+        _, creds = node_register(name=n.node, agent_url=agent_url, engine_url=engine_url, base_model_name=base_model)
+        out[n.secret] = {"key": base64.b64encode(creds.key.encode()).decode(),
+                         "token": base64.b64encode(creds.token.encode()).decode()}
+    return out
 
 
 def main(api: KubeApi | None = None, environ: Mapping[str, str] = os.environ) -> int:
-    """Register the nodes and patch the Secret; the exit status."""
+    """Register the nodes and patch each one's Secret; the exit status."""
     import django
 
     django.setup()
@@ -92,19 +118,21 @@ def main(api: KubeApi | None = None, environ: Mapping[str, str] = os.environ) ->
 
     api = api or KubeApi.in_cluster()
     namespace = environ.get("POD_NAMESPACE", "quiver")
-    if environ.get("QUIVER_NODE_REPLICAS"):
-        replicas = int(environ["QUIVER_NODE_REPLICAS"])
-    else:
-        replicas = int(api.call("GET", f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{STATEFULSET}")
-                       ["spec"].get("replicas", 1))
+    listing = api.call("GET", f"/apis/apps/v1/namespaces/{namespace}/statefulsets?labelSelector="
+                       + urllib.parse.quote(NODE_SELECTOR))
     try:
-        data = register(replicas, namespace=namespace, base_model=environ["QUIVER_BASE_MODEL"])
+        nodes = node_sets(listing.get("items", []))
+        secrets = register(nodes, namespace=namespace, base_model=environ["QUIVER_BASE_MODEL"])
+    except ValueError as exc:
+        print(f"register-nodes: {exc}", file=sys.stderr)
+        return 1
     except NodeRefused as exc:
         print(f"register-nodes: {exc.detail}", file=sys.stderr)
         return 1
-    api.call("PATCH", f"/api/v1/namespaces/{namespace}/secrets/{SECRET}", {"data": data},
-             content_type="application/merge-patch+json")
-    print(f"register-nodes: {replicas} node(s) registered, credentials in Secret {SECRET}")
+    for secret, data in secrets.items():
+        api.call("PATCH", f"/api/v1/namespaces/{namespace}/secrets/{secret}", {"data": data},
+                 content_type="application/merge-patch+json")
+    print(f"register-nodes: {len(nodes)} node(s) registered: " + ", ".join(n.node for n in nodes))
     return 0
 
 
