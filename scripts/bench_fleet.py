@@ -25,7 +25,6 @@ import json
 import os
 import random
 import secrets
-import statistics
 import sys
 import threading
 import time
@@ -99,7 +98,7 @@ def engine_loads(engines: dict[str, tuple[str, str]]) -> dict[str, dict[str, int
     for node, (url, key) in engines.items():
         listing = httpx.get(url + "/quiver/v1/loras", headers={"Authorization": f"Bearer {key}"}, timeout=30)
         listing.raise_for_status()
-        loads = (listing.json().get("residency") or {}).get("loads") or {}
+        loads = (listing.json().get("residency") or {}).get("moves") or {}
         out[node] = {"disk_to_cpu": int(loads.get("disk_to_cpu", 0)), "cpu_to_gpu": int(loads.get("cpu_to_gpu", 0))}
     return out
 

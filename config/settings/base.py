@@ -220,6 +220,11 @@ QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
 # interval, deleted after the retention.
 QUIVER_NODE_SAMPLE_INTERVAL_S = env.float("QUIVER_NODE_SAMPLE_INTERVAL_S", default=10.0)
 QUIVER_NODE_SAMPLE_RETENTION_S = env.int("QUIVER_NODE_SAMPLE_RETENTION_S", default=86400)
+# Node choice per request: "affinity" (Quiver's residency-first inference.fleet.routing.route) or "round_robin"
+# (route_round_robin, the baseline scripts/bench_fleet measures it against).
+QUIVER_ROUTING_POLICY = env.str("QUIVER_ROUTING_POLICY", default="affinity")
+if QUIVER_ROUTING_POLICY not in ("affinity", "round_robin"):
+    raise ImproperlyConfigured(f"QUIVER_ROUTING_POLICY={QUIVER_ROUTING_POLICY!r}: use affinity or round_robin.")
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)
 QUIVER_PROXY_TIMEOUT_S = env.float("QUIVER_PROXY_TIMEOUT_S", default=300.0)

@@ -151,3 +151,24 @@ def route(candidates: Sequence[Candidate], *, base_model: bool = False,
         best = max(pool, key=lambda c: (c.in_placement, c.tier in IN_ENGINE, -c.load if c.tier in IN_ENGINE else 0,
                                         residency_score(c), -c.load, c.hrw))
     return RouteDecision(best.node, best.tier, residency_score(best), saturated)
+
+
+ROUTING_POLICIES = ("affinity", "round_robin")
+
+
+def route_round_robin(candidates: Sequence[Candidate], *, turn: int, base_model: bool = False,
+                      config: RouteConfig = RouteConfig()) -> RouteDecision | None:
+    """The baseline: the ``turn``-th candidate in node-name order, whatever holds the version (residency ignored).
+
+    What a plain Kubernetes Service or a round-robin load balancer does; ``scripts/bench_fleet`` measures Quiver's
+    ``route`` against it. ``turn`` is the caller's running request count (so the function stays pure).
+
+    Returns:
+        The decision, or None when ``candidates`` is empty; ``saturated`` when every candidate is saturated.
+    """
+    if not candidates:
+        return None
+    ordered = sorted(candidates, key=lambda c: c.node)
+    pick = ordered[turn % len(ordered)]
+    saturated = all(is_saturated(c, config) for c in ordered)
+    return RouteDecision(pick.node, pick.tier, 0.0 if base_model else residency_score(pick), saturated)

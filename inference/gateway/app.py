@@ -132,6 +132,7 @@ class GatewayApp:
         self._background: set[asyncio.Task[Any]] = set()
         # Nodes whose engine refused a connection: node pk -> monotonic time until which this process skips them.
         self._down: dict[int, float] = {}
+        self._turn = 0  # requests routed by this process (the round-robin baseline's position)
 
     # --- process plumbing
     def _ensure_started(self) -> None:
@@ -239,7 +240,7 @@ class GatewayApp:
         Raises:
             GatewayError: 503 ``no_capacity`` (no live node), ``adapter_load_failed`` or ``adapter_warm_timeout``.
         """
-        node = node_choose(self._routable(await self.directory.fleet()), target)
+        node = node_choose(self._routable(await self.directory.fleet()), target, **self._policy())
         if node is not None:
             return node
         no_node = GatewayError(503, f"No live node serves base model `{target.base_model_name}`.",
@@ -251,7 +252,7 @@ class GatewayApp:
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
             fleet = self._routable(await self.directory.fleet_fresh(POLL_S))
-            node = node_choose(fleet, target)
+            node = node_choose(fleet, target, **self._policy())
             if node is not None:
                 return node
             error = fleet.warm_error(target.version_id) if fleet.read_at > asked_at else ""
@@ -396,6 +397,11 @@ class GatewayApp:
         events = self._relay(response, target=target, keep_usage=keep_usage, record=record, started=started)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **limit_headers})
+
+    def _policy(self) -> dict[str, Any]:
+        """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY`` and, for round-robin, this process's turn."""
+        self._turn += 1
+        return {"policy": settings.QUIVER_ROUTING_POLICY, "turn": self._turn}
 
     def _routable(self, fleet: FleetView) -> FleetView:
         """``fleet`` with fresh load figures (``AdmissionGate.fleet_view``), without the nodes this process found

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from inference.fleet.hrw import hrw_weight
-from inference.fleet.routing import Candidate, route
+from inference.fleet.routing import Candidate, RouteDecision, route, route_round_robin
 from inference.fleet.tiers import FROM_DB_WORD, Tier
 
 RESIDENT_TIERS = frozenset({"warm", "hot"})
@@ -121,18 +121,25 @@ def _candidate(node: NodeView, tier: Tier, version_id: int | str) -> Candidate:
                      hrw=hrw_weight(version_id, node.name))
 
 
-def node_choose(fleet: FleetView, target: TargetView) -> NodeView | None:
+def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity", turn: int = 0) -> NodeView | None:
     """The node to send ``target`` to now, or None (no live node; for an adapter: none serves it yet).
 
     ``inference.fleet.routing.route`` over the live nodes that hold the version (``hot`` = GPU slot, ``warm`` = CPU
     cache, ``staged`` but still served by name = disk), fed from the nodes' last heartbeats: residency first, never a
     saturated node while another qualifies, bounded load, ties by HRW rank (its docstring has the rules and sources).
     Base-model requests go where the fewest GPU LoRA slots are busy. This is the gateway's one node-choice call.
+    ``policy`` ``round_robin`` (``QUIVER_ROUTING_POLICY``, the benchmark's baseline) takes the ``turn``-th of the
+    same candidates instead (``inference.fleet.routing.route_round_robin``).
     """
+    def decide(candidates: list[Candidate], base_model: bool = False) -> RouteDecision | None:
+        if policy == "round_robin":
+            return route_round_robin(candidates, turn=turn, base_model=base_model)
+        return route(candidates, base_model=base_model)
+
     live = fleet.nodes_for_base(target.base_model_id)
     by_name = {n.name: n for n in live}
     if target.version_id is None:
-        decision = route([_candidate(n, Tier.COLD, "base") for n in live], base_model=True)
+        decision = decide([_candidate(n, Tier.COLD, "base") for n in live], base_model=True)
         return by_name[decision.node] if decision else None
     by_pk = {n.pk: n for n in live}
     candidates = [
@@ -140,5 +147,5 @@ def node_choose(fleet: FleetView, target: TargetView) -> NodeView | None:
         for p in fleet.placements.get(target.version_id, ())
         if p.node_id in by_pk and (p.tier in RESIDENT_TIERS or p.served)
     ]
-    decision = route(candidates)
+    decision = decide(candidates)
     return by_name[decision.node] if decision else None

@@ -78,6 +78,39 @@ def _slot_bytes(manager: Any) -> int:
     return total // slots if slots else 0
 
 
+def count_loads(worker_lora_manager: Any) -> dict[str, int]:
+    """Count the engine's own adapter moves from now on (idempotent; installed at the first residency read).
+
+    Wraps, on this worker's manager instances, ``LRUCacheWorkerLoRAManager._load_adapter`` (an adapter read from
+    disk into the CPU cache) and ``LRUCacheLoRAModelManager.activate_adapter`` when it returns True (an adapter
+    copied into a GPU slot; vLLM returns False when it was already active), both in ``vllm/lora/``.
+
+    Returns:
+        The live counters ``{"disk_to_cpu": n, "cpu_to_gpu": n}`` since they were installed.
+    """
+    counts: dict[str, int] | None = getattr(worker_lora_manager, "_quiver_loads", None)
+    if counts is not None:
+        return counts
+    counts = {"disk_to_cpu": 0, "cpu_to_gpu": 0}
+    load, manager = worker_lora_manager._load_adapter, worker_lora_manager._adapter_manager
+    activate = manager.activate_adapter
+
+    def counted_load(*args: Any, **kwargs: Any) -> Any:
+        counts["disk_to_cpu"] += 1
+        return load(*args, **kwargs)
+
+    def counted_activate(*args: Any, **kwargs: Any) -> Any:
+        moved = activate(*args, **kwargs)
+        if moved:
+            counts["cpu_to_gpu"] += 1
+        return moved
+
+    worker_lora_manager._load_adapter = counted_load
+    manager.activate_adapter = counted_activate
+    worker_lora_manager._quiver_loads = counts
+    return counts
+
+
 def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
     """Read one worker's LoRA manager.
 
@@ -86,12 +119,14 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
 
     Returns:
         ``{"gpu": [lora_int_id], "cpu": [lora_int_id], "pinned": [lora_int_id], "max_loras": int,
-        "max_cpu_loras": int, "slot_bytes": int, "bytes": {lora_int_id: int}}``: ``gpu`` in slot order (``None``
+        "max_cpu_loras": int, "slot_bytes": int, "bytes": {lora_int_id: int}, "moves": {"disk_to_cpu": n,
+        "cpu_to_gpu": n}, ...}``: ``gpu`` in slot order (``None``
         slots skipped), ``cpu`` every registered id (GPU residents included, as in vLLM), sorted; ``bytes`` per
         registered adapter's CPU copy. Also ``loads`` (engine loads per id since the worker started, and
         ``loads_total``), ``steps`` (scheduler steps that used each registered id) and ``idle_s`` (seconds since
         each registered id was last in a batch; absent when never used), the order being the engine's own LRU
-        order (``lru``, oldest first).
+        order (``lru``, oldest first); ``moves`` the engine's disk→CPU reads and CPU→GPU copies since the first
+        read (``count_loads``).
     """
     manager = worker_lora_manager._adapter_manager
     registered = manager._registered_adapters
@@ -111,6 +146,7 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         "loads_total": sum(LOADS.values()),
         "steps": {int(i): STEPS.get(int(i), 0) for i in registered},
         "idle_s": {int(i): round(now - LAST_USED[int(i)], 3) for i in registered if int(i) in LAST_USED},
+        "moves": dict(count_loads(worker_lora_manager)),
     }
 
 

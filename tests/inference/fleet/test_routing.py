@@ -78,3 +78,13 @@ def test_hrw_order_stable_and_minimal_remap() -> None:
     moved = [v for v in before if before[v] != after[v]]
     assert all(before[v] == "n7" for v in moved)  # only the dropped node's keys move
     assert 60 < len(moved) < 200  # ≈ 1/8 of them
+
+
+def test_round_robin_baseline_ignores_residency_and_takes_turns() -> None:
+    from inference.fleet.routing import route_round_robin
+
+    pool = [cand("b", Tier.DISK), cand("a", Tier.GPU)]
+    assert [route_round_robin(pool, turn=t).node for t in range(4)] == ["a", "b", "a", "b"]
+    assert route([*pool]).node == "a"  # affinity always picks the resident node
+    assert route_round_robin([], turn=3) is None
+    assert route_round_robin([cand("a", waiting=9)], turn=0).saturated
