@@ -285,19 +285,31 @@ def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
         assert any("migrate --check" in " ".join(i["command"]) for i in inits), name
 
 
-def test_prometheus_scrapes_web_gateway_and_nodes() -> None:
+def test_prometheus_scrapes_gateway_and_nodes() -> None:
     docs = render("gpu")
     agent_port = objects(docs, "Service")["node"]["metadata"]["annotations"]["prometheus.io/port"]
     for node in node_sets(docs):
         assert {"containerPort": int(agent_port), "name": "agent"} in container(node["spec"]["template"],
                                                                                  "agent")["ports"]
-    scraped = {"Deployment/web", "Deployment/gateway"} | {f"StatefulSet/{n['metadata']['name']}" for n in node_sets(docs)}
+    scraped = {"Deployment/gateway"} | {f"StatefulSet/{n['metadata']['name']}" for n in node_sets(docs)}
     for where, template in pod_templates(docs):
         notes = template["metadata"].get("annotations", {})
         if where in scraped:
             assert notes["prometheus.io/scrape"] == "true", where
             ports = {p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
             assert int(notes["prometheus.io/port"]) in ports, where
+    # The gateway's figures: its metrics container (the internal listener) reads the gateway's multiprocess files;
+    # monitoring reaches that port, the ingress controller does not.
+    gateway = objects(docs, "Deployment")["gateway"]["spec"]["template"]
+    main, side = container(gateway, "gateway"), container(gateway, "metrics")
+    assert "config.internal_asgi:application" in side["command"]
+    assert int(gateway["metadata"]["annotations"]["prometheus.io/port"]) == side["ports"][0]["containerPort"]
+    shared = {e["value"] for c in (main, side) for e in c.get("env", []) if e["name"] == "PROMETHEUS_MULTIPROC_DIR"}
+    assert len(shared) == 1 and all(any(m["mountPath"] == next(iter(shared)) for m in c["volumeMounts"])
+                                    for c in (main, side))
+    labels = gateway["metadata"]["labels"]
+    assert may_connect(docs, source_ns="monitoring", source_labels={}, target_labels=labels, port=8001)
+    assert not may_connect(docs, source_ns="ingress-nginx", source_labels={}, target_labels=labels, port=8001)
 
 
 # --- secrets
@@ -540,3 +552,34 @@ def test_only_the_registration_job_talks_to_the_api_server_and_only_about_node_s
             assert rule["resources"] == ["secrets"] and set(rule["verbs"]) <= {"get", "patch"}, name
             granted |= set(rule["resourceNames"])
     assert granted == node_secrets
+
+
+# --- Grafana
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_grafana_serves_the_repository_dashboard_and_is_closed_to_the_outside(overlay: str) -> None:
+    import json
+
+    docs = render(overlay)
+    grafana = objects(docs, "Deployment")["grafana"]
+    spec = grafana["spec"]["template"]["spec"]
+    maps = {m["metadata"]["name"]: m for m in objects(docs, "ConfigMap").values()}
+    by_volume = {v["name"]: maps[v["configMap"]["name"]] for v in spec["volumes"] if "configMap" in v}
+    mounts = {m["name"]: m["mountPath"] for m in container(grafana["spec"]["template"], "grafana")["volumeMounts"]}
+    # The very file compose mounts, through the dashboard provider's path.
+    dashboard = (REPO_ROOT / "platform" / "grafana" / "quiver.json").read_text()
+    assert by_volume["dashboards"]["data"]["quiver.json"] == dashboard
+    provider = yaml.safe_load(by_volume["providers"]["data"]["quiver.yml"])
+    assert provider["providers"][0]["options"]["path"] == mounts["dashboards"]
+    assert mounts["providers"] == "/etc/grafana/provisioning/dashboards"
+    assert mounts["datasources"] == "/etc/grafana/provisioning/datasources"
+    # Every panel's data source is the provisioned one.
+    (source,) = yaml.safe_load(by_volume["datasources"]["data"]["datasources.yml"])["datasources"]
+    uids = {p["datasource"]["uid"] for p in json.loads(dashboard)["panels"] if "datasource" in p}
+    assert uids == {source["uid"]}
+    labels = grafana["spec"]["template"]["metadata"]["labels"]
+    assert not may_connect(docs, source_ns="ingress-nginx", source_labels={}, target_labels=labels, port=3000)
+    assert not may_connect(docs, source_ns=NAMESPACE, source_labels=component("gateway"), target_labels=labels,
+                           port=3000)
+    assert objects(docs, "Service")["grafana"]["spec"].get("type", "ClusterIP") == "ClusterIP"
