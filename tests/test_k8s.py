@@ -281,6 +281,8 @@ def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
     migrate = objects(docs, "Job")["migrate"]
     assert "migrate" in container(migrate["spec"]["template"], "migrate")["command"]
     for name, deployment in deployments.items():
+        if name == "grafana":  # holds no Quiver code and reads no database
+            continue
         inits = deployment["spec"]["template"]["spec"].get("initContainers", [])
         assert any("migrate --check" in " ".join(i["command"]) for i in inits), name
 
