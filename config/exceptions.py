@@ -5,14 +5,18 @@ Decided in shared/notes/conventions.md ("Error envelope"); the OpenAI-compatible
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import InterfaceError, OperationalError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+logger = logging.getLogger(__name__)
 
 
 class QuiverError(exceptions.APIException):
@@ -32,6 +36,14 @@ class QuiverError(exceptions.APIException):
         self.status_code = status_code
         self.code = code
         self.fields = fields
+
+
+class DatabaseUnavailable(exceptions.APIException):
+    """503 ``database_unavailable``: the database refused or dropped the connection; retry (``Retry-After``)."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The database is unavailable right now; retry in a few seconds."
+    default_code = "database_unavailable"
 
 
 def _first_code(codes: Any) -> str:
@@ -63,6 +75,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
+    elif isinstance(exc, (OperationalError, InterfaceError)):
+        # PostgreSQL restarting or unreachable: the next request gets a fresh connection (CONN_MAX_AGE 0), so say
+        # "retry" rather than 500. Workers and the gateway need no restart.
+        logger.warning("api.database_unavailable %r", exc, extra={"error": repr(exc)})
+        exc = DatabaseUnavailable()
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
     response = drf_exception_handler(exc, context)
@@ -86,4 +103,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
         body = {"detail": str(detail), "code": _first_code(codes)}
     response.data = body
+    if isinstance(exc, DatabaseUnavailable):
+        response["Retry-After"] = "5"
     return response

@@ -79,12 +79,13 @@ def _ping(port: int) -> bool:
         return sock.recv(16).startswith(b"+PONG")
 
 
-def start_redis(data_dir: Path, *, timeout_s: float = READY_TIMEOUT_S) -> RedisService:
-    """Start ``redis-server`` on a free loopback port with persistence off, and wait for PONG.
+def start_redis(data_dir: Path, *, timeout_s: float = READY_TIMEOUT_S, port: int | None = None) -> RedisService:
+    """Start ``redis-server`` on a free loopback port (or ``port``) with persistence off, and wait for PONG.
 
     Args:
         data_dir: Folder for the log and working dir (created if missing).
         timeout_s: Seconds to wait for PONG.
+        port: A fixed port (a restart keeps its clients' URL); tried once.
 
     Returns:
         The running service.
@@ -98,8 +99,9 @@ def start_redis(data_dir: Path, *, timeout_s: float = READY_TIMEOUT_S) -> RedisS
     log_path = data_dir / "redis.log"
     t0 = time.monotonic()
     last_error: ServiceStartError | None = None
-    for _ in range(_ATTEMPTS):  # the port may be taken between picking and binding
-        port = free_port()
+    fixed = port
+    for _ in range(1 if fixed else _ATTEMPTS):  # a picked port may be taken between picking and binding
+        port = fixed or free_port()
         cmd = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
                "--dir", str(data_dir), "--logfile", str(log_path), "--daemonize", "no"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,

@@ -172,7 +172,8 @@ CELERY_BEAT_SCHEDULE = {
     "node-mark-stale": {"task": "inference.gateway.tasks.node_mark_stale_task", "schedule": 15.0},
     "fleet-reconcile": {"task": "inference.gateway.tasks.fleet_reconcile_task", "schedule": 30.0},
     # Nothing stuck, nothing orphaned (adapters_app.purge).
-    "validation-sweep": {"task": "adapters_app.tasks.validation_sweep_task", "schedule": 60.0},
+    "validation-sweep": {"task": "adapters_app.tasks.validation_sweep_task",
+                         "schedule": env.float("QUIVER_SWEEP_INTERVAL_S", default=60.0)},
     "purge-reconcile": {"task": "adapters_app.tasks.purge_reconcile_task", "schedule": 30.0},
     "gc-s3-orphans": {"task": "adapters_app.tasks.gc_s3_orphans_task", "schedule": 3600.0},
     "upload-sweep": {"task": "adapters_app.tasks.upload_sweep_task", "schedule": 300.0},

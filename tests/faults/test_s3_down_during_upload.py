@@ -3,8 +3,6 @@ already written is collected once S3 is back (nothing orphaned)."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from urllib.parse import urlsplit
 
 import pytest
@@ -15,48 +13,9 @@ from django.test import override_settings
 from adapters_app import storage
 from adapters_app.models import AdapterVersion
 from adapters_app.purge import s3_orphans_collect
+from tests.fixtures.faults import TcpRelay
 
 pytestmark = pytest.mark.django_db
-
-
-class CuttingRelay:
-    """A TCP relay to the real S3 server that dies for good after ``limit`` bytes from the client."""
-
-    def __init__(self, target: tuple[str, int], limit: int) -> None:
-        self.target, self.limit, self.sent = target, limit, 0
-        self.dead = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
-        try:
-            while not self.dead.is_set() and (data := src.recv(65536)):
-                if counted:
-                    self.sent += len(data)
-                    if self.sent > self.limit:
-                        self.dead.set()
-                        self.server.close()  # S3 is down: no new connections either
-                        break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
 
 
 def test_s3_down_mid_upload_answers_503_and_leaves_nothing(make_client, base_model, tiny_adapters,  # type: ignore[no-untyped-def]
@@ -65,7 +24,7 @@ def test_s3_down_mid_upload_answers_503_and_leaves_nothing(make_client, base_mod
     folder = tiny_adapters["qv-r8"]
     files = [SimpleUploadedFile(n, (folder / n).read_bytes()) for n in ("adapter_config.json", "adapter_model.safetensors")]
     s3 = urlsplit(settings.AWS_S3_ENDPOINT_URL or "")
-    relay = CuttingRelay((s3.hostname or "127.0.0.1", s3.port or 80), limit=4096)  # after adapter_config.json
+    relay = TcpRelay((s3.hostname or "127.0.0.1", s3.port or 80), cut_after=4096)  # after adapter_config.json
     storage.s3_client.cache_clear()
     try:
         with override_settings(AWS_S3_ENDPOINT_URL=f"http://127.0.0.1:{relay.port}"):

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,93 +23,28 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload
-from devtools.proc import free_port
+from tests.fixtures.faults import TcpRelay, stack_env, worker_process
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class HeldRelay:
-    """A TCP relay to ``target`` whose upstream → client direction waits while ``gate`` is clear."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.gate = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.stopped = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopped:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, held: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if held:
-                    self.gate.wait()
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.stopped = True
-        self.gate.set()
-        self.server.close()
-
-
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-
-
 @pytest.fixture
-def isolated_worker(tmp_path: Path) -> Iterator[tuple[int, HeldRelay, str]]:
+def isolated_worker(tmp_path: Path) -> Iterator[tuple[int, TcpRelay, str]]:
     """``(worker pid, S3 relay, broker URL)``: a prefork worker with one child on a private Redis database."""
     s3 = urlsplit(settings.AWS_S3_ENDPOINT_URL or "")
-    relay = HeldRelay((s3.hostname or "127.0.0.1", s3.port or 80))
+    relay = TcpRelay((s3.hostname or "127.0.0.1", s3.port or 80), hold=True)
     broker = settings.CELERY_BROKER_URL.rsplit("/", 1)[0] + "/7"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "DATABASE_URL": _database_url(),
-           "CELERY_BROKER_URL": broker, "REDIS_URL": broker,
-           "AWS_S3_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}
-    log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=prefork", "--concurrency=1",
-             "-Q", "validation", "--without-heartbeat", "--without-mingle", "--without-gossip",
-             "--hostname", f"faults-{free_port()}@localhost", "--loglevel=INFO"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    env = stack_env(application_name="faults-sigkill-worker", redis_url=broker,
+                    extra={"AWS_S3_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"})
     try:
-        deadline = time.monotonic() + 60
-        while b"ready." not in log.read_bytes():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        yield proc.pid, relay, broker
-    except BaseException:
-        sys.stderr.write(log.read_text(errors="replace")[-4000:])
-        raise
+        with worker_process(env, tmp_path / "worker.log", queues="validation", pool="prefork", concurrency=1) as worker:
+            try:
+                yield worker.pid, relay, broker
+            finally:
+                sys.stderr.write(worker.log_tail())
     finally:
-        sys.stderr.write(log.read_text(errors="replace")[-3000:])
         relay.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _children(pid: int) -> list[int]:
