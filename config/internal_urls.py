@@ -6,9 +6,11 @@ from django.urls import path
 
 from config.urls import handler400, handler403, handler404, handler500, healthz
 from inference.gateway import internal_views
+from tenants.admin_login import admin_login
 
 urlpatterns = [
     path("internal/v1/nodes/heartbeat", internal_views.heartbeat),
+    path("admin/login/", admin_login),  # throttled like the console login
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("metrics", internal_views.metrics),

@@ -62,7 +62,9 @@ urlpatterns = [
 ]
 # Node heartbeats and the admin are on the internal listener (config.internal_urls), not here.
 if settings.QUIVER_PUBLIC_ADMIN:
-    urlpatterns.insert(0, path("admin/", admin.site.urls))
+    from tenants.admin_login import admin_login
+
+    urlpatterns[:0] = [path("admin/login/", admin_login), path("admin/", admin.site.urls)]
 
 handler400 = "config.error_views.bad_request"
 handler403 = "config.error_views.permission_denied"
