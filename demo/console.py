@@ -56,6 +56,7 @@ def serve_until_interrupted(web_url: str, logins: Sequence[Login], client: OpenA
     print(f"\n== the console is up: {web_url}/ ==")
     for login in logins:
         print(f"  {login.who:<52} username {login.username:<14} password {login.password}")
+    print(f"  API key of the demo tenant (for curl and OpenAI clients): {client.api_key}")
     print("Press Ctrl-C to stop the stack.", flush=True)
     # Ctrl-C, and SIGTERM from a supervisor, both unwind through the caller's clean-up (a shell that started us in
     # the background may have left SIGINT ignored, hence the explicit handlers).

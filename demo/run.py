@@ -44,6 +44,10 @@ CONTROL_ONLY = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SEC
 
 
 
+# One limit for every readiness wait: a cold start on a loaded 2-core machine imports Django for minutes.
+START_TIMEOUT_S = float(os.environ.get("QUIVER_DEMO_START_TIMEOUT_S", "900"))
+
+
 def _say(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -75,8 +79,14 @@ class Processes:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
-        raise SystemExit(f"{name} did not become ready at {url}; log tail:\n{tail}")
+        tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:] or "(empty)"
+        code = proc.poll()
+        why = (
+            f"exited with code {code}"
+            if code is not None
+            else f"was still starting after {timeout:.0f} s (raise QUIVER_DEMO_START_TIMEOUT_S on a slow machine)"
+        )
+        raise SystemExit(f"{name} {why}; it never answered {url}. Log {self.log_dir / (name + '.log')}:\n{tail}")
 
     def stop_all(self) -> None:
         """SIGTERM every child (newest first), then SIGKILL any still alive after 15 s."""
@@ -97,7 +107,7 @@ def _manage(env: dict[str, str], *args: str) -> str:
     return out.stdout.strip()
 
 
-def _wait_node_live(api: httpx.Client, base_model: str, timeout: float = 60) -> None:
+def _wait_node_live(api: httpx.Client, base_model: str, timeout: float = START_TIMEOUT_S) -> None:
     """Wait until the gateway can serve the base model, i.e. the node's heartbeat has reached the control plane."""
     deadline = time.monotonic() + timeout
     body = {"model": base_model, "prompt": "x", "max_tokens": 1}
@@ -240,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
             ],
             agent_env,
         )
-        procs.wait_http("web", web_url + "/healthz", 60)
-        procs.wait_http("web-internal", f"http://127.0.0.1:{internal_port}/healthz", 60)
-        procs.wait_http("vllm", f"http://127.0.0.1:{engine_port}/health", 300)
-        procs.wait_http("agent", f"http://127.0.0.1:{agent_port}/healthz", 60)
+        procs.wait_http("web", web_url + "/healthz", START_TIMEOUT_S)
+        procs.wait_http("web-internal", f"http://127.0.0.1:{internal_port}/healthz", START_TIMEOUT_S)
+        procs.wait_http("vllm", f"http://127.0.0.1:{engine_port}/health", START_TIMEOUT_S)
+        procs.wait_http("agent", f"http://127.0.0.1:{agent_port}/healthz", START_TIMEOUT_S)
 
         api = stack.enter_context(
             httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120)
