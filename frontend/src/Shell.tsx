@@ -1,5 +1,5 @@
 // The app frame: header with the tenant picker and logout, a navbar that collapses behind a burger below 768 px.
-import { AppShell, Burger, Button, Group, NavLink, Select, Text, Title } from '@mantine/core'
+import { Alert, Anchor, AppShell, Burger, Button, Group, NavLink, Select, Text, Title } from '@mantine/core'
 import { useDisclosure } from '@mantine/hooks'
 import { useQueryClient } from '@tanstack/react-query'
 import { NavLink as RouterLink, Navigate, Outlet, useLocation, useNavigate } from 'react-router'
@@ -13,7 +13,10 @@ const TENANT_LINKS = [
   { to: '/usage', label: 'Usage' },
 ]
 const OPERATOR_LINKS = [
-  { to: '/operator/nodes', label: 'Nodes and residency' },
+  { to: '/operator/nodes', label: 'Fleet' },
+  { to: '/operator/residency', label: 'Residency map' },
+  { to: '/operator/traffic', label: 'Traffic' },
+  { to: '/operator/tenants', label: 'Tenants and quotas' },
   { to: '/operator/audit', label: 'Audit log' },
 ]
 
@@ -71,8 +74,31 @@ export function Shell() {
           Log out
         </Button>
       </AppShell.Navbar>
-      <AppShell.Main>{tenant || location.pathname.startsWith('/operator') ? <Outlet /> : <TenantPicker />}</AppShell.Main>
+      <AppShell.Main>
+        {location.pathname.startsWith('/operator') ? (
+          me.is_staff ? <Outlet /> : <OperatorOnly />
+        ) : tenant ? (
+          <Outlet />
+        ) : (
+          <TenantPicker />
+        )}
+      </AppShell.Main>
     </AppShell>
+  )
+}
+
+/** What a non-staff user sees on /operator/*: a plain explanation instead of the API's 403s. */
+function OperatorOnly() {
+  return (
+    <div>
+      <Title order={2} mb="md">
+        Operators only
+      </Title>
+      <Alert color="yellow" role="alert" title="This page is for fleet operators">
+        The fleet, residency, traffic and quota pages need a staff account. Your own adapters, keys and usage are under{' '}
+        <Anchor component={RouterLink} to="/adapters">Adapters</Anchor>.
+      </Alert>
+    </div>
   )
 }
 

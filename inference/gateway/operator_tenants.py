@@ -3,7 +3,7 @@
 - ``GET /api/v1/operator/tenants``: ``[{"slug", "name", "limits": {...}, "residency_quota": {...}}]``.
 - ``GET /api/v1/operator/tenants/{slug}``: one of them.
 - ``PATCH /api/v1/operator/tenants/{slug}/limits``: any of ``rpm_limit``, ``tpm_limit``, ``concurrency_limit``,
-  ``max_tokens_limit`` (null = unlimited); audited (``FleetAuditRecord`` action ``set_limits``).
+  ``max_tokens_limit`` (null = unlimited), ``priority_class``; audited (``FleetAuditRecord`` action ``set_limits``).
 Residency quotas are edited at ``/api/v1/operator/residency-quotas/{slug}`` (``inference.gateway.fleet_api``).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -32,6 +32,7 @@ class LimitsOutputSerializer(serializers.Serializer):
     tpm_limit = serializers.IntegerField(allow_null=True)
     concurrency_limit = serializers.IntegerField(allow_null=True)
     max_tokens_limit = serializers.IntegerField(allow_null=True)
+    priority_class = serializers.CharField(allow_null=True, help_text="high, normal or low; null = normal")
     priority_class = serializers.CharField(allow_null=True)
 
 
@@ -43,12 +44,12 @@ class OperatorTenantSerializer(serializers.Serializer):
     limits = serializers.SerializerMethodField()
     residency_quota = serializers.SerializerMethodField()
 
-    @extend_schema(responses=LimitsOutputSerializer)
+    @extend_schema_field(LimitsOutputSerializer)
     def get_limits(self, tenant: Tenant) -> dict[str, Any]:
         """The limits and the priority class."""
         return {name: getattr(tenant, name) for name in LIMIT_FIELDS}
 
-    @extend_schema(responses=QuotaSerializer)
+    @extend_schema_field(QuotaSerializer)
     def get_residency_quota(self, tenant: Tenant) -> dict[str, Any]:
         """``max_pinned`` and ``max_gpu_bytes`` (null = no limit)."""
         quota: TenantResidencyQuota | None = getattr(tenant, "quota", None)  # prefetched (one-to-one: one or None)

@@ -164,14 +164,15 @@ def test_playground_streams_the_adapter_beside_the_base_model(
 def test_screenshots_of_every_page_at_both_widths(
     console: Any, make_user: Any, base_model: Any, gateway_server: str
 ) -> None:
-    from adapters_app.services import adapter_create
+    from tests.console.fleet_data import seed_fleet
 
     tenant = TenantFactory(slug="acme", name="Acme")
-    adapter_create(tenant, name="capitals", base_model_name="tiny-llama")
+    seed_fleet(tenant, base_model)  # nodes with history, placements and traffic, so no chart is empty
     make_user("alice", tenant)
     make_user("operator", staff=True)
-    pages = {"alice": ["/adapters", "/adapters/capitals", "/keys", "/playground", "/usage"],
-             "operator": ["/", "/operator/nodes", "/operator/audit"]}
+    pages = {"alice": ["/adapters", "/adapters/capitals", "/keys", "/playground", "/usage", "/operator/nodes"],
+             "operator": ["/", "/operator/nodes", "/operator/residency", "/operator/traffic", "/operator/tenants",
+                          "/operator/audit"]}
     for width in WIDTHS:
         for user, paths in pages.items():
             page = console(width)
@@ -210,8 +211,9 @@ def test_operator_pins_and_evicts_with_confirmation_and_sees_the_audit_log(
     make_user("operator", staff=True)
     page = console()
     login(page, "operator")
-    page.get_by_role("link", name="Nodes and residency").click()
+    page.get_by_role("link", name="Fleet").click()
     expect(page.get_by_label("Node gpu-1")).to_contain_text("KV-cache pressure 35 %")
+    page.get_by_role("link", name="Residency map").click()
     page.get_by_role("button", name="pin acme/capitals v1 on gpu-1").click()
     page.get_by_role("button", name="Confirm pin").click()
     expect(page.get_by_role("status")).to_contain_text("pin acme/capitals v1 on gpu-1: requested")

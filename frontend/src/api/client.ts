@@ -12,6 +12,10 @@ export type ApiKeyCreated = Schemas['ApiKeyCreated']
 export type Me = Schemas['Me']
 export type UsageSeriesRow = Schemas['UsageSeriesRow']
 export type Node = Schemas['NodeOutput']
+export type Placement = Schemas['PlacementOutput']
+export type NodeSample = Schemas['NodeSample']
+export type TrafficRow = Schemas['TrafficRow']
+export type OperatorTenant = Schemas['OperatorTenant']
 
 /** The API's error envelope: `{detail, code, fields?}`. */
 export interface ApiError {

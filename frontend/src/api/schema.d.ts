@@ -899,6 +899,14 @@ export interface components {
             pinned_fleet: boolean;
             pinned_nodes: string[];
         };
+        /** @description A tenant's gateway limits; null = unlimited (requests/min, tokens/min, in flight, one request's max_tokens). */
+        LimitsOutput: {
+            rpm_limit: number | null;
+            tpm_limit: number | null;
+            concurrency_limit: number | null;
+            max_tokens_limit: number | null;
+            priority_class: string | null;
+        };
         /** @description Input of ``POST /api/v1/auth/login``. */
         LoginInput: {
             username: string;
@@ -1005,14 +1013,8 @@ export interface components {
         OperatorTenant: {
             slug: string;
             name: string;
-            /** @description The limits and the priority class. */
-            readonly limits: {
-                [key: string]: unknown;
-            };
-            /** @description ``max_pinned`` and ``max_gpu_bytes`` (null = no limit). */
-            readonly residency_quota: {
-                [key: string]: unknown;
-            };
+            readonly limits: components["schemas"]["LimitsOutput"];
+            readonly residency_quota: components["schemas"]["Quota"];
         };
         /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */
         PatchedApiKeyOutput: {

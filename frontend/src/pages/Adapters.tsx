@@ -4,13 +4,27 @@ import { Link } from 'react-router'
 import { api, unwrap, type Adapter } from '../api/client'
 import { useMe, useRole } from '../auth'
 import { StatusBadge, isSettled } from '../components/StatusBadge'
+import { TrafficSparkline } from '../components/TrafficTable'
 import { UploadPanel } from '../components/UploadPanel'
+import type { TrafficRow } from '../api/client'
 
 export function useBaseModels() {
   return useQuery({
     queryKey: ['base-models'],
     queryFn: async () => unwrap(await api.GET('/api/v1/base-models')).map((b) => b.base_model_name),
   })
+}
+
+/** Requests per minute over the last hour per adapter name, summed over its versions and `name@n` forms. */
+export function sparksByAdapter(rows: TrafficRow[]): Map<string, number[]> {
+  const out = new Map<string, number[]>()
+  for (const r of rows) {
+    if (r.version == null) continue // the base model
+    const name = r.model.split('@')[0]
+    const acc = out.get(name)
+    out.set(name, acc ? acc.map((v, i) => v + (r.spark[i] ?? 0)) : [...r.spark])
+  }
+  return out
 }
 
 const TIER_COLOR: Record<string, string> = { hot: 'red', warm: 'orange', staged: 'yellow', cold: 'gray', errored: 'dark' }
@@ -40,6 +54,12 @@ export function Adapters() {
     refetchInterval: (q) => (q.state.data?.some((a: Adapter) => a.latest_version && !isSettled(a.latest_version.status)) ? 1000 : 10_000),
   })
   const baseModels = useBaseModels()
+  const traffic = useQuery({
+    queryKey: ['usage-traffic-adapters'],
+    queryFn: async () => unwrap(await api.GET('/api/v1/usage/traffic', { params: { query: { since: new Date(Date.now() - 3600e3).toISOString() } } })),
+    refetchInterval: 30_000,
+  })
+  const sparks = sparksByAdapter(traffic.data ?? [])
   return (
     <Stack>
       <Title order={2}>Adapters</Title>
@@ -52,6 +72,7 @@ export function Adapters() {
               <Table.Th>Newest version</Table.Th>
               <Table.Th>Serving</Table.Th>
               <Table.Th>Residency</Table.Th>
+              <Table.Th>Traffic (1 h)</Table.Th>
             </Table.Tr>
           </Table.Thead>
           <Table.Tbody>
@@ -76,6 +97,9 @@ export function Adapters() {
                 <Table.Td>{a.serving_version ? `v${a.serving_version}` : <Text c="dimmed">—</Text>}</Table.Td>
                 <Table.Td>
                   <Residency residency={a.residency as Record<string, number>} />
+                </Table.Td>
+                <Table.Td>
+                  <TrafficSparkline values={sparks.get(a.name) ?? []} label={`Requests of ${a.name} in the last hour`} />
                 </Table.Td>
               </Table.Tr>
             ))}

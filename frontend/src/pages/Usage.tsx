@@ -2,6 +2,7 @@ import { Paper, SegmentedControl, Stack, Table, Title } from '@mantine/core'
 import { useQuery } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap } from '../api/client'
+import { TrafficTable } from '../components/TrafficTable'
 import { UsageChart, type Metric } from '../components/UsageChart'
 
 const METRICS: { value: Metric; label: string }[] = [
@@ -22,6 +23,11 @@ export function Usage() {
     queryFn: async () => unwrap(await api.GET('/api/v1/usage/series', { params: { query: { since, bucket } } })),
     refetchInterval: 15_000,
   })
+  const traffic = useQuery({
+    queryKey: ['usage-traffic', range],
+    queryFn: async () => unwrap(await api.GET('/api/v1/usage/traffic', { params: { query: { since } } })),
+    refetchInterval: 15_000,
+  })
   const totals = useQuery({ queryKey: ['usage'], queryFn: async () => unwrap(await api.GET('/api/v1/usage')) })
   const label = METRICS.find((m) => m.value === metric)!.label
   return (
@@ -31,6 +37,10 @@ export function Usage() {
       <SegmentedControl aria-label="Metric" value={metric} onChange={(v) => setMetric(v as Metric)} data={METRICS} style={{ flexWrap: 'wrap' }} />
       <Paper withBorder p="md" radius="md">
         <UsageChart rows={series.data ?? []} metric={metric} label={label} />
+      </Paper>
+      <Title order={3}>Per adapter</Title>
+      <Paper withBorder p="md" radius="md">
+        <TrafficTable rows={traffic.data ?? []} />
       </Paper>
       <Title order={3}>Totals</Title>
       <Table.ScrollContainer minWidth={480}>

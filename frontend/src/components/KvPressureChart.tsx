@@ -1,0 +1,49 @@
+// A node's KV-cache pressure over time (vllm:kv_cache_usage_perc, 0..1 → %), with running and waiting requests,
+// from GET /api/v1/operator/nodes/{name}/samples. Reference lines at GIE's 80 % saturation and vLLM's 90 % tile.
+import { LineChart } from '@mantine/charts'
+import { Text } from '@mantine/core'
+import type { NodeSample } from '../api/client'
+
+export type KvPoint = { t: string; kv: number | null; running: number | null; waiting: number | null }
+
+/** Samples → chart points: KV as a whole percent, time as HH:MM:SS (UTC), oldest first. */
+export function kvPoints(samples: NodeSample[]): KvPoint[] {
+  return [...samples]
+    .sort((a, b) => a.t.localeCompare(b.t))
+    .map((s) => ({
+      t: new Date(s.t).toISOString().slice(11, 19),
+      kv: s.kv_cache_usage_perc == null ? null : Math.round(s.kv_cache_usage_perc * 1000) / 10,
+      running: s.num_requests_running ?? null,
+      waiting: s.num_requests_waiting ?? null,
+    }))
+}
+
+/** The peak KV percent over the samples, or null without data. */
+export function kvPeak(samples: NodeSample[]): number | null {
+  const values = kvPoints(samples).map((p) => p.kv).filter((v): v is number => v != null)
+  return values.length ? Math.max(...values) : null
+}
+
+export function KvPressureChart({ node, samples }: { node: string; samples: NodeSample[] }) {
+  if (samples.length === 0) return <Text c="dimmed" size="sm">No history yet: samples come with the node's heartbeats.</Text>
+  const peak = kvPeak(samples)
+  return (
+    <div role="img" aria-label={`KV-cache pressure of ${node} over time, peak ${peak ?? '—'} %`}>
+      <LineChart
+        h={160}
+        data={kvPoints(samples)}
+        dataKey="t"
+        yAxisProps={{ domain: [0, 100] }}
+        unit=" %"
+        withDots={false}
+        curveType="linear"
+        connectNulls={false}
+        series={[{ name: 'kv', label: 'KV cache', color: 'indigo.6' }]}
+        referenceLines={[
+          { y: 80, label: 'saturated', color: 'orange.6' },
+          { y: 90, label: '90 %', color: 'red.6' },
+        ]}
+      />
+    </div>
+  )
+}

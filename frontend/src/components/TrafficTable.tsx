@@ -1,0 +1,89 @@
+// Per-adapter traffic over a period (GET /api/v1/usage/traffic or /api/v1/operator/traffic): requests, rates,
+// tokens, errors, latency and TTFT percentiles, sortable, with a request sparkline per row.
+import { Sparkline } from '@mantine/charts'
+import { Table, Text, UnstyledButton } from '@mantine/core'
+import { useState } from 'react'
+import type { TrafficRow } from '../api/client'
+
+export type SortKey = 'model' | 'requests' | 'tokens_per_s' | 'failures' | 'latency_ms_p50' | 'latency_ms_p95' | 'ttft_ms_p50'
+
+const COLUMNS: { key: SortKey; label: string }[] = [
+  { key: 'model', label: 'Model' },
+  { key: 'requests', label: 'Requests' },
+  { key: 'tokens_per_s', label: 'Tokens/s' },
+  { key: 'failures', label: 'Errors' },
+  { key: 'latency_ms_p50', label: 'p50 ms' },
+  { key: 'latency_ms_p95', label: 'p95 ms' },
+  { key: 'ttft_ms_p50', label: 'TTFT p50 ms' },
+]
+
+/** Sorted copy; numbers descending by default, names ascending; nulls last either way. */
+export function sortRows(rows: TrafficRow[], key: SortKey, desc: boolean): TrafficRow[] {
+  const value = (r: TrafficRow) => (key === 'model' ? `${r.tenant}/${r.model}` : r[key])
+  return [...rows].sort((a, b) => {
+    const va = value(a)
+    const vb = value(b)
+    if (va == null) return vb == null ? 0 : 1
+    if (vb == null) return -1
+    const cmp = typeof va === 'string' ? va.localeCompare(String(vb)) : (va as number) - (vb as number)
+    return desc ? -cmp : cmp
+  })
+}
+
+export const fmtMs = (v: number | null | undefined) => (v == null ? '—' : v < 10 ? v.toFixed(1) : Math.round(v).toString())
+
+export function TrafficSparkline({ values, label }: { values: number[]; label: string }) {
+  return (
+    <div role="img" aria-label={`${label}: ${values.reduce((a, b) => a + b, 0)} requests`} style={{ width: 96 }}>
+      <Sparkline w={96} h={24} data={values.length ? values : [0]} curveType="linear" color="indigo.6" fillOpacity={0.3} strokeWidth={1.5} />
+    </div>
+  )
+}
+
+export function TrafficTable({ rows, showTenant }: { rows: TrafficRow[]; showTenant?: boolean }) {
+  const [sort, setSort] = useState<{ key: SortKey; desc: boolean }>({ key: 'requests', desc: true })
+  if (rows.length === 0) return <Text c="dimmed">No traffic in this period.</Text>
+  const sorted = sortRows(rows, sort.key, sort.desc)
+  const click = (key: SortKey) => setSort((s) => (s.key === key ? { key, desc: !s.desc } : { key, desc: key !== 'model' }))
+  return (
+    <Table.ScrollContainer minWidth={760}>
+      <Table striped aria-label="Traffic per adapter">
+        <Table.Thead>
+          <Table.Tr>
+            {showTenant && <Table.Th>Tenant</Table.Th>}
+            {COLUMNS.map((c) => (
+              <Table.Th key={c.key} aria-sort={sort.key === c.key ? (sort.desc ? 'descending' : 'ascending') : 'none'}>
+                <UnstyledButton onClick={() => click(c.key)} fw={600} fz="sm">
+                  {c.label} {sort.key === c.key ? (sort.desc ? '↓' : '↑') : ''}
+                </UnstyledButton>
+              </Table.Th>
+            ))}
+            <Table.Th>Trend</Table.Th>
+          </Table.Tr>
+        </Table.Thead>
+        <Table.Tbody>
+          {sorted.map((r) => {
+            const name = `${r.model}${r.version != null ? ` v${r.version}` : ' (base)'}`
+            return (
+              <Table.Tr key={`${r.tenant}-${r.model}-${r.version}`} data-testid={`traffic-${r.tenant}-${r.model}`}>
+                {showTenant && <Table.Td>{r.tenant}</Table.Td>}
+                <Table.Td>{name}</Table.Td>
+                <Table.Td>
+                  {r.requests} <Text span c="dimmed" size="xs">({r.requests_per_s.toFixed(2)}/s)</Text>
+                </Table.Td>
+                <Table.Td>{r.tokens_per_s.toFixed(1)}</Table.Td>
+                <Table.Td c={r.failures > 0 ? 'red' : undefined}>{r.failures}</Table.Td>
+                <Table.Td>{fmtMs(r.latency_ms_p50)}</Table.Td>
+                <Table.Td>{fmtMs(r.latency_ms_p95)}</Table.Td>
+                <Table.Td>{fmtMs(r.ttft_ms_p50)}</Table.Td>
+                <Table.Td>
+                  <TrafficSparkline values={r.spark} label={`Requests of ${name} over time`} />
+                </Table.Td>
+              </Table.Tr>
+            )
+          })}
+        </Table.Tbody>
+      </Table>
+    </Table.ScrollContainer>
+  )
+}

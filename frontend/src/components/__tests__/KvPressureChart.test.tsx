@@ -1,0 +1,33 @@
+import { screen } from '@testing-library/react'
+import { describe, expect, it } from 'vitest'
+import type { NodeSample } from '../../api/client'
+import { KvPressureChart, kvPeak, kvPoints } from '../KvPressureChart'
+import { renderWithMantine } from './render'
+
+const sample = (t: string, kv: number | null, running = 1, waiting = 0): NodeSample => ({
+  t, healthy: true, kv_cache_usage_perc: kv, num_requests_running: running, num_requests_waiting: waiting,
+  num_preemptions_total: 0, preemptions: null, gpu_used: 1, cpu_used: 2,
+})
+
+describe('kvPoints', () => {
+  it('sorts oldest first, turns the 0..1 gauge into a percent and keeps gaps as null', () => {
+    const points = kvPoints([sample('2026-12-01T09:00:10Z', 0.8234, 3, 2), sample('2026-12-01T09:00:00Z', 0.1), sample('2026-12-01T09:00:20Z', null)])
+    expect(points).toEqual([
+      { t: '09:00:00', kv: 10, running: 1, waiting: 0 },
+      { t: '09:00:10', kv: 82.3, running: 3, waiting: 2 },
+      { t: '09:00:20', kv: null, running: 1, waiting: 0 },
+    ])
+    expect(kvPeak([sample('2026-12-01T09:00:00Z', 0.5), sample('2026-12-01T09:00:10Z', 0.97)])).toBe(97)
+    expect(kvPeak([sample('2026-12-01T09:00:00Z', null)])).toBeNull()
+  })
+})
+
+describe('KvPressureChart', () => {
+  it('names the node and its peak for screen readers, and explains an empty history', () => {
+    const { rerender } = renderWithMantine(<KvPressureChart node="gpu-1" samples={[sample('2026-12-01T09:00:00Z', 0.35), sample('2026-12-01T09:00:10Z', 0.9)]} />)
+    expect(screen.getByRole('img', { name: 'KV-cache pressure of gpu-1 over time, peak 90 %' })).toBeInTheDocument()
+    rerender(<KvPressureChart node="gpu-1" samples={[]} />)
+    expect(screen.getByText(/No history yet/)).toBeInTheDocument()
+    expect(screen.queryByRole('img')).toBeNull()
+  })
+})

@@ -1,0 +1,54 @@
+import { screen, within } from '@testing-library/react'
+import userEvent from '@testing-library/user-event'
+import { describe, expect, it } from 'vitest'
+import type { TrafficRow } from '../../api/client'
+import { sparksByAdapter } from '../../pages/Adapters'
+import { TrafficTable, fmtMs, sortRows } from '../TrafficTable'
+import { renderWithMantine } from './render'
+
+const row = (model: string, requests: number, p50: number | null, spark: number[] = [1, 2], version: number | null = 1): TrafficRow => ({
+  tenant: 'acme', model, version, requests, requests_per_s: requests / 3600, prompt_tokens: 1, completion_tokens: 2,
+  tokens_per_s: 0.5, failures: model === 'sums' ? 2 : 0, latency_ms_p50: p50, latency_ms_p95: p50 == null ? null : p50 * 2, latency_ms_p99: p50,
+  ttft_ms_p50: null, ttft_ms_p95: null, spark,
+})
+
+describe('sortRows', () => {
+  it('sorts numbers descending or ascending with nulls last, names alphabetically', () => {
+    const rows = [row('b', 5, 30), row('a', 9, null), row('c', 1, 10)]
+    expect(sortRows(rows, 'latency_ms_p50', true).map((r) => r.model)).toEqual(['b', 'c', 'a'])
+    expect(sortRows(rows, 'latency_ms_p50', false).map((r) => r.model)).toEqual(['c', 'b', 'a'])
+    expect(sortRows(rows, 'model', false).map((r) => r.model)).toEqual(['a', 'b', 'c'])
+    expect(fmtMs(null)).toBe('—')
+    expect(fmtMs(3.14159)).toBe('3.1')
+    expect(fmtMs(250.6)).toBe('251')
+  })
+})
+
+describe('TrafficTable', () => {
+  it('shows one row per adapter with a sparkline, most requests first, and re-sorts on a header click', async () => {
+    renderWithMantine(<TrafficTable rows={[row('capitals', 3, 40, [0, 1, 2]), row('sums', 7, 12.5, [7])]} />)
+    const table = screen.getByRole('table', { name: 'Traffic per adapter' })
+    const rows = within(table).getAllByRole('row').slice(1)
+    expect(rows.map((r) => r.textContent?.split(' ')[0])).toEqual(['sums', 'capitals'])
+    expect(screen.getByRole('img', { name: 'Requests of capitals v1 over time: 3 requests' })).toBeInTheDocument()
+    expect(within(rows[0]).getByText('13')).toBeInTheDocument() // p50 12.5 ms rounds to 13
+    await userEvent.click(screen.getByRole('button', { name: /^p50 ms/ }))
+    const header = screen.getByRole('columnheader', { name: /^p50 ms/ })
+    expect(header).toHaveAttribute('aria-sort', 'descending')
+    expect(within(table).getAllByRole('row')[1]).toHaveTextContent('capitals')
+    await userEvent.click(screen.getByRole('button', { name: /^p50 ms/ }))
+    expect(header).toHaveAttribute('aria-sort', 'ascending')
+  })
+
+  it('says when there is no traffic', () => {
+    renderWithMantine(<TrafficTable rows={[]} />)
+    expect(screen.getByText('No traffic in this period.')).toBeInTheDocument()
+  })
+})
+
+describe('sparksByAdapter', () => {
+  it('sums versions and name@n requests per adapter and leaves out the base model', () => {
+    const sparks = sparksByAdapter([row('capitals', 1, 1, [1, 0]), row('capitals@2', 1, 1, [0, 3], 2), row('tiny-llama', 9, 1, [9, 9], null)])
+    expect(Object.fromEntries(sparks)).toEqual({ capitals: [1, 3] })
+  })
+})
