@@ -12,9 +12,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
+from psycopg.errors import DeadlockDetected
 
 from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.purge import purge_node_copy
@@ -170,7 +171,20 @@ def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
     The enqueue happens on commit; a warm older than ``QUIVER_WARM_WAIT_S`` counts as lost and is re-sent. A version
     a node's effect probe refused (``no_effect``) is not loaded again: the placement is left ``errored`` with that
     code, which the gateway answers at once instead of reloading it for every request.
+
+    A deadlock with a concurrent heartbeat's placement writes is retried (PostgreSQL aborts one side; its docs
+    say to retry the transaction); a third deadlock raises ``OperationalError``.
     """
+    for attempt in range(3):
+        try:
+            return _request_warm_once(version, node=node)
+        except OperationalError as exc:
+            if attempt == 2 or not isinstance(exc.__cause__, DeadlockDetected):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _request_warm_once(version: AdapterVersion, *, node: Node) -> Placement:
     with transaction.atomic():
         placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
         if adapter_version_no_effect_refused(version):

@@ -39,7 +39,7 @@ def test_console_and_admin_share_the_count(internal: Client) -> None:
 
     User.objects.create_user(username="op", password="pw-right", is_staff=True)
     console = APIClient()
-    assert console.post("/api/v1/auth/login", {"username": "op", "password": "x"}, format="json").status_code == 400
+    assert console.post("/api/v1/auth/login", {"username": "op", "password": "x"}, format="json").status_code == 401
     assert internal.post("/admin/login/", {"username": "op", "password": "x"}).status_code == 200
     assert internal.post("/admin/login/", {"username": "op", "password": "pw-right"}).status_code == 429
     assert console.post("/api/v1/auth/login", {"username": "op", "password": "pw-right"},

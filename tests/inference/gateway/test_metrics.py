@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.urls import Resolver404, resolve
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 
 from inference.gateway import internal_views, metrics
 
@@ -31,7 +31,12 @@ def test_adapter_labels_keep_the_top_n_and_fold_the_rest_into_other() -> None:
 
 def test_request_observe_counts_requests_tokens_and_latency() -> None:
     def value(name: str, labels: dict[str, str]) -> float:
-        return REGISTRY.get_sample_value(name, labels) or 0.0
+        # In multiprocess mode (another test set PROMETHEUS_MULTIPROC_DIR first) values live in its files.
+        registry = REGISTRY
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        return registry.get_sample_value(name, labels) or 0.0
 
     before = value("quiver_gateway_requests_total", {"endpoint": "completions", "status": "200", "adapter": "other"})
     tokens = value("quiver_gateway_tokens_total", {"kind": "completion", "adapter": "other"})
