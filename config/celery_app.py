@@ -11,8 +11,11 @@ import os
 
 from celery import Celery
 
+from config import kombu_fix
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
+kombu_fix.install()
 app = Celery("quiver")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()

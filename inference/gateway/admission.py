@@ -101,8 +101,11 @@ class AdmissionGate:
         return self.served.get(tenant, 0.0) + self.pending.get(tenant, 0.0) + self.offset.get(tenant, 0.0)
 
     def charge(self, tenant: str, *, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
-        """Add served tokens to the tenant's counter (flushed to Redis in the background)."""
-        cost = vtc_cost(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        """Add served tokens to the tenant's counter (flushed to Redis in the background); negative counts settle
+        an estimate charged on release."""
+        self._charge_cost(tenant, vtc_cost(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+
+    def _charge_cost(self, tenant: str, cost: float) -> None:
         if cost:
             self.pending[tenant] = self.pending.get(tenant, 0.0) + cost
 
@@ -124,7 +127,7 @@ class AdmissionGate:
         load = self.board.get(node.name)
         return priority if load is not None and load.scheduling_policy == "priority" else None
 
-    async def admit(self, *, tenant: str, priority: int, prompt_tokens: int,
+    async def admit(self, *, tenant: str, priority: int, prompt_tokens: int, completion_tokens: int = 0,
                     choose: Callable[[], Awaitable[NodeView]]) -> NodeView:
         """The node to send the request to, now or after waiting its fair turn.
 
@@ -132,6 +135,9 @@ class AdmissionGate:
             tenant: the fairness key (tenant id).
             priority: the band (lower first).
             prompt_tokens: the estimated prompt, charged to the tenant's counter on release.
+            completion_tokens: the completion budget (``max_tokens`` × ``n``), also charged on release and settled
+                by the caller at the end. Charging only finished output let a flood with long answers in flight
+                look as cheap as a quiet tenant, so the quiet one was served no sooner (bench_fairness).
             choose: the gateway's node choice (may raise ``GatewayError``).
 
         Raises:
@@ -142,12 +148,13 @@ class AdmissionGate:
         if not self.depth and node_saturated(self.board.get(node.name), now_s=time.time(),
                                              config=self.config) is not True:
             self.board.note_sent(node.name)
-            self.charge(tenant, prompt_tokens=prompt_tokens)
+            self.charge(tenant, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
             _ADMITTED.inc()
             return node
-        return await self._wait(tenant, priority, prompt_tokens, choose)
+        return await self._wait(tenant, priority, vtc_cost(prompt_tokens=prompt_tokens,
+                                                           completion_tokens=completion_tokens), choose)
 
-    async def _wait(self, tenant: str, priority: int, prompt_tokens: int,
+    async def _wait(self, tenant: str, priority: int, cost: float,
                     choose: Callable[[], Awaitable[NodeView]]) -> NodeView:
         if self.depth >= settings.QUIVER_ADMISSION_MAX_QUEUE and not self._shed_for(tenant):
             metrics.ADMISSION.labels("shed").inc()
@@ -159,7 +166,7 @@ class AdmissionGate:
             others = {t: self.counter(t) for t, q in self.queues.items() if q and t != tenant}
             self.offset[tenant] = self.offset.get(tenant, 0.0) + vtc_lift(own, others) - own
         self.seq += 1
-        waiter = Waiter(tenant, priority, self.seq, float(prompt_tokens), choose,
+        waiter = Waiter(tenant, priority, self.seq, cost, choose,
                         asyncio.get_running_loop().create_future(), time.monotonic())
         queue.append(waiter)
         self.depth += 1
@@ -236,7 +243,7 @@ class AdmissionGate:
             if waiter.future.done():
                 continue
             self.board.note_sent(node.name)
-            self.charge(tenant, prompt_tokens=int(waiter.cost))
+            self._charge_cost(tenant, waiter.cost)
             waiter.future.set_result(node)
             released += 1
         return released

@@ -316,10 +316,12 @@ class GatewayApp:
                 metrics.RATE_LIMITED.labels(exc.type).inc()
             return error_response(exc)
         prompt_estimate = estimate_prompt_tokens(upstream)
+        completion_estimate = _reservation(upstream, endpoint) - prompt_estimate
         try:
             # KV-pressure admission (inference.gateway.admission): at once unless every eligible node is saturated.
             node = await self.admission.admit(tenant=str(key.tenant_id), priority=key.priority,
                                               prompt_tokens=prompt_estimate,
+                                              completion_tokens=completion_estimate,
                                               choose=lambda: self.node_for(target))
         except GatewayError as exc:
             await self.limiter.settle(admission, actual_tokens=0)
@@ -342,7 +344,7 @@ class GatewayApp:
             if admission is not None:
                 self._spawn(self.limiter.settle(admission, actual_tokens=prompt_tokens + completion_tokens))
             self.admission.charge(str(key.tenant_id), prompt_tokens=prompt_tokens - prompt_estimate,
-                                  completion_tokens=completion_tokens)
+                                  completion_tokens=completion_tokens - completion_estimate)
             metrics.request_observe(endpoint=endpoint, status=status, served_name=target.served_name,
                                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                     latency_s=time.monotonic() - started,

@@ -1,0 +1,36 @@
+"""The Celery 5.7.0 close-path guard: a restore that hits a transport without a client is skipped, not fatal."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from kombu.transport import redis as kombu_redis
+
+from config import kombu_fix
+
+
+def _qos_without_client() -> kombu_redis.QoS:
+    """A QoS whose channel sits on a closed transport (``client`` is None), as in the crash."""
+    qos = kombu_redis.QoS.__new__(kombu_redis.QoS)
+    channel = kombu_redis.Channel.__new__(kombu_redis.Channel)
+    channel.connection = SimpleNamespace(client=None)  # type: ignore[assignment]
+    channel._pool = None
+    qos.channel = channel
+    qos._delivered = {"tag-1": object()}  # type: ignore[assignment]
+    return qos
+
+
+def test_unguarded_restore_raises_the_crash_error() -> None:
+    with pytest.raises(AttributeError, match="hostname"):
+        kombu_fix._restore_unacked(_qos_without_client())
+
+
+def test_installed_guard_skips_the_restore_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    kombu_fix.install()
+    kombu_fix.install()  # idempotent: never wraps itself
+    assert kombu_redis.QoS.restore_unacked is kombu_fix._restore_unacked_or_leave
+    with caplog.at_level(logging.WARNING, logger="config.kombu_fix"):
+        assert kombu_redis.QoS.restore_unacked(_qos_without_client()) is None
+    assert [r.getMessage() for r in caplog.records] == ["celery.restore_unacked_skipped"]
