@@ -28,6 +28,32 @@ def test_adapter_labels_keep_the_top_n_and_fold_the_rest_into_other() -> None:
     assert len(labels.counts) <= 20 and len(labels.top) <= 2
 
 
+def test_request_observe_counts_requests_tokens_and_latency() -> None:
+    # Read the metric children themselves: whether values sit in memory or in multiprocess files depends on the
+    # environment at import time, which other tests (and vLLM, imported in-process) may change.
+    def requests() -> float:
+        return metrics.REQUESTS.labels("completions", "200", "other")._value.get()  # type: ignore[attr-defined]
+
+    def completion_tokens() -> float:
+        return metrics.TOKENS.labels("completion", "other")._value.get()  # type: ignore[attr-defined]
+
+    def ttft_sum() -> float:
+        return metrics.TTFT.labels("completions")._sum.get()  # type: ignore[attr-defined]
+
+    before, tokens, ttft = requests(), completion_tokens(), ttft_sum()
+    top = metrics.ADAPTERS.top
+    metrics.ADAPTERS.top = set(range(metrics.ADAPTERS.n))  # type: ignore[arg-type]  # full: a new name is "other"
+    try:
+        metrics.request_observe(endpoint="completions", status=200, served_name="never-seen", prompt_tokens=3,
+                                completion_tokens=4, latency_s=0.02, ttft_s=0.01)
+    finally:
+        metrics.ADAPTERS.top = top
+
+    assert requests() == before + 1
+    assert completion_tokens() == tokens + 4
+    assert abs(ttft_sum() - (ttft + 0.01)) < 1e-9
+
+
 def test_metrics_are_served_by_the_internal_listener_only() -> None:
     assert resolve("/metrics", urlconf="config.internal_urls").func is internal_views.metrics
     with pytest.raises(Resolver404):
