@@ -22,19 +22,29 @@ def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignor
 
     ``acks_late`` is safe: the status row guards reruns. Storage or disk trouble is retried with exponential backoff
     (5, 10, 20, 40, 80 s); once retries are spent the version ends ``rejected`` with ``validation_unavailable``
-    rather than staying ``validating``.
+    rather than staying ``validating``. A database error (PostgreSQL restarting) is retried too, never rejected.
     """
     from botocore.exceptions import BotoCoreError, ClientError
+    from django.db import InterfaceError, OperationalError
 
     from adapters_app.models import AdapterVersion
     from adapters_app.services import adapter_version_fail, adapter_version_validate
     from adapters_app.signals import version_ready
 
-    version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(pk=version_id).first()
+    # The database restarting or unreachable: nothing is wrong with the upload. Retried (2 … 32 s); once retries
+    # are spent the version stays claimed and the sweeper re-sends it.
+    db_down = (OperationalError, InterfaceError)
+    try:
+        version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
+            pk=version_id).first()
+    except db_down as exc:
+        raise self.retry(exc=exc, countdown=2 * 2**self.request.retries) from exc
     if version is None:
         return
     try:
         version = adapter_version_validate(version)
+    except db_down as exc:
+        raise self.retry(exc=exc, countdown=2 * 2**self.request.retries) from exc
     except (BotoCoreError, ClientError, OSError) as exc:
         if self.request.retries >= VALIDATE_RETRIES:
             adapter_version_fail(version, code="validation_unavailable",

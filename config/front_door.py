@@ -127,12 +127,43 @@ def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, st
     return invalid
 
 
+DATABASE_UNAVAILABLE = (503, "database_unavailable", "The database is unavailable right now; retry in a few seconds.")
+RETRY_AFTER_S = 5  # as config.exceptions answers for the same error inside Django
+
+
+def checked_upload_refusal(authorization: str, session_key: str | None) -> tuple[int, str, str] | None:
+    """:func:`upload_refusal` with the database connection handled as a Django request handles it.
+
+    This runs outside Django's request cycle (in asgiref's shared thread), so no ``request_started``/``finished``
+    closes its connection: without this, a connection PostgreSQL dropped (restart, failover, idle timeout) stays in
+    the thread and the next upload answers 500. Closed before (so a dropped one is replaced) and after (none is kept
+    idle, as with ``CONN_MAX_AGE`` 0); a database that is down gives 503 ``database_unavailable`` instead of 500.
+
+    Returns:
+        As :func:`upload_refusal`, or ``(503, "database_unavailable", message)``.
+    """
+    from django.db import InterfaceError, OperationalError, close_old_connections, connection
+
+    own = not connection.in_atomic_block  # never inside a caller's transaction (a test lending its thread)
+    if own:
+        close_old_connections()
+    try:
+        return upload_refusal(authorization, session_key)
+    except (OperationalError, InterfaceError):
+        return DATABASE_UNAVAILABLE
+    finally:
+        if own:
+            connection.close()
+
+
 def _refusal(path: str, status: int, code: str, message: str) -> tuple[dict[str, Any], list[tuple[bytes, bytes]]]:
     headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="quiver"'))
+    if status == 503:
+        headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
     if path.startswith("/v1/"):
-        kind = "authentication_error" if status == 401 else "invalid_request_error"
+        kind = {401: "authentication_error", 503: "server_error"}.get(status, "invalid_request_error")
         return {"error": {"message": message, "type": kind, "param": None, "code": code}}, headers
     return {"detail": message, "code": code}, headers
 
@@ -179,7 +210,7 @@ class FrontDoor:
         if declared.isdigit() and int(declared) > rule.max_bytes:
             await _respond(send, path, 413, "request_too_large", _too_large(rule))
             return
-        refusal = await sync_to_async(upload_refusal)(authorization, session_key) if rule.verify else None
+        refusal = await sync_to_async(checked_upload_refusal)(authorization, session_key) if rule.verify else None
         if refusal is not None:
             await _respond(send, path, *refusal)
             return

@@ -51,6 +51,28 @@ class PostgresService:
         """Stop by PID with SIGINT, PostgreSQL's "fast" shutdown (rolls back open sessions). Idempotent."""
         stop_process(self.process, sig=signal.SIGINT)
 
+    def restart(self, *, down_s: float = 0.0, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Restart the server as an operator would: fast shutdown (every session is terminated, clients see
+        ``FATAL: terminating connection due to administrator command``), ``down_s`` seconds refusing connections,
+        then start on the same port and data, waiting until it accepts connections.
+
+        Raises:
+            ServiceStartError: If it does not come back within ``timeout_s``.
+        """
+        self.stop()
+        time.sleep(down_s)
+        self.start(timeout_s=timeout_s)
+
+    def start(self, *, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Start the stopped cluster again on the same port and data; returns once it accepts connections.
+
+        Raises:
+            ServiceStartError: If it does not come back within ``timeout_s``.
+        """
+        log_path = self.data_dir / "postgres.log"
+        self.process = _postmaster(self.data_dir, _run_as(), log_path, self.port)
+        _wait_ready(self.process, self.port, log_path, timeout_s)
+
     def __enter__(self) -> PostgresService:
         return self
 
@@ -128,25 +150,38 @@ def start_postgres(data_dir: Path, *, timeout_s: float = READY_TIMEOUT_S) -> Pos
     raise last_error
 
 
-def _start_once(data_dir: Path, user: str | None, log_path: Path, timeout_s: float) -> PostgresService:
-    """Start the postmaster on a fresh port, wait for it, create role and database; stop it on failure."""
-    port = free_port()
+def _postmaster(data_dir: Path, user: str | None, log_path: Path, port: int) -> subprocess.Popen[bytes]:
+    """Start the postmaster of the cluster in ``data_dir`` on ``port`` (returns at once)."""
     cmd = [str(PG_BIN / "postgres"), "-D", str(data_dir / "data"), "-p", str(port), "-k", str(data_dir),
            "-c", "listen_addresses=127.0.0.1"]
     for setting in _FAST_SETTINGS:
         cmd += ["-c", setting]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, user=user, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        return subprocess.Popen(cmd, user=user, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd="/", start_new_session=True)
-    service = PostgresService(port, data_dir, proc)
-    psql = [str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "postgres",
+
+
+def _psql(port: int) -> list[str]:
+    return [str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "postgres",
             "-v", "ON_ERROR_STOP=1", "-qAt"]
 
-    def ready() -> bool:
-        return subprocess.run([*psql, "-c", "SELECT 1"], capture_output=True, check=False, timeout=5).returncode == 0
 
+def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float) -> None:
+    def ready() -> bool:
+        return subprocess.run([*_psql(port), "-c", "SELECT 1"], capture_output=True, check=False,
+                              timeout=5).returncode == 0
+
+    wait_until(ready, timeout_s=timeout_s, what="postgres", proc=proc, log_path=log_path)
+
+
+def _start_once(data_dir: Path, user: str | None, log_path: Path, timeout_s: float) -> PostgresService:
+    """Start the postmaster on a fresh port, wait for it, create role and database; stop it on failure."""
+    port = free_port()
+    proc = _postmaster(data_dir, user, log_path, port)
+    service = PostgresService(port, data_dir, proc)
+    psql = _psql(port)
     try:
-        wait_until(ready, timeout_s=timeout_s, what="postgres", proc=proc, log_path=log_path)
+        _wait_ready(proc, port, log_path, timeout_s)
         # CREATEDB lets pytest-django create and drop test_quiver.
         _pg([*psql, "-c", "CREATE ROLE quiver LOGIN PASSWORD 'quiver' CREATEDB",
              "-c", "CREATE DATABASE quiver OWNER quiver"], user=None, log_path=log_path)

@@ -19,13 +19,15 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
+from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, PlacementView, TargetView
 
 logger = logging.getLogger(__name__)
 V = TypeVar("V")
+DB_RETRY_AFTER_S = 5  # as the control-plane API answers (config.exceptions)
 
 def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
     # Drop a connection PostgreSQL closed (restart, idle timeout) before using it; never inside a caller's
@@ -42,8 +44,19 @@ def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 async def db_call(fn: Callable[..., V], *args: Any) -> V:
-    """Run a synchronous ORM function in the gateway's database thread."""
-    return await sync_to_async(_in_db_thread, thread_sensitive=True)(fn, *args)
+    """Run a synchronous ORM function in the gateway's database thread.
+
+    Raises:
+        GatewayError: 503 ``database_unavailable`` (with ``Retry-After``) when the database refused or dropped the
+            connection (PostgreSQL restarting); the next call connects afresh, so the gateway needs no restart.
+    """
+    try:
+        return await sync_to_async(_in_db_thread, thread_sensitive=True)(fn, *args)
+    except (OperationalError, InterfaceError) as exc:
+        logger.warning("gateway.database_unavailable", extra={"error": repr(exc)})
+        raise GatewayError(503, "The database is unavailable right now; retry in a few seconds.",
+                           code="database_unavailable", type_="server_error",
+                           headers={"Retry-After": str(DB_RETRY_AFTER_S)}) from exc
 
 
 def _limits(obj: Any) -> Limits:

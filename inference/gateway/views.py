@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from adapters_app.models import BaseModel
 from adapters_app.selectors import adapter_list_servable
+from inference.gateway.directory import db_call
 from inference.gateway.errors import GatewayError
 from tenants.authentication import bearer_token
 from tenants.models import ApiKey, Tenant
@@ -30,7 +30,7 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
         raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <api key>'.", code="invalid_api_key",
                            type_="authentication_error")
     try:
-        key = await sync_to_async(api_key_verify)(token)
+        key = await db_call(api_key_verify, token)
     except ApiKeyInvalid as exc:
         raise GatewayError(401, "Invalid, revoked or expired API key.", code="invalid_api_key",
                            type_="authentication_error") from exc
@@ -65,9 +65,9 @@ async def models(request: HttpRequest) -> HttpResponseBase:
     try:
         _get_only(request)
         key = await _authenticate(request)
+        data = await db_call(_models_payload, key.tenant)
     except GatewayError as exc:
         return exc.response()
-    data = await sync_to_async(_models_payload)(key.tenant)
     return JsonResponse({"object": "list", "data": data})
 
 
@@ -77,9 +77,9 @@ async def model_detail(request: HttpRequest, model_id: str) -> HttpResponseBase:
     try:
         _get_only(request)
         key = await _authenticate(request)
+        data = await db_call(_models_payload, key.tenant)
     except GatewayError as exc:
         return exc.response()
-    data = await sync_to_async(_models_payload)(key.tenant)
     for entry in data:
         if entry["id"] == model_id:
             return JsonResponse(entry)
