@@ -75,6 +75,39 @@ def test_operator_evicts_and_pins_and_the_residency_map_follows_the_engine(
     expect(cell).to_have_attribute("aria-label", re.compile(r": (disk|cpu|gpu)$"), timeout=60_000)
 
 
+def test_operator_lowers_a_tenants_rpm_and_the_gateway_answers_429(
+    console: Any, make_user: Any, base_model: Any, live_node: Any, gateway_server: str,
+) -> None:
+    tenant, api = _tenant_api(gateway_server, "acme")
+    body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 1}
+    assert api.post("/v1/completions", json=body).status_code == 200
+    make_user("operator", staff=True)
+    page = console()
+    login(page, "operator")
+    page.get_by_role("link", name="Tenants and quotas").click()
+    page.get_by_role("combobox", name="Tenant to edit").click()  # Mantine 9 Select: role combobox
+    page.get_by_role("option", name=re.compile(r"\(acme\)")).click()
+    form = page.get_by_role("form", name="Gateway limits of acme")
+    form.get_by_role("textbox", name="Requests per minute (RPM)").fill("1")
+    form.get_by_role("button", name="Save limits").click()
+    expect(page.get_by_role("status")).to_contain_text("Limits of acme saved")
+    screenshot(page, "operator-tenant-limits")
+    tenant.refresh_from_db()
+    assert tenant.rpm_limit == 1
+    assert FleetAuditRecord.objects.get(action="set_limits").after["rpm_limit"] == 1
+    # Real requests through the gateway: within a second every gateway process has the new limit; one request in
+    # the minute's window is allowed, the next is refused (a window boundary can let one more through).
+    answers = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (not answers or answers[-1].status_code != 429):
+        answers.append(api.post("/v1/completions", json=body))
+    assert answers[-1].status_code == 429, [a.status_code for a in answers]
+    assert answers[-1].json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(answers[-1].headers["Retry-After"]) >= 1
+    assert answers[-1].headers["x-ratelimit-limit-requests"] == "1"
+    assert len(answers) <= 3
+
+
 def test_tenant_b_sees_no_operator_pages_and_nothing_of_tenant_a(
     console: Any, make_user: Any, base_model: Any, gateway_server: str,
 ) -> None:
