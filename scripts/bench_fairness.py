@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -97,18 +98,22 @@ async def _open_loop(client: httpx.AsyncClient, key: str, body: dict[str, object
 
 
 def _flood_process(web_url: str, key: str, body: dict[str, object], rps: float, seconds: float,
-                   results: multiprocessing.Queue[Tally]) -> None:
-    """The flooder's open loop in a process of its own; its tally goes back through ``results``."""
+                   results: multiprocessing.Queue[Tally | str], go: Any) -> None:
+    """The flooder's open loop in a process of its own: says ``ready`` through ``results``, starts on ``go``, and
+    sends its tally back through ``results``."""
     async def run() -> Tally:
         tally = Tally()
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
         async with httpx.AsyncClient(base_url=web_url, timeout=120, limits=limits) as client:
+            results.put("ready")
+            await asyncio.to_thread(go.wait)
             await _open_loop(client, key, body, rps, seconds, tally)
         return tally
     results.put(asyncio.run(run()))
 
 
-async def _bench(web_url: str, quiet_key: str, flood_key: str, model: str, args: argparse.Namespace) -> dict:
+async def _bench(web_url: str, quiet_key: str, flood_key: str, model: str, args: argparse.Namespace,
+                 probes: list[tuple[str, tuple[str, ...], dict[str, str]]]) -> dict:
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
     quiet_body = {"model": model, "prompt": PROMPT, "max_tokens": args.quiet_tokens, "temperature": 0}
     flood_body = {"model": model, "prompt": PROMPT * 4, "max_tokens": args.flood_tokens, "temperature": 0,
@@ -120,15 +125,24 @@ async def _bench(web_url: str, quiet_key: str, flood_key: str, model: str, args:
         for r in range(args.rounds):
             await _open_loop(client, quiet_key, quiet_body, args.quiet_rps, args.seconds, solo)
             print(f"round {r + 1}: solo done ({len(solo.ttft)} TTFTs)", flush=True)
-            await asyncio.sleep(61 - time.time() % 60)  # a fresh rate-limit window for each flood
             # The flooder runs in its own process: in one event loop, parsing its ~2,000 stream lines a second
-            # delayed the quiet client's reads and inflated the quiet TTFT the bench measures.
+            # delayed the quiet client's reads and inflated the quiet TTFT the bench measures. Both start together
+            # once it is ready (a spawn takes tens of seconds on a loaded box; starting the quiet phase meanwhile
+            # measured part of it without a flood and let the flood straddle two rate-limit windows).
             ctx = multiprocessing.get_context("spawn")
             results: multiprocessing.Queue = ctx.Queue()
+            go = ctx.Event()
             flooder = ctx.Process(target=_flood_process, args=(web_url, flood_key, flood_body, flood_rps,
-                                                                args.seconds, results))
+                                                                args.seconds, results, go))
             flooder.start()
+            assert await asyncio.to_thread(results.get) == "ready"
+            await asyncio.sleep(61 - time.time() % 60)  # a fresh rate-limit window for each flood
+            before = [await asyncio.to_thread(_histograms, *p) for p in probes]
+            go.set()
             await _open_loop(client, quiet_key, quiet_body, args.quiet_rps, args.seconds, flooded)
+            after = [await asyncio.to_thread(_histograms, *p) for p in probes]
+            where = "; ".join(_where(b, a) for b, a in zip(before, after, strict=True))
+            print(f"round {r + 1} flood phase, both tenants: {where}", flush=True)
             part = await asyncio.to_thread(results.get)
             await asyncio.to_thread(flooder.join)
             flood.status.update(part.status)
@@ -138,6 +152,30 @@ async def _bench(web_url: str, quiet_key: str, flood_key: str, model: str, args:
             print(f"round {r + 1}: flood done ({len(flooded.ttft)} TTFTs; flooder {dict(flood.status)})", flush=True)
             await asyncio.sleep(2)
     return {"solo": solo, "flooded": flooded, "flood": flood, "flood_rps": flood_rps}
+
+
+ENGINE_HISTOGRAMS = ("vllm:request_queue_time_seconds", "vllm:time_to_first_token_seconds",
+                     "vllm:request_prefill_time_seconds", "vllm:inter_token_latency_seconds")
+GATEWAY_HISTOGRAMS = ("quiver_gateway_admission_wait_seconds",)
+
+
+def _histograms(url: str, names: tuple[str, ...], headers: dict[str, str] | None = None) -> dict[str, list[float]]:
+    """name → [sum, count] over all label sets, from a Prometheus text page."""
+    out = {n: [0.0, 0.0] for n in names}
+    for line in httpx.get(url, timeout=10, headers=headers).text.splitlines():
+        for n in names:
+            for i, suffix in enumerate(("_sum", "_count")):
+                if line.startswith(n + suffix):
+                    out[n][i] += float(line.rpartition(" ")[2])
+    return out
+
+
+def _where(before: dict[str, list[float]], after: dict[str, list[float]]) -> str:
+    parts = []
+    for name in before:
+        total, n = after[name][0] - before[name][0], after[name][1] - before[name][1]
+        parts.append(f"{name.split(':')[-1]} mean {total / n * 1000:.0f} ms (n {n:.0f})" if n else f"{name} n 0")
+    return "; ".join(parts)
 
 
 def _admission_counters(internal_url: str) -> dict[str, float]:
@@ -231,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.flood_rpm} rpm, sent at {args.flood_factor:g}x = {args.flood_rpm / 60 * args.flood_factor:.1f} "
               f"req/s, max_tokens {args.flood_tokens}; {args.rounds} rounds x {args.seconds:g} s per phase; "
               f"cores {os.cpu_count()}; load avg {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
-        r = asyncio.run(_bench(web_url, quiet_key, flood_key, assets.served_name, args))
+        probes = [(engine.url + "/metrics", ENGINE_HISTOGRAMS, {"Authorization": f"Bearer {node_key}"}),
+                  (internal_url + "/metrics", GATEWAY_HISTOGRAMS, {})]
+        r = asyncio.run(_bench(web_url, quiet_key, flood_key, assets.served_name, args, probes))
         solo, flooded, flood = r["solo"], r["flooded"], r["flood"]
         fivexx = sum(n for t in (solo, flooded, flood) for s, n in t.status.items() if s >= 500)
         cut = sum(sum(t.errors.values()) for t in (solo, flooded, flood))

@@ -254,6 +254,10 @@ QUIVER_ADMISSION_MAX_WAIT_S = env.float("QUIVER_ADMISSION_MAX_WAIT_S", default=1
 QUIVER_ADMISSION_MAX_QUEUE = env.int("QUIVER_ADMISSION_MAX_QUEUE", default=1000)
 # How often each gateway process re-reads node load and the shared VTC counters from Redis.
 QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)
+# Requests-per-minute limits are also paced (GCRA, inference.fleet.admission.rpm_pace): bursts of BURST_S seconds
+# worth of the limit, at least BURST_MIN requests (never more than the limit); BURST_S 60 = the plain minute window.
+QUIVER_LIMIT_BURST_S = env.float("QUIVER_LIMIT_BURST_S", default=1.0)
+QUIVER_LIMIT_BURST_MIN = env.int("QUIVER_LIMIT_BURST_MIN", default=20)
 QUIVER_USAGE_STREAM = "quiver:usage"
 QUIVER_USAGE_GROUP = "usage-writers"
 # Raw usage records older than this many days are deleted (usage-retention beat task); 0 keeps them forever.

@@ -81,6 +81,25 @@ def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationCon
             or load.kv_cache_usage_perc >= config.kv_saturated)
 
 
+def rpm_pace(rpm: int, *, burst_s: float, burst_min: int) -> tuple[int, int]:
+    """GCRA parameters that spread a requests-per-minute limit over the minute: (emission interval, tolerance), ms.
+
+    A limit of ``rpm`` admits one request every ``60000 / rpm`` ms, with bursts of up to
+    ``min(rpm, max(burst_min, rpm × burst_s / 60))`` requests; the fixed one-minute window still caps the minute.
+    OpenAI's rate-limit guide does the same: "60,000 requests/minute may be enforced as 1,000 requests/second"
+    (``burst_s`` 1). Without it a 300-rpm flooder put its whole minute into the engine in the first 10 s
+    (scripts/bench_fairness). ``burst_min`` keeps small limits usable in a burst (a 12-rpm key may send its 12 at once).
+
+    Raises:
+        ValueError: ``rpm`` < 1.
+    """
+    if rpm < 1:
+        raise ValueError(f"rpm must be >= 1, got {rpm}")
+    interval = 60000 / rpm
+    burst = min(rpm, max(burst_min, int(rpm * burst_s / 60)))
+    return int(interval), int((burst - 1) * interval)
+
+
 def vtc_cost(*, prompt_tokens: int, completion_tokens: int, weight: float = 1.0) -> float:
     """VTC service for one request: (input × 1 + output × 2) / weight (the artifact's default prices)."""
     return (prompt_tokens * INPUT_PRICE + completion_tokens * OUTPUT_PRICE) / max(weight, 1e-9)

@@ -1,7 +1,8 @@
 """Per-tenant and per-key limits, atomic in Redis across every gateway process.
 
 Requests per minute and tokens per minute use fixed one-minute windows (AIBrix's limiter, shared/notes/admission.md
-§5); concurrency is a sorted set of leases that expire on their own, so a process that dies mid-request frees its
+§5); requests are also paced over the minute (GCRA, ``inference.fleet.admission.rpm_pace``: bursts of about a second's
+worth, as OpenAI quantizes its limits), so a client cannot pour its whole minute into the engines at once; concurrency is a sorted set of leases that expire on their own, so a process that dies mid-request frees its
 slots after ``lease_s``. One Lua script checks every scope (tenant, key) and only then increments them all: no
 check-then-act race, nothing to roll back. A request reserves its prompt (estimated) plus ``max_tokens`` × ``n`` on
 admission; :meth:`RateLimiter.settle` replaces the reservation with the real count at the end.
@@ -22,6 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from inference.fleet.admission import rpm_pace
 from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import Limits
 
@@ -29,37 +31,46 @@ logger = logging.getLogger(__name__)
 WINDOW_S = 60
 UNLIMITED = -1
 
-# KEYS: per scope (rpm window, tpm window, concurrency set). ARGV: now_ms, reserve, lease id, lease expiry ms,
-# key ttl s, then per scope (rpm limit, tpm limit, concurrency limit), -1 = unlimited.
-# Returns {1, used_rpm_1, used_tpm_1, ...} after admitting, or {0, scope index, kind, used, limit}.
+# KEYS: per scope (rpm window, tpm window, concurrency set, rpm pace TAT). ARGV: now_ms, reserve, lease id, lease
+# expiry ms, key ttl s, then per scope (rpm limit, tpm limit, concurrency limit, pace interval ms, pace tolerance ms),
+# -1 = unlimited. The pace is GCRA: a request conforms while its theoretical arrival time (TAT) is at most
+# `tolerance` ahead of now; admitting moves the TAT on by one interval.
+# Returns {1, used_rpm_1, used_tpm_1, ...} after admitting, or {0, scope index, kind, used, limit, wait ms}.
 ADMIT_LUA = """
-local n = #KEYS / 3
+local n = #KEYS / 4
 local now, reserve, lease, lease_exp, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]),
   tonumber(ARGV[5])
+local tats = {}
 for i = 1, n do
-  local rl, tl, cl = tonumber(ARGV[3*i+3]), tonumber(ARGV[3*i+4]), tonumber(ARGV[3*i+5])
-  local used_r = tonumber(redis.call('GET', KEYS[3*i-2]) or '0')
-  local used_t = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
-  if rl >= 0 and used_r + 1 > rl then return {0, i, 'requests', used_r, rl} end
-  if tl >= 0 and used_t + reserve > tl then return {0, i, 'tokens', used_t, tl} end
+  local rl, tl, cl = tonumber(ARGV[5*i+1]), tonumber(ARGV[5*i+2]), tonumber(ARGV[5*i+3])
+  local iv, tol = tonumber(ARGV[5*i+4]), tonumber(ARGV[5*i+5])
+  local used_r = tonumber(redis.call('GET', KEYS[4*i-3]) or '0')
+  local used_t = tonumber(redis.call('GET', KEYS[4*i-2]) or '0')
+  if rl >= 0 and used_r + 1 > rl then return {0, i, 'requests', used_r, rl, -1} end
+  if iv >= 0 then
+    local tat = math.max(tonumber(redis.call('GET', KEYS[4*i]) or '0'), now)
+    if tat - now > tol then return {0, i, 'pace', used_r, rl, tat - tol - now} end
+    tats[i] = tat + iv
+  end
+  if tl >= 0 and used_t + reserve > tl then return {0, i, 'tokens', used_t, tl, -1} end
   if cl >= 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[3*i], '-inf', now)
-    local c = redis.call('ZCARD', KEYS[3*i])
-    if c + 1 > cl then return {0, i, 'concurrency', c, cl} end
+    redis.call('ZREMRANGEBYSCORE', KEYS[4*i-1], '-inf', now)
+    local c = redis.call('ZCARD', KEYS[4*i-1])
+    if c + 1 > cl then return {0, i, 'concurrency', c, cl, -1} end
   end
 end
 local out = {1}
 for i = 1, n do
-  local r = redis.call('INCR', KEYS[3*i-2]); redis.call('EXPIRE', KEYS[3*i-2], ttl)
-  local t = redis.call('INCRBY', KEYS[3*i-1], reserve); redis.call('EXPIRE', KEYS[3*i-1], ttl)
-  if tonumber(ARGV[3*i+5]) >= 0 then
-    redis.call('ZADD', KEYS[3*i], lease_exp, lease); redis.call('PEXPIRE', KEYS[3*i], lease_exp - now + 1000)
+  local r = redis.call('INCR', KEYS[4*i-3]); redis.call('EXPIRE', KEYS[4*i-3], ttl)
+  local t = redis.call('INCRBY', KEYS[4*i-2], reserve); redis.call('EXPIRE', KEYS[4*i-2], ttl)
+  if tonumber(ARGV[5*i+3]) >= 0 then
+    redis.call('ZADD', KEYS[4*i-1], lease_exp, lease); redis.call('PEXPIRE', KEYS[4*i-1], lease_exp - now + 1000)
   end
+  if tats[i] then redis.call('SET', KEYS[4*i], tats[i], 'PX', math.floor(tats[i] - now) + 1000) end
   table.insert(out, r); table.insert(out, t)
 end
 return out
 """
-
 
 @dataclass(frozen=True)
 class Scope:
@@ -130,7 +141,7 @@ class RateLimiter:
     @staticmethod
     def _keys(scope: Scope, window: int) -> list[str]:
         return [f"quiver:rl:{scope.name}:rpm:{window}", f"quiver:rl:{scope.name}:tpm:{window}",
-                f"quiver:rl:{scope.name}:conc"]
+                f"quiver:rl:{scope.name}:conc", f"quiver:rl:{scope.name}:pace"]
 
     async def admit(self, scopes: Sequence[Scope], *, reserve: int) -> Admission | None:
         """Admit one request reserving ``reserve`` tokens, or raise 429. None when nothing is limited.
@@ -155,7 +166,9 @@ class RateLimiter:
         keys = [k for s in limited for k in self._keys(s, window)]
         args: list[Any] = [int(now * 1000), reserve, lease, int((now + lease_s) * 1000), WINDOW_S * 2]
         for s in limited:
-            args += [_lim(s.limits.rpm), _lim(s.limits.tpm), _lim(s.limits.concurrency)]
+            pace = (UNLIMITED, UNLIMITED) if not s.limits.rpm else rpm_pace(
+                s.limits.rpm, burst_s=settings.QUIVER_LIMIT_BURST_S, burst_min=settings.QUIVER_LIMIT_BURST_MIN)
+            args += [_lim(s.limits.rpm), _lim(s.limits.tpm), _lim(s.limits.concurrency), *pace]
         self._client()
         try:
             answer = await self._script(keys=keys, args=args)
@@ -166,7 +179,8 @@ class RateLimiter:
         if int(answer[0]) == 0:
             scope = limited[int(answer[1]) - 1]
             kind = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
-            raise self._refusal(scope, kind, int(answer[3]), int(answer[4]), reserve, reset)
+            wait = int(answer[5]) / 1000 if kind == "pace" else None
+            raise self._refusal(scope, kind, int(answer[3]), int(answer[4]), reserve, reset, wait)
         headers = self._headers(limited, [int(x) for x in answer[1:]], reset)
         return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers)
 
@@ -184,8 +198,14 @@ class RateLimiter:
         return headers
 
     @staticmethod
-    def _refusal(scope: Scope, kind: str, used: int, limit: int, reserve: int, reset: float) -> GatewayError:
-        if kind == "concurrency":
+    def _refusal(scope: Scope, kind: str, used: int, limit: int, reserve: int, reset: float,
+                 pace_wait: float | None = None) -> GatewayError:
+        if kind == "pace":
+            wait = max(0.001, pace_wait or 0.0)
+            message = (f"Rate limit reached for {scope.label} on requests per min (RPM): Limit {limit}, spread over "
+                       f"the minute (Used {used} this minute). Please try again in {_duration(wait)}.")
+            type_ = "requests"
+        elif kind == "concurrency":
             wait = 1.0
             message = (f"Concurrency limit reached for {scope.label}: Limit {limit} requests in flight. "
                        "Please try again when one finishes.")
@@ -211,7 +231,7 @@ class RateLimiter:
         try:
             pipe = self._client().pipeline(transaction=False)
             for scope in admission.scopes:
-                rpm_key, tpm_key, conc_key = self._keys(scope, admission.window)
+                _, tpm_key, conc_key, _ = self._keys(scope, admission.window)
                 if delta:
                     pipe.incrby(tpm_key, delta)
                 if scope.limits.concurrency is not None:

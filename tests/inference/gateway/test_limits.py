@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from inference.fleet.admission import rpm_pace
 from inference.gateway.errors import GatewayError
 from inference.gateway.limits import RateLimiter, Scope, _duration, estimate_prompt_tokens
 from inference.gateway.snapshot import Limits
@@ -65,3 +66,31 @@ def test_reset_durations_and_prompt_estimates() -> None:
     assert (_duration(0.012), _duration(1.2), _duration(360)) == ("12ms", "2s", "6m0s")
     assert estimate_prompt_tokens({"prompt": [1, 2, 3]}) == 3
     assert estimate_prompt_tokens({"messages": [{"role": "user", "content": "abcd" * 10}]}) == 14
+
+
+def test_rpm_is_paced_over_the_minute_after_a_short_burst(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.QUIVER_LIMIT_BURST_S, settings.QUIVER_LIMIT_BURST_MIN = 1.0, 4
+
+    async def run() -> None:
+        limiter, scope = RateLimiter(), _scope(rpm=600)  # 10 a second, bursts of 10
+        for _ in range(10):
+            await limiter.admit([scope], reserve=1)
+        with pytest.raises(GatewayError) as err:
+            await limiter.admit([scope], reserve=1)
+        refused = err.value
+        assert refused.status == 429 and refused.type == "requests" and "Limit 600" in refused.message
+        assert 0 < int(refused.headers["retry-after-ms"]) <= 100 and refused.headers["Retry-After"] == "1"
+        await asyncio.sleep(int(refused.headers["retry-after-ms"]) / 1000 + 0.01)
+        assert await limiter.admit([scope], reserve=1) is not None  # one interval later, one more conforms
+        with pytest.raises(GatewayError):
+            await limiter.admit([scope], reserve=1)
+
+    asyncio.run(run())
+
+
+def test_rpm_pace_parameters() -> None:
+    assert rpm_pace(300, burst_s=1, burst_min=20) == (200, 19 * 200)  # 5 a second after a burst of 20
+    assert rpm_pace(12, burst_s=1, burst_min=20) == (5000, 11 * 5000)  # a small limit may go all at once
+    assert rpm_pace(60000, burst_s=1, burst_min=20) == (1, 999)  # OpenAI's example: 1,000 a second
+    with pytest.raises(ValueError, match="rpm"):
+        rpm_pace(0, burst_s=1, burst_min=20)
