@@ -252,6 +252,11 @@ QUIVER_ADMISSION_KV_SATURATED = env.float("QUIVER_ADMISSION_KV_SATURATED", defau
 QUIVER_ADMISSION_MAX_AGE_S = env.float("QUIVER_ADMISSION_MAX_AGE_S", default=0.25)
 QUIVER_ADMISSION_MAX_WAIT_S = env.float("QUIVER_ADMISSION_MAX_WAIT_S", default=15.0)
 QUIVER_ADMISSION_MAX_QUEUE = env.int("QUIVER_ADMISSION_MAX_QUEUE", default=1000)
+# Running slots per node across all gateway processes (0 = no budget), and the slots no single tenant may take:
+# a newcomer then finds a slot at once instead of queueing behind a flooder (inference.fleet.admission.slot_free).
+# Size SLOTS below the engines' max_num_seqs (the CPU dev engine runs 32).
+QUIVER_ADMISSION_NODE_SLOTS = env.int("QUIVER_ADMISSION_NODE_SLOTS", default=0)
+QUIVER_ADMISSION_SLOT_RESERVE = env.int("QUIVER_ADMISSION_SLOT_RESERVE", default=2)
 # How often each gateway process re-reads node load and the shared VTC counters from Redis.
 QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)
 # Requests-per-minute limits are also paced (GCRA, inference.fleet.admission.rpm_pace): bursts of BURST_S seconds

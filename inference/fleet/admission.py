@@ -66,6 +66,37 @@ class SaturationConfig:
     max_age_s: float = 0.25
 
 
+@dataclass(frozen=True, slots=True)
+class SlotConfig:
+    """The running-slot budget per node (``QUIVER_ADMISSION_NODE_SLOTS``, ``QUIVER_ADMISSION_SLOT_RESERVE``).
+
+    Attributes:
+        slots: requests the gateways keep in flight on one node at most (0 = no budget). Below the engine's
+            ``max_num_seqs`` every request the gateway lets through is scheduled at the engine's next step, so the
+            engine never queues and the gateway's fair order is the order of service.
+        reserve: slots no single tenant may take, so a newcomer finds one free at once instead of waiting for a
+            flooder's long completion to end (bench_fairness: a quiet tenant's TTFT waited behind 32 running flood
+            requests). 0 = work-conserving.
+    """
+
+    slots: int = 0
+    reserve: int = 0
+
+
+def slot_free(*, node_in_flight: int, tenant_in_flight: int, config: SlotConfig) -> bool:
+    """Whether a tenant's request may take a slot on a node: the node has one free and the tenant holds fewer than
+    ``slots - reserve`` (at least 1) there. Always True without a budget.
+
+    Args:
+        node_in_flight: requests all gateways have in flight on the node (this process's exact, others' published).
+        tenant_in_flight: the same for the tenant alone.
+        config: the budget.
+    """
+    if config.slots <= 0:
+        return True
+    return node_in_flight < config.slots and tenant_in_flight < max(1, config.slots - config.reserve)
+
+
 def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationConfig, sent_since: int = 0) -> bool | None:
     """Whether a node is saturated: True, False, or None when its figures are missing or stale (unknown).
 

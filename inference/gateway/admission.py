@@ -18,15 +18,24 @@ Decisions are ``inference.fleet.admission``'s pure functions; this module keeps 
   them; but ordering is exact only within one process, so with an unbalanced spread of tenants over processes the
   guarantee weakens to "fair per process, counters global". Lifts on re-entry (VTC's catch-up to the backlog's
   minimum) are kept per process, since each process knows only its own backlog.
+- **Running slots.** With ``QUIVER_ADMISSION_NODE_SLOTS`` > 0 a node also counts as full once that many requests are in
+  flight on it from all gateway processes, and one tenant may hold at most ``slots - QUIVER_ADMISSION_SLOT_RESERVE``
+  of them (``inference.fleet.admission.slot_free``). This process's holds are exact; the other processes' come from
+  Redis (``quiver:slots:proc:<id>``, published and re-read each tick, so they are at most a tick old). A hold is
+  released when its request ends (or after the proxy timeout, should its end never be seen), and a release wakes the
+  dispatcher at once, so a freed slot goes to the next request in VTC order without waiting for the tick.
 - **Unknown figures** (no agent publishing, Redis away, older than 250 ms) are not saturated: admit (fail open).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import time
-from collections import deque
+import uuid
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +43,15 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from inference.fleet.admission import SaturationConfig, node_saturated, vtc_cost, vtc_lift, vtc_pick
+from inference.fleet.admission import (
+    SaturationConfig,
+    SlotConfig,
+    node_saturated,
+    slot_free,
+    vtc_cost,
+    vtc_lift,
+    vtc_pick,
+)
 from inference.gateway import metrics
 from inference.gateway.errors import GatewayError
 from inference.gateway.loadboard import LoadBoard
@@ -42,6 +59,9 @@ from inference.gateway.snapshot import FleetView, NodeView
 
 logger = logging.getLogger(__name__)
 COUNTERS_KEY = "quiver:vtc:served"
+SLOTS_PROCS_KEY = "quiver:slots:procs"
+SLOTS_PROC_PREFIX = "quiver:slots:proc:"
+SLOTS_TTL_S = 3.0
 RETRY_AFTER_S = 2
 CHOOSE_TIMEOUT_S = 0.5
 IDLE_S = 5.0
@@ -57,7 +77,7 @@ class Waiter:
     seq: int
     cost: float
     choose: Callable[[], Awaitable[NodeView]]
-    future: asyncio.Future[NodeView] = field(repr=False)
+    future: asyncio.Future[tuple[NodeView, int]] = field(repr=False)
     enqueued: float = 0.0
 
 
@@ -65,6 +85,10 @@ def _config() -> SaturationConfig:
     return SaturationConfig(queue_saturated=settings.QUIVER_ADMISSION_QUEUE_SATURATED,
                             kv_saturated=settings.QUIVER_ADMISSION_KV_SATURATED,
                             max_age_s=settings.QUIVER_ADMISSION_MAX_AGE_S)
+
+
+def _slots() -> SlotConfig:
+    return SlotConfig(slots=settings.QUIVER_ADMISSION_NODE_SLOTS, reserve=settings.QUIVER_ADMISSION_SLOT_RESERVE)
 
 
 def _shed(message: str) -> GatewayError:
@@ -89,6 +113,15 @@ class AdmissionGate:
         self._names: tuple[str, ...] = ()
         self._fleet_seen: FleetView | None = None
         self._routed_at = 0.0
+        # Running-slot holds: this process's (token -> node, tenant, expiry) and counts, the others' from Redis.
+        self.proc_id = uuid.uuid4().hex
+        self._tokens = itertools.count(1)
+        self._held: dict[int, tuple[str, str, float]] = {}
+        self.holding: dict[str, Counter[str]] = {}
+        self.others: dict[str, Counter[str]] = {}
+        self._kick = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._synced_at = 0.0
 
     @property
     def config(self) -> SaturationConfig:
@@ -129,7 +162,15 @@ class AdmissionGate:
 
     async def admit(self, *, tenant: str, priority: int, prompt_tokens: int, completion_tokens: int = 0,
                     choose: Callable[[], Awaitable[NodeView]]) -> NodeView:
-        """The node to send the request to, now or after waiting its fair turn.
+        """:meth:`acquire` without the hold's token (callers that never release: tests)."""
+        node, _ = await self.acquire(tenant=tenant, priority=priority, prompt_tokens=prompt_tokens,
+                                     completion_tokens=completion_tokens, choose=choose)
+        return node
+
+    async def acquire(self, *, tenant: str, priority: int, prompt_tokens: int, completion_tokens: int = 0,
+                      choose: Callable[[], Awaitable[NodeView]]) -> tuple[NodeView, int]:
+        """The node to send the request to, now or after waiting its fair turn, and the token of its running-slot
+        hold, which the caller hands to :meth:`release` when the request ends.
 
         Args:
             tenant: the fairness key (tenant id).
@@ -145,17 +186,56 @@ class AdmissionGate:
                 queue bound is exceeded.
         """
         node = await choose()
-        if not self.depth and node_saturated(self.board.get(node.name), now_s=time.time(),
-                                             config=self.config) is not True:
+        if not self.depth and self._may_go(node.name, tenant, time.time(), sent_since=0):
             self.board.note_sent(node.name)
             self.charge(tenant, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
             _ADMITTED.inc()
-            return node
+            return node, self._hold(node.name, tenant)
         return await self._wait(tenant, priority, vtc_cost(prompt_tokens=prompt_tokens,
                                                            completion_tokens=completion_tokens), choose)
 
+    # --- running slots
+    def _may_go(self, node: str, tenant: str, now: float, *, sent_since: int) -> bool:
+        if node_saturated(self.board.get(node), now_s=now, config=self.config, sent_since=sent_since) is True:
+            return False
+        slots = _slots()
+        if slots.slots <= 0:
+            return True
+        mine, theirs = self.holding.get(node), self.others.get(node)
+        node_total = (sum(mine.values()) if mine else 0) + (sum(theirs.values()) if theirs else 0)
+        tenant_total = (mine[tenant] if mine else 0) + (theirs[tenant] if theirs else 0)
+        return slot_free(node_in_flight=node_total, tenant_in_flight=tenant_total, config=slots)
+
+    def _hold(self, node: str, tenant: str) -> int:
+        token = next(self._tokens)
+        lease_s = settings.QUIVER_PROXY_TIMEOUT_S + settings.QUIVER_WARM_WAIT_S
+        self._held[token] = (node, tenant, time.monotonic() + lease_s)
+        self.holding.setdefault(node, Counter())[tenant] += 1
+        return token
+
+    def release(self, token: int) -> None:
+        """End a running-slot hold (idempotent) and wake the dispatcher, so a waiting request takes the slot now."""
+        entry = self._held.pop(token, None)
+        if entry is None:
+            return
+        node, tenant, _ = entry
+        counts = self.holding.get(node)
+        if counts is not None:
+            counts[tenant] -= 1
+            if counts[tenant] <= 0:
+                del counts[tenant]
+            if not counts:
+                del self.holding[node]
+        if self.depth:
+            self._kick.set()
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for token in [t for t, (_, _, expires) in self._held.items() if expires < now]:
+            self.release(token)
+
     async def _wait(self, tenant: str, priority: int, cost: float,
-                    choose: Callable[[], Awaitable[NodeView]]) -> NodeView:
+                    choose: Callable[[], Awaitable[NodeView]]) -> tuple[NodeView, int]:
         if self.depth >= settings.QUIVER_ADMISSION_MAX_QUEUE and not self._shed_for(tenant):
             metrics.ADMISSION.labels("shed").inc()
             raise _shed(f"The gateway's queue is full ({self.depth} requests wait for saturated nodes); retry in "
@@ -172,8 +252,9 @@ class AdmissionGate:
         self.depth += 1
         metrics.QUEUE_DEPTH.inc()
         metrics.ADMISSION.labels("queued").inc()
+        self._kick.set()  # a free slot (or a fair turn) may be there already: the dispatcher decides now
         try:
-            node = await asyncio.wait_for(waiter.future, timeout=settings.QUIVER_ADMISSION_MAX_WAIT_S)
+            node, token = await asyncio.wait_for(waiter.future, timeout=settings.QUIVER_ADMISSION_MAX_WAIT_S)
         except TimeoutError:
             metrics.ADMISSION.labels("shed").inc()
             raise _shed(f"Every node serving this model is saturated; the request waited "
@@ -182,7 +263,7 @@ class AdmissionGate:
             self._remove(waiter)
             metrics.ADMISSION_WAIT.observe(time.monotonic() - waiter.enqueued)
         metrics.ADMISSION.labels("dequeued").inc()
-        return node
+        return node, token
 
     def _remove(self, waiter: Waiter) -> None:
         queue = self.queues.get(waiter.tenant)
@@ -212,6 +293,10 @@ class AdmissionGate:
     # --- background
     async def dispatch(self) -> int:
         """Release queued requests whose pool has room, in band/VTC order. Returns how many were released."""
+        async with self._lock:  # the tick and a kick may both dispatch
+            return await self._dispatch()
+
+    async def _dispatch(self) -> int:
         released = 0
         blocked: set[str] = set()
         now = time.time()
@@ -235,8 +320,7 @@ class AdmissionGate:
             except TimeoutError:
                 blocked.add(tenant)
                 continue
-            if node_saturated(self.board.get(node.name), now_s=now, config=self.config,
-                              sent_since=self.board.sent_since(node.name)) is True:
+            if not self._may_go(node.name, tenant, now, sent_since=self.board.sent_since(node.name)):
                 blocked.add(tenant)
                 continue
             self._remove(waiter)
@@ -244,7 +328,7 @@ class AdmissionGate:
                 continue
             self.board.note_sent(node.name)
             self._charge_cost(tenant, waiter.cost)
-            waiter.future.set_result(node)
+            waiter.future.set_result((node, self._hold(node.name, tenant)))
             released += 1
         return released
 
@@ -258,6 +342,8 @@ class AdmissionGate:
         """One background tick's I/O: re-read node figures, flush local charges, re-read backlogged counters."""
         redis = self._client()
         await self.board.refresh(redis, node_names)
+        if _slots().slots > 0:
+            await self._sync_slots(redis)
         pending, self.pending = self.pending, {}
         backlogged = [t for t, q in self.queues.items() if q and t not in pending]
         if not pending and not backlogged:
@@ -279,6 +365,31 @@ class AdmissionGate:
             for tenant, total in zip(backlogged, answers[-1], strict=True):
                 self.served[tenant] = float(total or 0.0)
 
+    async def _sync_slots(self, redis: Any) -> None:
+        """Publish this process's holds (node -> tenant -> count) and re-read every other live process's."""
+        now = time.time()
+        mine = json.dumps({node: dict(counts) for node, counts in self.holding.items()})
+        pipe = redis.pipeline(transaction=False)
+        pipe.set(SLOTS_PROC_PREFIX + self.proc_id, mine, px=int(SLOTS_TTL_S * 1000))
+        pipe.zadd(SLOTS_PROCS_KEY, {self.proc_id: now})
+        pipe.zremrangebyscore(SLOTS_PROCS_KEY, "-inf", now - SLOTS_TTL_S)
+        pipe.zrange(SLOTS_PROCS_KEY, 0, -1)
+        answers = await pipe.execute()
+        ids = [p.decode() if isinstance(p, bytes) else str(p) for p in answers[-1]]
+        ids = [p for p in ids if p != self.proc_id]
+        others: dict[str, Counter[str]] = {}
+        if ids:
+            for raw in await redis.mget([SLOTS_PROC_PREFIX + p for p in ids]):
+                try:
+                    published = json.loads(raw) if raw else {}
+                except ValueError:
+                    continue
+                for node, counts in published.items():
+                    total = others.setdefault(node, Counter())
+                    for tenant, n in counts.items():
+                        total[tenant] += int(n)
+        self.others = others
+
     def _gauges(self, names: Iterable[str]) -> None:
         now = time.time()
         states = [node_saturated(self.board.get(n), now_s=now, config=self.config) for n in names]
@@ -295,9 +406,13 @@ class AdmissionGate:
         while True:
             names = self._names
             try:
-                busy = self.depth or self.pending or time.monotonic() - self._routed_at < IDLE_S
-                if settings.QUIVER_GATEWAY_REDIS_URL and busy:
-                    await self.sync(names)
+                busy = self.depth or self.pending or self._held or time.monotonic() - self._routed_at < IDLE_S
+                due = time.monotonic() - self._synced_at >= settings.QUIVER_ADMISSION_REFRESH_S
+                if due:
+                    self._synced_at = time.monotonic()
+                    self._sweep()
+                    if settings.QUIVER_GATEWAY_REDIS_URL and busy:
+                        await self.sync(names)
                 if self._failing:
                     logger.info("gateway.admission_sync_recovered")
                 self._failing = False
@@ -309,11 +424,16 @@ class AdmissionGate:
                 self._failing = True
                 self._redis = None
             self._gauges(names)
+            self._kick.clear()  # before dispatching: a slot freed meanwhile wakes the next round
             try:
                 await self.dispatch()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a bug here must not stop releasing requests forever
                 logger.exception("gateway.admission_dispatch_failed", extra={"error": repr(exc)})
-            await asyncio.sleep(settings.QUIVER_ADMISSION_REFRESH_S)
+            # Until the next tick, or sooner when a request queues or a slot frees.
+            try:
+                await asyncio.wait_for(self._kick.wait(), timeout=settings.QUIVER_ADMISSION_REFRESH_S)
+            except TimeoutError:
+                pass
 

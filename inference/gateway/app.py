@@ -319,10 +319,10 @@ class GatewayApp:
         completion_estimate = _reservation(upstream, endpoint) - prompt_estimate
         try:
             # KV-pressure admission (inference.gateway.admission): at once unless every eligible node is saturated.
-            node = await self.admission.admit(tenant=str(key.tenant_id), priority=key.priority,
-                                              prompt_tokens=prompt_estimate,
-                                              completion_tokens=completion_estimate,
-                                              choose=lambda: self.node_for(target))
+            node, slot = await self.admission.acquire(tenant=str(key.tenant_id), priority=key.priority,
+                                                      prompt_tokens=prompt_estimate,
+                                                      completion_tokens=completion_estimate,
+                                                      choose=lambda: self.node_for(target))
         except GatewayError as exc:
             await self.limiter.settle(admission, actual_tokens=0)
             return error_response(exc)
@@ -339,6 +339,7 @@ class GatewayApp:
             upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
 
         def record(status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
+            self.admission.release(slot)
             prompt_tokens = int((usage or {}).get("prompt_tokens") or 0)
             completion_tokens = int((usage or {}).get("completion_tokens") or 0)
             if admission is not None:
@@ -381,6 +382,9 @@ class GatewayApp:
             record(502, None)
             return error_response(GatewayError(502, "The inference node did not answer; retry.",
                                                code="upstream_unreachable", type_="server_error"))
+        except BaseException:  # cancelled (the client went away) before any answer: free the slot now
+            self.admission.release(slot)
+            raise
         if response.status_code >= 400 or not stream:
             try:
                 raw = await response.aread()
@@ -389,6 +393,9 @@ class GatewayApp:
                 record(502, None)
                 return error_response(GatewayError(502, "The inference node stopped answering; retry.",
                                                    code="upstream_failed", type_="server_error"))
+            except BaseException:
+                self.admission.release(slot)
+                raise
             finally:
                 await response.aclose()
             try:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from inference.fleet.admission import NodeLoad, SaturationConfig, node_saturated, vtc_cost, vtc_lift, vtc_pick
+from inference.fleet.admission import (
+    NodeLoad,
+    SaturationConfig,
+    SlotConfig,
+    node_saturated,
+    slot_free,
+    vtc_cost,
+    vtc_lift,
+    vtc_pick,
+)
 
 CONFIG = SaturationConfig()  # GIE's defaults: queue 5, KV 0.8; stale after 0.25 s
 
@@ -52,3 +61,13 @@ def test_pick_strict_band_then_lowest_counter_then_arrival() -> None:
     assert vtc_pick({"flood": (0, 900.0, 1), "quiet": (0, 10.0, 50)}) == "quiet"
     assert vtc_pick({"flood": (-1, 900.0, 1), "quiet": (0, 10.0, 50)}) == "flood"  # a higher band goes first
     assert vtc_pick({"a": (0, 10.0, 7), "b": (0, 10.0, 3)}) == "b"
+
+
+def test_slot_budget_keeps_a_reserve_no_single_tenant_may_take() -> None:
+    budget = SlotConfig(slots=8, reserve=2)
+    assert slot_free(node_in_flight=5, tenant_in_flight=5, config=budget)
+    assert not slot_free(node_in_flight=6, tenant_in_flight=6, config=budget)  # the flooder stops at 6 of 8
+    assert slot_free(node_in_flight=7, tenant_in_flight=1, config=budget)  # another tenant takes the reserve
+    assert not slot_free(node_in_flight=8, tenant_in_flight=0, config=budget)  # the node is full
+    assert slot_free(node_in_flight=0, tenant_in_flight=0, config=SlotConfig(slots=1, reserve=5))  # at least 1
+    assert slot_free(node_in_flight=999, tenant_in_flight=999, config=SlotConfig())  # no budget

@@ -201,3 +201,56 @@ def test_sync_reads_published_figures_and_shares_counters_through_redis() -> Non
             await redis.aclose()
 
     asyncio.run(run())
+
+
+def test_running_slots_hold_a_reserve_and_a_release_hands_the_slot_on(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_NODE_SLOTS, settings.QUIVER_ADMISSION_SLOT_RESERVE = 3, 1
+    settings.QUIVER_ADMISSION_MAX_WAIT_S = 5.0
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        loop = asyncio.get_running_loop().create_task(gate.run_forever())
+        try:
+            floods = [await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
+                      for _ in range(2)]
+            third = asyncio.create_task(gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose))
+            await asyncio.sleep(0.02)
+            assert gate.depth == 1 and not third.done()  # the flooder holds 2 of 3: the last slot is the reserve
+            started = time.monotonic()
+            quiet_node, quiet_slot = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1,
+                                                        choose=_choose)
+            assert quiet_node is NODE and time.monotonic() - started < 0.04  # at once, without waiting a tick
+            gate.release(floods[0][1])
+            gate.release(floods[0][1])  # idempotent
+            node, _ = await asyncio.wait_for(third, 0.04)  # the freed slot goes to the waiter at once
+            assert node is NODE and gate.holding == {"n1": {"flood": 2, "quiet": 1}}
+            gate.release(quiet_slot)
+            assert gate.holding == {"n1": {"flood": 2}}
+        finally:
+            loop.cancel()
+
+    asyncio.run(run())
+
+
+def test_other_processes_slots_count_through_redis(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_NODE_SLOTS, settings.QUIVER_ADMISSION_SLOT_RESERVE = 2, 0
+
+    node = NodeView(pk=2, name=f"n-{uuid.uuid4().hex}", engine_url="http://n2", base_model_id=1)
+
+    async def choose() -> NodeView:
+        return node
+
+    async def run() -> None:
+        first, second = AdmissionGate(), AdmissionGate()
+        await first.admit(tenant="a", priority=0, prompt_tokens=1, choose=choose)
+        await second.admit(tenant="b", priority=0, prompt_tokens=1, choose=choose)
+        for gate in (first, second, first):
+            await gate.sync([node.name])
+        assert first.others.get(node.name) == {"b": 1} and second.others.get(node.name) == {"a": 1}
+        blocked = asyncio.create_task(first.admit(tenant="c", priority=0, prompt_tokens=1, choose=choose))
+        await asyncio.sleep(0.02)
+        assert first.depth == 1 and not blocked.done()  # 2 of 2 held across the two processes
+        blocked.cancel()
+        await first._client().delete(*(f"quiver:slots:proc:{g.proc_id}" for g in (first, second)))
+
+    asyncio.run(run())
