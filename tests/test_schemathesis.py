@@ -5,7 +5,9 @@ tenant, so the operator routes are reached too).
 The schema is the committed ``frontend/src/api/openapi.json`` (``tests/frontend/test_api_client.py`` keeps it equal
 to what ``/api/v1/schema`` serves); requests go through the WSGI app in this thread, so they see each test's rows.
 Bounded and deterministic, so it cannot flake: a fixed seed, derandomized Hypothesis, no example database, no
-coverage or stateful phase, ``MAX_EXAMPLES`` generated cases per operation and caller.
+stateful phase. Random cases (``MAX_EXAMPLES`` per operation and caller) reach every route but seldom a boundary, so
+the operations that take a body also get schemathesis' coverage phase (values at and past each limit, missing and
+extra fields) as a tenant key.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ config = schemathesis.config.SchemathesisConfig.from_dict({
 })
 schema = schemathesis.openapi.from_path(Path(__file__).resolve().parents[1] / "frontend/src/api/openapi.json",
                                         config=config)
+# Boundary values (schemathesis' coverage phase: lengths at and past maxLength, numbers at their limits, missing and
+# extra fields) for the operations that take a body, as a tenant key.
+boundaries = schemathesis.openapi.from_path(
+    Path(__file__).resolve().parents[1] / "frontend/src/api/openapi.json",
+    config=schemathesis.config.SchemathesisConfig.from_dict({
+        "seed": SEED,
+        "phases": {"examples": {"enabled": False}, "fuzzing": {"enabled": False}, "stateful": {"enabled": False}},
+        "generation": {"deterministic": True, "database": "none", "with-security-parameters": False},
+    })).include(method=["POST", "PUT", "PATCH"])
 app = get_wsgi_application()
 bounded = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
                    phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
@@ -104,3 +115,9 @@ def test_no_5xx_as_a_staff_owner_session(case: Any, session_of: Any, base_model:
     _no_5xx(case, headers={"X-CSRFToken": CSRF}, cookies={"sessionid": session, "csrftoken": CSRF})
     if case.operation.path == "/api/v1/auth/logout":
         session_of(fresh=True)
+
+
+@boundaries.parametrize()
+@bounded
+def test_no_5xx_at_the_boundaries_as_a_tenant_key(case: Any, tenant_key: str, base_model: Any) -> None:
+    _no_5xx(case, headers={"Authorization": f"Bearer {tenant_key}"})
