@@ -12,12 +12,14 @@ Targets (issue 7): quiet p99 TTFT under the flood ≤ 1.5 × solo; the flooder g
 
 Usage:
     ./scripts/bench_fairness [--rounds 2] [--seconds 20] [--quiet-rps 4] [--flood-rpm 300] [--flood-factor 6]
+                             [--node-slots 8] [--slot-reserve 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import subprocess
@@ -69,7 +71,12 @@ async def _stream(client: httpx.AsyncClient, key: str, body: dict[str, object], 
             if resp.status_code == 429 and resp.headers.get("retry-after"):
                 tally.retry_after += 1
             if resp.status_code != 200:
-                await resp.aread()
+                raw = await resp.aread()
+                try:
+                    code = str(json.loads(raw)["error"]["code"])
+                except (ValueError, KeyError, TypeError):
+                    code = "?"
+                tally.errors[f"{resp.status_code} {code}"] += 1
                 return
             first = None
             async for line in resp.aiter_lines():
@@ -203,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood-rpm", type=int, default=300, help="the flooder's requests-per-minute limit")
     parser.add_argument("--flood-factor", type=float, default=6.0, help="the flood rate as a multiple of its limit")
     parser.add_argument("--flood-tokens", type=int, default=64, help="max_tokens of the flooder's requests")
+    parser.add_argument("--node-slots", type=int, default=8,
+                        help="QUIVER_ADMISSION_NODE_SLOTS for the gateway (0 = no running-slot budget)")
+    parser.add_argument("--slot-reserve", type=int, default=2, help="QUIVER_ADMISSION_SLOT_RESERVE for the gateway")
     args = parser.parse_args(argv)
     if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
         raise SystemExit("run through ./scripts/bench_fairness (it starts PostgreSQL and Redis)")
@@ -225,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex(),
         "CELERY_TASK_ALWAYS_EAGER": "false",
     }
-    web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")}
+    web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics"),
+               "QUIVER_ADMISSION_NODE_SLOTS": str(args.node_slots),
+               "QUIVER_ADMISSION_SLOT_RESERVE": str(args.slot_reserve)}
     with ExitStack() as stack:
         stack.callback(procs.stop_all)
         _manage(env, "migrate", "--noinput")
@@ -267,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         load0 = os.getloadavg()
         print(f"quiet: {args.quiet_rps:g} req/s streaming, max_tokens {args.quiet_tokens}; flood: limit "
               f"{args.flood_rpm} rpm, sent at {args.flood_factor:g}x = {args.flood_rpm / 60 * args.flood_factor:.1f} "
-              f"req/s, max_tokens {args.flood_tokens}; {args.rounds} rounds x {args.seconds:g} s per phase; "
+              f"req/s, max_tokens {args.flood_tokens}; {args.rounds} rounds x {args.seconds:g} s per phase; node slots "
+              f"{args.node_slots} (reserve {args.slot_reserve}); "
               f"cores {os.cpu_count()}; load avg {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
         probes = [(engine.url + "/metrics", ENGINE_HISTOGRAMS, {"Authorization": f"Bearer {node_key}"}),
                   (internal_url + "/metrics", GATEWAY_HISTOGRAMS, {})]
         r = asyncio.run(_bench(web_url, quiet_key, flood_key, assets.served_name, args, probes))
         solo, flooded, flood = r["solo"], r["flooded"], r["flood"]
         fivexx = sum(n for t in (solo, flooded, flood) for s, n in t.status.items() if s >= 500)
-        cut = sum(sum(t.errors.values()) for t in (solo, flooded, flood))
         load1 = os.getloadavg()
         s99, f99 = _pct(solo.ttft, .99), _pct(flooded.ttft, .99)
         print(f"\n{'quiet tenant TTFT':<28} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}")
@@ -284,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quiet statuses: alone {dict(solo.status)}, under the flood {dict(flooded.status)}")
         print(f"flooder: sent {sum(flood.status.values())} at {r['flood_rps']:.1f} req/s; statuses "
               f"{dict(flood.status)}; 429s {flood.status[429]}, with Retry-After {flood.retry_after}")
-        print(f"5xx responses: {fivexx}   (goal 0); transport errors / error events: {cut} {dict(solo.errors + flooded.errors + flood.errors)}")
+        print(f"5xx responses: {fivexx}   (goal 0); non-200 answers, error events and transport errors by kind: "
+              f"{dict(solo.errors + flooded.errors + flood.errors)}")
         print(f"gateway counters: {_admission_counters(internal_url)}")
         print(f"load avg: before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "
               f"{load1[2]:.2f}")
