@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -248,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
               f"scenario and path; cores: {os.cpu_count()}; load avg: {os.getloadavg()[0]:.2f}\n{HEADER}", flush=True)
         results = asyncio.run(_bench((engine.url, node_key), (web_url, api_key), assets.served_name, args,
                                      [web_proc.pid]))
+        if args.profile:  # py-spy writes its report on SIGINT only (SIGTERM from stop_all loses it)
+            web_proc.send_signal(signal.SIGINT)
+            try:
+                web_proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                print("py-spy did not finish writing its report within 60 s", file=sys.stderr)
+            print(f"profile: {args.profile}", flush=True)
         if args.json:
             print(json.dumps({k: {p: {"p50": _pct(v["lat"], .5), "p99": _pct(v["lat"], .99),
                                       "rps": statistics.mean(v["rps"])} for p, v in r.items()}

@@ -14,6 +14,7 @@ database connection.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import re
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat/completions"}
 POLL_S = 0.2
 INFERENCE_SCOPE = "inference"
+VERIFIED_MAX = 10_000
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -130,6 +132,7 @@ class GatewayApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_touch: dict[int, float] = {}
+        self._verified: dict[str, tuple[KeyView, str]] = {}  # key_id -> (the view a secret matched, that secret)
         self._background: set[asyncio.Task[Any]] = set()
         # Nodes whose engine refused a connection: node pk -> monotonic time until which this process skips them.
         self._down: dict[int, float] = {}
@@ -208,7 +211,7 @@ class GatewayApp:
         if not token.startswith(prefix) or not dot or not key_id or len(key_id) > 16:
             raise invalid
         key = await self.directory.keys.get(key_id)
-        if key is None or not key.secret_matches(secret, settings.QUIVER_API_KEY_HMAC_KEY.encode()):
+        if key is None or not self._secret_ok(key, secret):
             raise invalid
         if not key.enabled or (key.expires_at is not None and key.expires_at <= timezone.now()):
             raise invalid
@@ -220,6 +223,19 @@ class GatewayApp:
             self._last_touch[key.pk] = now
             self._spawn(db_call(_touch_last_used, key.pk))
         return key
+
+    def _secret_ok(self, key: KeyView, secret: str) -> bool:
+        # The HMAC is computed once per cached key view and secret: a reloaded view (revocation, rotation) is a new
+        # object, so it is checked afresh.
+        seen = self._verified.get(key.key_id)
+        if seen is not None and seen[0] is key and hmac.compare_digest(seen[1], secret):
+            return True
+        if not key.secret_matches(secret, settings.QUIVER_API_KEY_HMAC_KEY.encode()):
+            return False
+        if len(self._verified) >= VERIFIED_MAX:
+            self._verified.clear()
+        self._verified[key.key_id] = (key, secret)
+        return True
 
     async def resolve(self, key: KeyView, model: str) -> TargetView:
         """``model`` → the base model or the tenant's newest ready version.

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from inference.gateway.errors import GatewayError
@@ -29,17 +29,40 @@ logger = logging.getLogger(__name__)
 V = TypeVar("V")
 DB_RETRY_AFTER_S = 5  # as the control-plane API answers (config.exceptions)
 
+def _kept_connection_ok() -> bool:
+    """Whether the thread holds a connection that psycopg does not already know to be closed or broken (no round
+    trip); one it knows is dead is dropped here."""
+    raw = connection.connection
+    if raw is None:
+        return False
+    if getattr(raw, "closed", False) or getattr(raw, "broken", False):
+        connection.close()
+        return False
+    return True
+
+
 def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    # Drop a connection PostgreSQL closed (restart, idle timeout) before using it; never inside a caller's
-    # transaction (a test lending its thread through async_to_sync).
-    own = not connection.in_atomic_block
-    if own:
-        close_old_connections()
+    # The connection is kept between calls: reconnecting on every call (Django's CONN_MAX_AGE 0 via
+    # close_old_connections) cost a PostgreSQL backend start at each fleet refresh, twice a second per process
+    # (py-spy under scripts/bench_gateway). One PostgreSQL dropped while idle (restart, idle timeout) fails the next
+    # query: closed, and that call runs once more on a fresh connection. Never inside a caller's transaction (a
+    # test lending its thread through async_to_sync): no closing or retrying there.
+    if connection.in_atomic_block:
+        return fn(*args)
+    kept = _kept_connection_ok()
+    try:
+        return fn(*args)
+    except (OperationalError, InterfaceError):
+        connection.close()
+        if not kept:
+            raise
+    except Exception:
+        connection.close()
+        raise
     try:
         return fn(*args)
     except Exception:
-        if own:
-            connection.close()
+        connection.close()
         raise
 
 

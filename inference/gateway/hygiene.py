@@ -15,6 +15,7 @@ import hmac
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from inference.gateway.errors import GatewayError
@@ -181,8 +182,9 @@ CHAT = {**COMMON, "messages": _messages, "max_completion_tokens": _int(1), "logp
 REQUIRED = {"completions": "prompt", "chat/completions": "messages"}
 
 
+@lru_cache(maxsize=4096)
 def cache_salt(tenant_id: int, secret: str) -> str:
-    """The tenant's vLLM ``cache_salt``: HMAC-SHA256 of its id (hex, 32 chars; stable, unguessable)."""
+    """The tenant's vLLM ``cache_salt``: HMAC-SHA256 of its id (hex, 32 chars; stable, unguessable; memoised)."""
     return hmac.new(secret.encode(), f"cache-salt:{tenant_id}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
