@@ -13,9 +13,14 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 django_application = get_asgi_application()
 
+from adapters_app import storage  # noqa: E402
 from config.front_door import FrontDoor  # noqa: E402  (needs settings configured)
 from inference.gateway import app as gateway  # noqa: E402
 from inference.gateway.guard import OpenAIErrorGuard  # noqa: E402
+
+# Built at start, not in some user's first upload (each boto3 client costs tens of ms of CPU to build).
+storage.s3_client()
+storage.s3_browser_client()
 
 
 async def _route(scope, receive, send):  # type: ignore[no-untyped-def]
