@@ -193,16 +193,6 @@ def multipart_uploads(prefix: str) -> list[tuple[str, str, datetime]]:
     return found
 
 
-def object_size(key: str) -> int | None:
-    """The stored size of ``key`` in bytes, or None when there is no such object."""
-    try:
-        return int(s3_client().head_object(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["ContentLength"])
-    except Exception as exc:
-        if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise
-
-
 def object_sha256(key: str) -> tuple[str, int]:
     """Stream ``key`` once: ``(hex sha256, size in bytes)``; nothing is written to disk."""
     body = s3_client().get_object(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["Body"]

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -97,12 +98,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _direct(http: httpx.Client, adapter: str, config: Path, weights: Path, digests: dict[Path, str]) -> None:
+def _direct(http: httpx.Client, adapter: str, config: Path, weights: Path, digests: dict[Path, str],
+            cpu: Callable[[], float], steps: dict[str, float]) -> None:
+    """One browser-direct upload; adds the web process's CPU seconds of each step to ``steps``."""
+    mark = [cpu()]
+
+    def step(name: str) -> None:
+        now = cpu()
+        steps[name] = steps.get(name, 0.0) + now - mark[0]
+        mark[0] = now
+
     files = [("adapter_config.json", config), ("adapter_model.safetensors", weights)]
     declared = [{"name": n, "size": p.stat().st_size, "sha256": digests[p]} for n, p in files]
     resp = http.post(f"/api/v1/adapters/{adapter}/uploads", json={"files": declared, "base_model": "bench-base"})
     if resp.status_code != 201:
         raise RuntimeError(f"create upload: {resp.status_code} {resp.text[:300]}")
+    step("create")
     upload = resp.json()
     base = f"/api/v1/adapters/{adapter}/uploads/{upload['id']}"
     part_size = upload["part_size"]
@@ -112,6 +123,7 @@ def _direct(http: httpx.Client, adapter: str, config: Path, weights: Path, diges
         for start in range(0, len(numbers), 100):
             signed = http.post(f"{base}/sign", json={"name": name, "part_numbers": numbers[start:start + 100]})
             urls.update(signed.json()["urls"])
+        step("sign")
 
         def put(n: int, path: Path = path, urls: dict[str, str] = urls) -> dict[str, object]:
             with path.open("rb") as f:
@@ -123,9 +135,11 @@ def _direct(http: httpx.Client, adapter: str, config: Path, weights: Path, diges
 
         with ThreadPoolExecutor(4) as pool:
             parts = list(pool.map(put, numbers))
+        step("part PUTs to S3 (idle web)")
         done = http.post(f"{base}/complete", json={"name": name, "parts": parts})
         if done.status_code != 200:
             raise RuntimeError(f"complete {name}: {done.status_code} {done.text[:300]}")
+        step("complete")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     config = next(iter(assets.adapters.values())) / "adapter_config.json"
     weights = workdir / "adapter_model.safetensors"
     figures: dict[str, list[tuple[float, float]]] = {"through Django": [], "browser-direct": []}
+    steps: dict[str, float] = {}
     with ExitStack() as stack:
         stack.callback(procs.stop_all)
         _manage(env, "migrate", "--noinput")
@@ -174,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 if path == "through Django":
                     _through_django(http, f"django-{rnd}", config, weights)
                 else:
-                    _direct(http, f"direct-{rnd}", config, weights, digests)
+                    _direct(http, f"direct-{rnd}", config, weights, digests, lambda: _cpu_s([web.pid]), steps)
                 wall = time.perf_counter() - t0
                 cpu = max(_cpu_s([web.pid]) - cpu0 - idle_rate * wall, 0.0)
                 figures[path].append((cpu / (size / GIB), size / GIB / wall))
@@ -185,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'path':>15} | {'CPU s/GiB':>9} | {'GiB/s (wall)':>12}")
     for path, rows in figures.items():
         print(f"{path:>15} | {statistics.mean(r[0] for r in rows):9.3f} | {statistics.mean(r[1] for r in rows):12.3f}")
+    print("browser-direct web CPU by step, ms per upload (not idle-corrected): "
+          + ", ".join(f"{k} {v * 1000 / args.rounds:.0f}" for k, v in steps.items()))
     ratio = statistics.mean(r[0] for r in figures["through Django"]) / max(
         statistics.mean(r[0] for r in figures["browser-direct"]), 1e-9)
     direct = statistics.mean(r[0] for r in figures["browser-direct"])

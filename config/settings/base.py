@@ -197,7 +197,7 @@ AWS_S3_REGION_NAME = env("AWS_S3_REGION_NAME", default="us-east-1")
 AWS_S3_BROWSER_ENDPOINT_URL = env("AWS_S3_BROWSER_ENDPOINT_URL", default=None)
 # Browser-direct uploads (adapters_app.direct_upload): part size, part-URL lifetime, and how long an unfinished
 # upload may stay open before the sweeper aborts it.
-QUIVER_UPLOAD_PART_BYTES = env.int("QUIVER_UPLOAD_PART_BYTES", default=8 * 1024 * 1024)
+QUIVER_UPLOAD_PART_BYTES = env.int("QUIVER_UPLOAD_PART_BYTES", default=16 * 1024 * 1024)  # half the presigns of 8 MiB
 QUIVER_UPLOAD_URL_EXPIRY_S = env.int("QUIVER_UPLOAD_URL_EXPIRY_S", default=600)
 QUIVER_UPLOAD_TTL_S = env.int("QUIVER_UPLOAD_TTL_S", default=6 * 3600)
 
