@@ -95,6 +95,13 @@ def _warm_request(version_id: int) -> bool:
     return True
 
 
+def _not_served(node_id: int, version_id: int) -> None:
+    """The engine of node ``node_id`` answered 404 for version ``version_id``: record it (``placement_mark_not_served``)."""
+    from inference.gateway.placement import placement_mark_not_served
+
+    placement_mark_not_served(node_id, version_id)
+
+
 # What a request without max_tokens may generate: vLLM's completions default, and a budget for chat.
 DEFAULT_COMPLETION_RESERVE = {"completions": 16, "chat/completions": 256}
 
@@ -373,12 +380,12 @@ class GatewayApp:
                 usage=usage, latency_ms=(time.monotonic() - started) * 1000, ttft_ms=ttft_ms, created_at=arrived))
 
         content = json.dumps(upstream).encode()
+        rerouted = False
         try:
             while True:
                 try:
                     response = await upstream_post(f"{node.engine_url}/v1/{endpoint}", content=content,
                                                    node_key=node.key)
-                    break
                 except UpstreamError as exc:
                     # No response came. A refused connection reached no engine; a connection that broke before the
                     # answer (a kept-alive one to an engine that died) counts too when the node now refuses a
@@ -393,6 +400,24 @@ class GatewayApp:
                         node = await self.node_for(target)
                     except GatewayError:
                         raise exc from None
+                    continue
+                if response.status_code == 404 and target.version_id is not None and not rerouted:
+                    # The engine no longer serves the adapter (evicted, unloaded, engine restarted) while this
+                    # process's fleet view, up to a heartbeat plus the refresh interval old, still said it did.
+                    # Record what the engine said, then route again from a fresh view: another replica, or a warm.
+                    rerouted = True
+                    await response.aclose()
+                    logger.info("gateway.adapter_not_served", extra={"node": node.name,
+                                                                     "version_id": target.version_id})
+                    await db_call(_not_served, node.pk, target.version_id)
+                    self.directory.invalidate("fleet")
+                    try:
+                        node = await self.node_for(target)
+                    except GatewayError as exc:
+                        record(exc.status, None)
+                        return error_response(exc)
+                    continue
+                break
         except UpstreamError as exc:
             logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
             record(502, None)

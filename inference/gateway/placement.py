@@ -203,6 +203,19 @@ def _request_warm_once(version: AdapterVersion, *, node: Node) -> Placement:
     return placement
 
 
+def placement_mark_not_served(node_id: int, version_id: int) -> int:
+    """The node's engine answered 404 for the version's served name: the row stops saying it serves there.
+
+    Observed state, as a heartbeat would write it a second later (``node_heartbeat``); written now so that the
+    gateway's next fleet read routes elsewhere or warms it (``placement_request_warm`` skips rows still marked
+    served). A resident row drops to ``staged`` (the node's disk copy stays on an unload); a warm in flight is left
+    alone. Returns the rows changed (0 or 1).
+    """
+    return Placement.objects.filter(node_id=node_id, adapter_version_id=version_id, warming_since=None).filter(
+        Q(tier__in=RESIDENT) | Q(served=True)).update(
+        tier=Placement.Tier.STAGED, served=False, pinned=False, updated_at=timezone.now())
+
+
 def placement_on_ready(version: AdapterVersion) -> Placement | None:
     """Warm a newly ready version on the least-loaded live node of its base model, and evict the adapter's older
     versions (the gateway only routes to the newest ready one). Returns the new placement, None when no node fits."""

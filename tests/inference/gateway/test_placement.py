@@ -17,6 +17,7 @@ from inference.gateway.placement import (
     node_heartbeat,
     node_mark_stale,
     node_select_for_warm,
+    placement_mark_not_served,
     placement_on_ready,
     placement_request_warm,
 )
@@ -126,6 +127,23 @@ def test_a_name_still_served_from_disk_is_routable_without_a_warm(ready_version:
     assert node_for(target).name == "disk-only"
     _beat(_state("warm-one", [{**entry, "tier": "warm", "served": True}]))
     assert node_for(target).name == "warm-one"
+
+
+def test_an_engine_404_unroutes_the_node_and_the_next_warm_is_sent(  # type: ignore[no-untyped-def]
+        ready_version: AdapterVersion, django_capture_on_commit_callbacks) -> None:
+    # The gateway's view said "served" (a heartbeat before an evict); the engine answered 404 for the name.
+    entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "warm"}
+    node = _beat(_state("n1", [entry]))
+    target = _target(ready_version)
+    assert node_for(target).name == "n1"
+    assert placement_mark_not_served(node.pk, ready_version.pk) == 1
+    placement = Placement.objects.get(node=node, adapter_version=ready_version)
+    assert (placement.tier, placement.served) == ("staged", False)
+    assert node_for(target) is None  # not routed there again until it is reloaded
+    with django_capture_on_commit_callbacks() as callbacks:
+        placement_request_warm(ready_version, node=node)
+    assert len(callbacks) == 1  # and a warm is sent (a row still marked served would have skipped it)
+    assert placement_mark_not_served(node.pk, ready_version.pk) == 0  # a warm in flight is left alone
 
 
 def test_warm_targets_only_nodes_whose_engine_takes_the_rank(ready_version: AdapterVersion) -> None:
