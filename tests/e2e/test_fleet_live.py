@@ -18,6 +18,14 @@ import pytest
 
 from adapters_app.models import AdapterVersion
 from demo.api_client import upload_adapter, wait_validated
+from inference.gateway.fleet_reconcile import fleet_reconcile
+from inference.gateway.fleet_services import (
+    FleetActionError,
+    placement_evict_now,
+    tenant_residency_quota_set,
+    version_pin,
+    version_replicas_set,
+)
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_client import node_call
 from inference.gateway.node_keys import node_credentials
@@ -112,3 +120,171 @@ def test_fifty_concurrent_first_requests_make_one_engine_load(
     assert [a.status_code for a in answers] == [200] * 50, [a.text for a in answers if a.status_code != 200][:3]
     assert _loads(node_agent, version.pk) - before == 1  # one engine load for all 50
     assert Placement.objects.filter(adapter_version=version).count() == 1
+
+
+def test_evict_now_takes_effect_within_a_heartbeat_and_the_next_request_reloads(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "evictme", demo_assets.adapters["sums"])
+    assert _complete(api, "evictme").status_code == 200
+    placement = Placement.objects.get(adapter_version=version, node=live_node)
+    before = _loads(node_agent, version.pk)
+
+    asked = time.monotonic()
+    placement_evict_now(placement, actor="ops@test")  # outside a transaction: the task is sent at once
+    _wait("the engine to drop it", lambda: not _served(node_agent, version), timeout=60, poll=0.05)
+    took = time.monotonic() - asked
+    assert version.pk not in _engine_lists(node_agent)["residency"]["cpu"]
+    assert took <= 30.0, f"evict took {took:.1f} s"  # a task, not the next reconcile; slack for a loaded CI box
+
+    # The control plane hears it from the node's next heartbeat (the one in flight may predate the drop).
+    beats: set[Any] = set()
+
+    def heartbeat_says_gone() -> bool:
+        node = Node.objects.get(pk=live_node.pk)
+        beats.add(node.last_heartbeat_at)
+        return not any(a["lora_int_id"] == version.pk and a.get("served") for a in node.state["adapters"])
+
+    _wait("a heartbeat without it", heartbeat_says_gone, timeout=30, poll=0.05)
+    assert len(beats) <= 3, f"{len(beats) - 1} heartbeats came before one reported the eviction"
+    row = Placement.objects.get(pk=placement.pk)
+    assert (row.tier, row.served) == ("staged", False)
+
+    assert _complete(api, "evictme").status_code == 200
+    assert _loads(node_agent, version.pk) - before == 1  # the next request loaded it again
+
+
+def test_a_pin_survives_eviction_pressure(
+    demo_assets: Any, tiny_adapters: dict[str, Path], base_model: Any, celery_worker: None, node_agent: Any,
+    live_node: Node, tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "pinned", demo_assets.adapters["upper"])
+    _wait("the warm", lambda: _served(node_agent, version))
+    version_pin(version, node=live_node, actor="ops@test")
+    _wait("the engine's pin", lambda: (_entry(node_agent, version) or {}).get("pinned"), timeout=60)
+    loads_before = _loads(node_agent, version.pk)
+
+    # Pressure: a full CPU cache's worth of the tenant's other adapters and one more, each loaded onto the node by
+    # its warm after validation, so 6 adapters pass through 4 CPU slots and every unpinned one can be a victim.
+    capacity = live_node.max_cpu_loras
+    fillers = [_ready(api, tenant, f"filler-{i}", tiny_adapters["qv-r8"]) for i in range(capacity + 1)]
+    _wait("every filler's engine load", lambda: all(_loads(node_agent, f.pk) >= 1 for f in fillers), timeout=180)
+
+    engine = _engine_lists(node_agent)["residency"]
+    assert version.pk in engine["cpu"] and version.pk in engine["pinned"]  # vLLM's own lists
+    assert [f.pk for f in fillers if f.pk not in engine["cpu"]]  # fillers were evicted: the pressure was real
+    assert _loads(node_agent, version.pk) == loads_before  # never evicted, so never reloaded
+    assert _complete(api, "pinned").status_code == 200
+
+
+def test_tenant_residency_quotas_are_enforced(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    first = _ready(api, tenant, "quota-a", demo_assets.adapters["capitals"])
+    second = _ready(api, tenant, "quota-b", demo_assets.adapters["sums"])
+    for version in (first, second):
+        assert _complete(api, version.adapter.name).status_code == 200
+    tenant_residency_quota_set(tenant, max_pinned=1, max_gpu_bytes=None, actor="ops@test")
+    version_pin(first, node=live_node, actor="ops@test")
+    _wait("the engine's pin", lambda: (_entry(node_agent, first) or {}).get("pinned"), timeout=60)
+    with pytest.raises(FleetActionError) as refused:
+        version_pin(second, node=live_node, actor="ops@test")
+    assert refused.value.code == "residency_quota_exceeded"
+
+    # GPU bytes: no room at all for unpinned GPU residents; the reconciler evicts this tenant's own.
+    tenant_residency_quota_set(tenant, max_pinned=1, max_gpu_bytes=0, actor="ops@test")
+
+    def second_on_gpu() -> bool:
+        assert _complete(api, "quota-b").status_code == 200  # a request puts it in a GPU slot
+        return Placement.objects.filter(adapter_version=second, node=live_node, tier="hot").exists()
+
+    _wait("a heartbeat showing quota-b on GPU", second_on_gpu, timeout=60, poll=HEARTBEAT_S)
+    fleet_reconcile()
+    _wait("the engine to drop the over-quota adapter", lambda: not _served(node_agent, second), timeout=60)
+    assert (_entry(node_agent, first) or {}).get("pinned")  # pins are never trimmed
+    fleet_reconcile()  # and the plan does not warm it back while the tenant has no GPU room
+    time.sleep(3 * HEARTBEAT_S)
+    assert not _served(node_agent, second)
+
+
+def test_reconciler_converges_after_a_control_plane_restart(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client], settings: Any,
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "restart", demo_assets.adapters["capitals"])
+    _make_cold(live_node, node_agent, version)
+    version_replicas_set(version, min_replicas=1, max_replicas=1, actor="ops@test")
+    # A warm was asked for, then the control plane died before any worker ran it: the row says "warming".
+    stale = 2 * settings.QUIVER_WARM_WAIT_S
+    Placement.objects.create(node=live_node, adapter_version=version, tier="cold",
+                             warming_since=time_ago(stale))
+
+    fleet_reconcile()  # the first pass after the restart re-sends the lost warm
+    _wait("the version to be resident again", lambda: _served(node_agent, version), timeout=120)
+    _wait("the heartbeat to record it", lambda: Placement.objects.filter(
+        adapter_version=version, tier__in=["hot", "warm"], warming_since=None).exists(), timeout=30)
+    loads = _loads(node_agent, version.pk)
+    assert fleet_reconcile() == 0 and fleet_reconcile() == 0  # converged: nothing more, however often it runs
+    assert _loads(node_agent, version.pk) == loads
+
+
+def time_ago(seconds: float) -> Any:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return timezone.now() - timedelta(seconds=seconds)
+
+
+def test_the_residency_a_node_reports_is_the_engines_own(
+    demo_assets: Any, base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    for name in ("res-a", "res-b", "res-c"):
+        _ready(api, tenant, name, demo_assets.adapters["capitals"])
+        assert _complete(api, name).status_code == 200
+    engine = _engine_lists(node_agent)
+    gpu, cpu = set(engine["residency"]["gpu"]), set(engine["residency"]["cpu"])
+
+    def heartbeat_matches() -> bool:
+        reported = {a["lora_int_id"]: a["tier"] for a in Node.objects.get(pk=live_node.pk).state["adapters"]
+                    if a.get("served")}
+        engine_now = _engine_lists(node_agent)["residency"]
+        if set(engine_now["gpu"]) != gpu or set(engine_now["cpu"]) != cpu:
+            return False  # the engine moved on (another request); compare again
+        hot = {i for i, t in reported.items() if t == "hot"}
+        warm = {i for i, t in reported.items() if t == "warm"}
+        return hot == gpu and warm == cpu - gpu
+
+    _wait("the heartbeat's residency to equal the engine's lists", heartbeat_matches, timeout=30)
+    assert len(gpu) <= live_node.max_loras and gpu <= cpu
+
+
+def test_the_effect_probe_flags_an_adapter_that_does_nothing(
+    no_effect_adapters: dict[str, Path], base_model: Any, celery_worker: None, node_agent: Any, live_node: Node,
+    tenant_api: tuple[Any, httpx.Client],
+) -> None:
+    tenant, api = tenant_api
+    version = _ready(api, tenant, "noop", no_effect_adapters["cancel"])  # validation cannot see it
+
+    report = _wait("the probe's verdict", lambda: (AdapterVersion.objects.get(pk=version.pk).validation_report or {})
+                   .get("effect_probe"), timeout=120)
+    assert report == {"verdict": "no_effect", "served": False}
+    shown = api.get("/api/v1/adapters/noop/versions/1").json()["validation_report"]
+    assert [p["severity"] for p in shown["problems"] if p["code"] == "no_effect"] == ["error"]
+    answer = api.post("/v1/completions", json={"model": "noop", "prompt": "the cat", "max_tokens": 2})
+    assert answer.status_code == 503 and "no_effect" in answer.json()["error"]["message"]
+    assert not _served(node_agent, version)  # never served as the base model in silence
+
+    # PEFT's untouched init (every lora_B zero): validation warned, so it is served and the report says why.
+    untrained = _ready(api, tenant, "untrained", no_effect_adapters["zero_b"])
+    _wait("the untrained version's verdict", lambda: (AdapterVersion.objects.get(pk=untrained.pk).validation_report
+                                                      or {}).get("effect_probe"), timeout=120)
+    assert _complete(api, "untrained").status_code == 200
