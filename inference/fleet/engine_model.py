@@ -7,7 +7,10 @@ Rules, from ``vllm/lora/worker_manager.py`` (``LRUCacheWorkerLoRAManager``), ``v
    removed first, and removing it from the CPU cache also empties its GPU slot; all pinned → ``AllPinnedError``.
 2. Serving a request activates the adapter: if it is not in a GPU slot and all ``max_loras`` slots are taken, the
    least recently used unpinned active adapter gives up its slot but keeps its CPU copy.
-3. Activating an adapter already active only refreshes its recency. Pins cover both tiers.
+3. Activating an adapter already active only refreshes its recency.
+4. Pins hold the CPU copy only: Quiver's worker extension makes ``pin_adapter`` skip vLLM's GPU pin
+   (``inference.node.worker_ext._pin_in_cpu_cache_only``: a pinned GPU slot plus a full batch of unpinned adapters
+   kills the engine), so GPU slots stay a plain LRU.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class LoRAEngineModel:
 
     def _lru_unpinned(self, cache: OrderedDict[int, None]) -> int:
         for key in cache:
-            if key not in self.pinned:
+            if key not in self.pinned or cache is self.gpu:  # rule 4: GPU slots ignore pins
                 return key
         raise AllPinnedError("All items are pinned, cannot remove oldest from the cache.")
 
@@ -77,7 +80,7 @@ class LoRAEngineModel:
             (ids evicted from the engine, id that lost its GPU slot or None).
 
         Raises:
-            AllPinnedError: the CPU cache or the GPU slots are full of pins.
+            AllPinnedError: the CPU cache is full of pins.
         """
         evicted = self.add_lora(lora_int_id)
         if lora_int_id in self.gpu:
@@ -97,10 +100,10 @@ class LoRAEngineModel:
         return self.cpu.pop(lora_int_id, 0) is None
 
     def pin_lora(self, lora_int_id: int) -> None:
-        """Pin an adapter (registering it and taking a GPU slot, as ``pin_adapter`` does: vllm#5603).
+        """Pin an adapter's CPU copy (registering it; rule 4: no GPU slot is taken or held).
 
         Raises:
             AllPinnedError: no unpinned entry can make room.
         """
-        self.activate(lora_int_id)
+        self.add_lora(lora_int_id)
         self.pinned.add(lora_int_id)

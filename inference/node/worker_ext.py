@@ -54,6 +54,33 @@ def _count_engine_activity() -> bool:
     return True
 
 
+def _pin_in_cpu_cache_only() -> bool:
+    """Make vLLM's ``LRUCacheLoRAModelManager.pin_adapter`` pin the CPU copy only (class level, once per process).
+
+    vLLM pins into both caches (``_pin_lora_in_cpu_cache`` and ``_pin_lora_in_gpu_cache``), but its scheduler still
+    admits up to ``max_loras`` distinct adapters per batch. With a GPU slot pinned, a batch of ``max_loras`` unpinned
+    adapters has one slot too few: activating the second evicts the first, and the batch mapping then names an id no
+    slot holds (``KeyError`` in ``punica_wrapper/utils.py::convert_mapping``), which kills the engine. Seen on the CPU
+    node with ``max_loras`` 2, one pin and two adapters in flight (tests/e2e/test_fleet_live.py). A CPU-only pin keeps
+    the guarantee Quiver sells (a pinned adapter is never reloaded from disk or S3); moving it into a GPU slot when a
+    batch needs it is a copy (shared/notes/fleet.md §1, §6). False without vLLM."""
+    try:
+        from vllm.lora import model_manager
+    except ImportError:
+        return False
+    lru = model_manager.LRUCacheLoRAModelManager
+    if getattr(lru.pin_adapter, "_quiver_cpu_only", False):
+        return True
+
+    def pin_adapter(self: Any, lora_id: int) -> bool:
+        self._pin_lora_in_cpu_cache(lora_id)
+        return True
+
+    pin_adapter._quiver_cpu_only = True  # type: ignore[attr-defined]
+    lru.pin_adapter = pin_adapter  # type: ignore[method-assign]
+    return True
+
+
 def _tensor_bytes(tensor: Any) -> int:
     if tensor is None:
         return 0
@@ -163,3 +190,4 @@ class QuiverWorkerExtension:
 
 
 _count_engine_activity()  # imported in the worker when vLLM resolves --worker-extension-cls, before any load
+_pin_in_cpu_cache_only()

@@ -120,7 +120,7 @@ def test_add_lora_uses_the_given_id_and_serves_the_name(
             "lora_path": str(tiny_adapters["qv-r8"]),
             "pinned": True,
             "in_engine": True,
-            "tier": "gpu",  # pin_lora activates into a GPU slot (vllm#5603)
+            "tier": "gpu",  # add_lora activates into a GPU slot
             "bytes": listing["residency"]["bytes"]["4242"],
         }
     ]
@@ -226,9 +226,9 @@ def test_residency_is_the_engines_own_gpu_and_cpu_lists(
     tiers = {lora["lora_int_id"]: lora["tier"] for lora in listing["loras"]}
     assert tiers == {900: "cpu", 901: "gpu", 902: "gpu"}
 
-    # A pin takes a GPU slot (the LRU active adapter leaves it) and shows in the engine's pinned set.
+    # A pin holds the CPU copy only (worker_ext: no GPU slot is taken) and shows in the engine's pinned set.
     assert engine_http.post("/quiver/v1/pin_lora", json={"lora_name": "acme--res0"}).status_code == 200
     model.pin_lora(900)
     after = engine_http.get("/quiver/v1/loras").json()["residency"]
     assert after["pinned"] == [900]
-    assert sorted(after["gpu"]) == sorted(model.gpu)
+    assert sorted(after["gpu"]) == sorted(model.gpu) == [901, 902]
