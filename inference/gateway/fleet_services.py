@@ -73,12 +73,7 @@ def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> Ve
         nodes = _pin_nodes(version, node)
         if not nodes:
             raise FleetActionError(409, "not_resident", "No live node holds this version; pin it on a named node.")
-        for n in nodes:
-            pinned = Placement.objects.filter(node=n, pinned=True).exclude(adapter_version=version).count()
-            try:
-                check_pin(pinned, n.max_loras)
-            except PinLimitError as exc:
-                raise FleetActionError(409, "pin_limit", f"node {n.name}: {exc}") from exc
+        # The tenant's own quota first: it names the fix the tenant's operator can make.
         quota = TenantResidencyQuota.objects.filter(tenant=version.tenant).first()
         if quota is not None and quota.max_pinned is not None:
             others = VersionIntent.objects.filter(adapter_version__tenant=version.tenant).exclude(
@@ -86,6 +81,12 @@ def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> Ve
             if others + 1 > quota.max_pinned:
                 raise FleetActionError(409, "residency_quota_exceeded",
                                        f"tenant may pin {quota.max_pinned} versions; unpin one or raise the quota")
+        for n in nodes:
+            pinned = Placement.objects.filter(node=n, pinned=True).exclude(adapter_version=version).count()
+            try:
+                check_pin(pinned, n.max_loras)
+            except PinLimitError as exc:
+                raise FleetActionError(409, "pin_limit", f"node {n.name}: {exc}") from exc
         if node is None:
             intent.pinned_fleet = True
         else:

@@ -170,8 +170,10 @@ def test_a_pin_survives_eviction_pressure(
     # Pressure: a full CPU cache's worth of the tenant's other adapters and one more, each loaded onto the node by
     # its warm after validation, so 6 adapters pass through 4 CPU slots and every unpinned one can be a victim.
     capacity = live_node.max_cpu_loras
-    fillers = [_ready(api, tenant, f"filler-{i}", tiny_adapters["qv-r8"]) for i in range(capacity + 1)]
-    _wait("every filler's engine load", lambda: all(_loads(node_agent, f.pk) >= 1 for f in fillers), timeout=180)
+    fillers = []
+    for i in range(capacity + 1):  # one at a time: each warm (load + effect probe) ends before the next starts
+        fillers.append(_ready(api, tenant, f"filler-{i}", tiny_adapters["qv-r8"]))
+        _wait("the filler's engine load", lambda: _served(node_agent, fillers[-1]), timeout=120)
 
     engine = _engine_lists(node_agent)["residency"]
     assert version.pk in engine["cpu"] and version.pk in engine["pinned"]  # vLLM's own lists
