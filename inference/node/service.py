@@ -237,9 +237,15 @@ class NodeAgent:
                               reload_ms=RELOAD_FIXED_MS + sizes.get(i, 0) / DISK_BYTES_PER_MS,
                               desired=i in names)  # an id no name serves is garbage: it goes first
                      for i in cpu]
+        # An adapter whose own load or effect probe is in progress here is not a victim: removing its name while its
+        # probe request runs makes vLLM re-add the weights for that batch, a copy no name serves (vllm#54839).
+        busy = {i for i in cpu if names.get(i) in self._locks and self._locks[names[i]].locked()}
+        if capacity - len(busy) < 1:
+            return ()  # every resident is mid-load: vLLM's LRU decides
+        residents = [r for r in residents if r.version_id not in busy]
         try:
-            victims = choose_victims(residents, slots=capacity, budget_bytes=None, incoming_bytes=0, now_s=0.0,
-                                     config=self.eviction)
+            victims = choose_victims(residents, slots=capacity - len(busy), budget_bytes=None, incoming_bytes=0,
+                                     now_s=0.0, config=self.eviction)
         except AllPinnedError as exc:
             raise EngineError(409, "all_pinned", f"every adapter in the engine's CPU cache is pinned: {exc}") from exc
         removed = []
