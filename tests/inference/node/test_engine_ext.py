@@ -226,9 +226,18 @@ def test_residency_is_the_engines_own_gpu_and_cpu_lists(
     tiers = {lora["lora_int_id"]: lora["tier"] for lora in listing["loras"]}
     assert tiers == {900: "cpu", 901: "gpu", 902: "gpu"}
 
-    # A pin holds the CPU copy only (worker_ext: no GPU slot is taken) and shows in the engine's pinned set.
+    # The pin route re-adds the adapter (vLLM's add_lora activates it into a GPU slot), then pins its CPU copy only
+    # (worker_ext): it shows in the engine's pinned set, and its GPU slot stays an LRU slot like any other.
     assert engine_http.post("/quiver/v1/pin_lora", json={"lora_name": "acme--res0"}).status_code == 200
+    model.activate(900)
     model.pin_lora(900)
     after = engine_http.get("/quiver/v1/loras").json()["residency"]
     assert after["pinned"] == [900]
-    assert sorted(after["gpu"]) == sorted(model.gpu) == [901, 902]
+    assert sorted(after["gpu"]) == sorted(model.gpu)
+    for name in ("acme--res1", "acme--res2"):
+        done = engine_http.post("/v1/completions", json={"model": name, "prompt": "the", "max_tokens": 1})
+        assert done.status_code == 200
+        model.activate(ids[name])
+    final = engine_http.get("/quiver/v1/loras").json()["residency"]
+    assert sorted(final["gpu"]) == sorted(model.gpu) == [901, 902]  # the pinned one gave up its slot
+    assert 900 in final["cpu"] and final["pinned"] == [900]  # and kept its CPU copy
