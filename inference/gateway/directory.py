@@ -182,7 +182,7 @@ class TtlCache(Generic[V]):
         self._loader = loader
         self._ttl = ttl
         self._entries: dict[tuple[Hashable, ...], _Entry[V]] = {}
-        self._loading: dict[tuple[Hashable, ...], asyncio.Future[V]] = {}
+        self._loading: dict[tuple[Hashable, ...], asyncio.Task[V]] = {}
         self.generation = 0
 
     async def get(self, *key: Hashable) -> V:
@@ -197,24 +197,28 @@ class TtlCache(Generic[V]):
             if age < hard:
                 if not entry.refreshing:
                     entry.refreshing = True
-                    task = asyncio.get_running_loop().create_task(self._load(tuple(key)))
-                    task.add_done_callback(_log_failure)
+                    self._shared(tuple(key)).add_done_callback(_log_failure)
                 return entry.value
         return await self._load(tuple(key))
 
     async def _load(self, key: tuple[Hashable, ...]) -> V:
-        pending = self._loading.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
-        self._loading[key] = future
+        # One load per key, in a task of its own: a caller cancelled mid-load (the admission dispatcher's bounded
+        # node choice, a client gone) must not cancel the load the other callers share (bench_fairness saw it
+        # turn their requests into 500s).
+        return await asyncio.shield(self._shared(key))
+
+    def _shared(self, key: tuple[Hashable, ...]) -> asyncio.Task[V]:
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._fill(key))
+            task.add_done_callback(_retrieved)
+            self._loading[key] = task
+        return task
+
+    async def _fill(self, key: tuple[Hashable, ...]) -> V:
         generation = self.generation
         try:
             value = await db_call(self._loader, *key)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters re-raise it
-            raise
         finally:
             self._loading.pop(key, None)
         if generation == self.generation:  # an invalidation during the load must not be overwritten by stale data
@@ -222,7 +226,6 @@ class TtlCache(Generic[V]):
             self._entries[key] = _Entry(value, time.monotonic())
             while len(self._entries) > self._max_entries:  # bounded: random bearer tokens must not grow it forever
                 del self._entries[next(iter(self._entries))]
-        future.set_result(value)
         return value
 
     def invalidate(self, predicate: Callable[[tuple[Hashable, ...]], bool] | None = None) -> int:
@@ -236,6 +239,12 @@ class TtlCache(Generic[V]):
         for k in doomed:
             del self._entries[k]
         return len(doomed)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Mark a shared load's exception retrieved (its callers re-raise it; none may be left to)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
