@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -450,9 +450,8 @@ class GatewayApp:
             _strip_engine_fields(data)
             record(200, data.get("usage"))
             return _json(data, headers=limit_headers)
-        events = self._relay(response, target=target, keep_usage=keep_usage, record=record, started=started)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **limit_headers})
+        return relay_response(response, target=target, keep_usage=keep_usage, record=record, started=started,
+                              headers=limit_headers)
 
     def _policy(self) -> dict[str, Any]:
         """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY`` and, for round-robin, this process's turn."""
@@ -472,7 +471,7 @@ class GatewayApp:
 
     @staticmethod
     async def _relay(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any,
-                     started: float) -> AsyncIterator[bytes]:
+                     started: float) -> AsyncGenerator[bytes, None]:
         """Relay the engine's SSE stream with ``model`` renamed; meter what was actually sent.
 
         Ends as: ``[DONE]`` relayed → the engine's status; the engine's stream cut → an OpenAI error event, 502;
@@ -525,6 +524,49 @@ class GatewayApp:
             error = {"error": {"message": "The inference node stopped mid-stream; the output is incomplete. Retry.",
                                "type": "server_error", "param": None, "code": "upstream_stream_cut"}}
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
+class _RelayResponse(StreamingResponse):
+    """A ``StreamingResponse`` whose end always runs ``cleanup``: Starlette cancels the body task when the client
+    disconnects, and a relay cancelled before its first step (or while the task waits in ``send``) never reaches
+    its own ``finally``."""
+
+    def __init__(self, events: AsyncIterator[bytes], *, cleanup: Any, headers: dict[str, str]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream, then close the relay and free what it holds however the stream ended."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._cleanup()
+
+
+def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any, started: float,
+                   headers: dict[str, str]) -> StreamingResponse:
+    """The SSE response relaying ``upstream`` (``GatewayApp._relay``); ``record`` (which releases the admission
+    slot and settles the limits) runs exactly once: as the relay ends, or as 499 when the client left first."""
+    recorded = False
+
+    def record_once(status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
+        nonlocal recorded
+        if not recorded:
+            recorded = True
+            record(status, usage, ttft_ms)
+
+    events = GatewayApp._relay(upstream, target=target, keep_usage=keep_usage, record=record_once, started=started)
+
+    async def cleanup() -> None:
+        try:
+            await events.aclose()  # runs the relay's finally now when it is suspended mid-stream
+            await upstream.aclose()
+        finally:
+            record_once(499, None)
+
+    return _RelayResponse(events, cleanup=cleanup,
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
 
 # vLLM-only response fields that say nothing to a tenant (or say how the platform is built).

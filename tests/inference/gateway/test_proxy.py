@@ -146,3 +146,47 @@ def test_engine_nulls_that_openai_never_sends_are_dropped_so_the_schema_holds() 
     _strip_engine_fields(vllm)
     assert spec.validate(vllm, "CreateChatCompletionResponse") == []
     assert vllm["choices"][0]["message"]["refusal"] is None  # nullable in the schema: kept
+
+
+def test_a_client_gone_before_the_first_byte_still_frees_the_slot_and_the_engine_connection() -> None:
+    # uvicorn (ASGI spec 2.3) answers receive() with http.disconnect at once for a client that left while the
+    # engine was starting; Starlette then cancels the body task at its first suspension. Here that is in send(), before
+    # the relay's first step, so the relay's own finally (which releases the admission slot and settles the limits)
+    # never runs: the response must do it.
+    from inference.gateway.app import relay_response
+
+    seen: list[tuple[int, Any]] = []
+    closed: list[bool] = []
+
+    def record(status: int, usage: Any, ttft_ms: float | None = None) -> None:
+        seen.append((status, usage))
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+
+    async def run() -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", _engine)
+        async with TestServer(app) as server:
+            try:
+                upstream = await upstream_post(str(server.make_url("/v1/completions")), content=b"{}", node_key="k")
+                real_close = upstream.aclose
+
+                async def aclose() -> None:
+                    closed.append(True)
+                    await real_close()
+
+                upstream.aclose = aclose  # type: ignore[method-assign]
+                response = relay_response(upstream, target=TARGET, keep_usage=False, record=record, started=0.0,
+                                          headers={})
+                scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+                await response(scope, receive, send)  # type: ignore[arg-type]
+            finally:
+                await upstream_close()
+
+    asyncio.run(run())
+    assert seen == [(499, None)]
+    assert closed
