@@ -17,13 +17,17 @@ class ApiKeyInputSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
+# PostgreSQL's integer (PositiveIntegerField): past it the write is a DataError, a 500, not a 400.
+PG_INT_MAX = 2**31 - 1
+
+
 class LimitsSerializer(serializers.Serializer):
     """Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
     the cap on one request's ``max_tokens``."""
-    rpm_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
-    tpm_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
-    concurrency_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
-    max_tokens_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    rpm_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
+    tpm_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
+    concurrency_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
+    max_tokens_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
     priority_class = serializers.ChoiceField(choices=list(PRIORITY_CLASSES), allow_null=True, required=False,
                                              help_text="high, normal or low: the order under saturation.")
 

@@ -54,8 +54,8 @@ class ReplicasInputSerializer(serializers.Serializer):
 class QuotaSerializer(serializers.Serializer):
     """A tenant's residency quota; null = no limit."""
 
-    max_pinned = serializers.IntegerField(min_value=0, allow_null=True, default=None)
-    max_gpu_bytes = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+    max_pinned = serializers.IntegerField(min_value=0, max_value=2**31 - 1, allow_null=True, default=None)
+    max_gpu_bytes = serializers.IntegerField(min_value=0, max_value=2**63 - 1, allow_null=True, default=None)
 
 
 class AuditSerializer(serializers.ModelSerializer):

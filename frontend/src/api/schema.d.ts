@@ -1062,6 +1062,7 @@ export interface components {
         /** @description A tenant's residency quota; null = no limit. */
         PatchedQuota: {
             max_pinned?: number | null;
+            /** Format: int64 */
             max_gpu_bytes?: number | null;
         };
         /** @description Which node to pin on or unpin from; null = every node holding the version. */
@@ -1095,6 +1096,7 @@ export interface components {
         /** @description A tenant's residency quota; null = no limit. */
         Quota: {
             max_pinned?: number | null;
+            /** Format: int64 */
             max_gpu_bytes?: number | null;
         };
         /** @description Replica bounds: ``1 ≤ min_replicas ≤ max_replicas``; ``max_replicas`` null = the placement default. */
