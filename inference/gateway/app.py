@@ -79,16 +79,19 @@ def _touch_last_used(key_pk: int) -> None:
     ApiKey.objects.filter(pk=key_pk).exclude(last_used_at__gt=now - interval).update(last_used_at=now)
 
 
-def _warm_request(version_id: int) -> bool:
-    """Ask a worker to warm the version on the best live node; False when no live node serves its base model."""
+def _warm_request(version_id: int, node_id: int | None = None) -> bool:
+    """Ask a worker to warm the version on node ``node_id`` (round-robin's pick), else on the best live node; False
+    when no such live node serves its base model."""
     from adapters_app.models import AdapterVersion
+    from inference.gateway.models import Node
     from inference.gateway.placement import node_select_for_warm, placement_request_warm
 
     version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
         pk=version_id).first()
     if version is None:
         return False
-    node = node_select_for_warm(version.adapter.base_model, r=version.r)
+    node = (Node.objects.filter(pk=node_id, healthy=True).first() if node_id is not None
+            else node_select_for_warm(version.adapter.base_model, r=version.r))
     if node is None:
         return False
     placement_request_warm(version, node=node)
@@ -264,21 +267,31 @@ class GatewayApp:
         Raises:
             GatewayError: 503 ``no_capacity`` (no live node), ``adapter_load_failed`` or ``adapter_warm_timeout``.
         """
-        node = node_choose(self._routable(await self.directory.fleet()), target, **self._policy())
-        if node is not None:
+        fleet = self._routable(await self.directory.fleet())
+        node = node_choose(fleet, target, **self._policy())
+        if node is not None and (target.version_id is None or fleet.serves(node.pk, target.version_id)):
             return node
         no_node = GatewayError(503, f"No live node serves base model `{target.base_model_name}`.",
                                code="no_capacity", type_="server_error")
-        if target.version_id is None or not await db_call(_warm_request, target.version_id):
+        # Round-robin picks nodes that may not hold the version: it is loaded where the turn fell.
+        pinned_to = node.pk if node is not None else None
+        if target.version_id is None or not await db_call(_warm_request, target.version_id, pinned_to):
             raise no_node
         asked_at = time.monotonic()
         deadline = asked_at + settings.QUIVER_WARM_WAIT_S
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
             fleet = self._routable(await self.directory.fleet_fresh(POLL_S))
-            node = node_choose(fleet, target, **self._policy())
-            if node is not None:
-                return node
+            if pinned_to is not None:
+                node = next((n for n in fleet.nodes if n.pk == pinned_to), None)
+                if node is not None and fleet.serves(node.pk, target.version_id):
+                    return node
+                if node is None:
+                    raise no_node
+            else:
+                node = node_choose(fleet, target, **self._policy())
+                if node is not None:
+                    return node
             error = fleet.warm_error(target.version_id) if fleet.read_at > asked_at else ""
             if error:
                 raise GatewayError(503, f"Loading adapter `{target.requested}` onto a node failed ({error}); "

@@ -109,6 +109,12 @@ class FleetView:
         """Live nodes serving ``base_model_id``."""
         return [n for n in self.nodes if n.base_model_id == base_model_id]
 
+    def serves(self, node_id: int, version_id: int) -> bool:
+        """True when node ``node_id`` holds ``version_id`` in its engine or still serves its name (what
+        ``node_choose`` counts as a candidate for the affinity policy)."""
+        return any(p.node_id == node_id and (p.tier in RESIDENT_TIERS or p.served)
+                   for p in self.placements.get(version_id, ()))
+
     def warm_error(self, version_id: int) -> str:
         """The error code of the latest finished failed warm of ``version_id`` on a live node, else empty."""
         return next((p.error_code for p in self.placements.get(version_id, ()) if p.error_code), "")
@@ -128,8 +134,10 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
     cache, ``staged`` but still served by name = disk), fed from the nodes' last heartbeats: residency first, never a
     saturated node while another qualifies, bounded load, ties by HRW rank (its docstring has the rules and sources).
     Base-model requests go where the fewest GPU LoRA slots are busy. This is the gateway's one node-choice call.
-    ``policy`` ``round_robin`` (``QUIVER_ROUTING_POLICY``, the benchmark's baseline) takes the ``turn``-th of the
-    same candidates instead (``inference.fleet.routing.route_round_robin``).
+    ``policy`` ``round_robin`` (``QUIVER_ROUTING_POLICY``, the benchmark's baseline) takes the ``turn``-th of all
+    live nodes of the base model able to load the version's rank, whether or not they hold it, as a round-robin load
+    balancer in front of engines that load on demand does (``inference.fleet.routing.route_round_robin``); the
+    gateway then warms the version there if needed (``FleetView.serves``).
     """
     def decide(candidates: list[Candidate], base_model: bool = False) -> RouteDecision | None:
         if policy == "round_robin":
@@ -142,6 +150,12 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
         decision = decide([_candidate(n, Tier.COLD, "base") for n in live], base_model=True)
         return by_name[decision.node] if decision else None
     by_pk = {n.pk: n for n in live}
+    if policy == "round_robin":
+        tiers = {p.node_id: p.tier for p in fleet.placements.get(target.version_id, ())}
+        decision = decide([_candidate(n, FROM_DB_WORD[tiers[n.pk]] if tiers.get(n.pk) in RESIDENT_TIERS
+                                      else Tier.COLD, target.version_id)
+                           for n in live if n.max_lora_rank >= (target.r or 0)])
+        return by_name[decision.node] if decision else None
     candidates = [
         _candidate(by_pk[p.node_id], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK, target.version_id)
         for p in fleet.placements.get(target.version_id, ())

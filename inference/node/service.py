@@ -129,6 +129,10 @@ class NodeAgent:
         # Making room and adding happen one at a time: two loads must not pick each other's adapters as victims.
         self._room = asyncio.Lock()
         self._base_probe: tuple[list[int], list[float]] | None = None
+        # Effect probe verdicts by weights (the files' sha256s, sorted): the same weights on the same base (this
+        # agent serves one) always give the same verdict, so a reload after an eviction skips the probe's two
+        # greedy requests. `unknown` (the probe failed) is not kept.
+        self._verdicts: dict[tuple[str, ...], str] = {}
         self.eviction = EvictionConfig(policy=EvictionPolicy(settings.eviction_policy))
 
     async def load(
@@ -172,7 +176,7 @@ class NodeAgent:
                     self.errored[lora_name] = (lora_int_id, exc.code)
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
             load_ms = (time.perf_counter() - started) * 1000.0
-            effect = await self.probe_effect(lora_name) if self.settings.effect_probe else "unchecked"
+            effect = await self._effect(lora_name, files)
             if effect == "no_effect" and expect_effect:
                 with contextlib.suppress(EngineError):
                     await self.engine.remove_lora(lora_name)
@@ -264,6 +268,19 @@ class NodeAgent:
             logger.info("agent.evicted", extra={"lora_names": removed, "policy": self.eviction.policy.value,
                                                 "for_lora_int_id": lora_int_id})
         return tuple(removed)
+
+    async def _effect(self, lora_name: str, files: Sequence[FileSpec]) -> str:
+        """The effect verdict for the weights in ``files``: the cached one when this agent already probed the same
+        weights (a reload after an eviction), else ``probe_effect``'s (`unchecked` with the probe off)."""
+        if not self.settings.effect_probe:
+            return "unchecked"
+        weights = tuple(sorted(f.sha256 for f in files))
+        verdict = self._verdicts.get(weights)
+        if verdict is None:
+            verdict = await self.probe_effect(lora_name)
+            if verdict != "unknown":
+                self._verdicts[weights] = verdict
+        return verdict
 
     async def probe_effect(self, lora_name: str) -> str:
         """Does the adapter change the output? ``PROBE_TOKENS`` greedy tokens on ``PROBE_PROMPT``, with and without it.

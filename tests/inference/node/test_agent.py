@@ -485,3 +485,30 @@ def test_failed_load_is_reported_errored_until_a_good_load(
     assert good.status_code == 200
     tiers = {(a["lora_int_id"], a["tier"]) for a in _state_adapters(agent) if a["lora_name"] == "acme--err"}
     assert (62, "hot") in tiers and not any(t == "errored" for _, t in tiers)
+
+
+def test_a_reload_of_the_same_weights_reuses_the_effect_verdict(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evicted then requested again (``unload`` stands in for the eviction): the weights' sha256s are unchanged, so
+    the reload answers the first load's verdict without the probe's two greedy requests."""
+    node_agent = agent.app.state.agent  # type: ignore[attr-defined]
+    probed: list[str] = []
+    real_probe = node_agent.probe_effect
+
+    async def counting_probe(lora_name: str) -> str:
+        probed.append(lora_name)
+        return await real_probe(lora_name)
+
+    monkeypatch.setattr(node_agent, "probe_effect", counting_probe)
+    body = {"lora_name": "acme--again", "lora_int_id": 93, "files": upload(tiny_adapters["qv-r8"])}
+
+    first = agent.post("/v1/adapters/load", json=body)
+    assert agent.post("/v1/adapters/unload", json={"lora_name": "acme--again"}).status_code == 200
+    second = agent.post("/v1/adapters/load", json=body)
+    other = agent.post("/v1/adapters/load", json={"lora_name": "acme--other", "lora_int_id": 94,
+                                                  "files": upload(tiny_adapters["all-r16"])})
+
+    assert [r.status_code for r in (first, second, other)] == [200, 200, 200], (first.text, second.text, other.text)
+    assert (first.json()["effect"], second.json()["effect"]) == ("changed", "changed")
+    assert probed == ["acme--again", "acme--other"]  # other weights are probed
