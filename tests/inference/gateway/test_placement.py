@@ -97,6 +97,21 @@ def test_routing_prefers_hot_then_short_queue_and_skips_stale_nodes(ready_versio
     assert not Node.objects.get(name="b").healthy and Node.objects.get(name="a").healthy
 
 
+def test_round_robin_spreads_over_every_node_and_affinity_keeps_to_the_holder(ready_version: AdapterVersion) -> None:
+    """The baseline takes turns over all live nodes of the base model, holders or not (the gateway then warms the
+    version where the turn fell); affinity keeps to the one node that holds it."""
+    _beat(_state("a", [{"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "warm"}]))
+    _beat(_state("b"))
+    fleet, target = load_fleet(), _target(ready_version)
+    pks = {n.name: n.pk for n in fleet.nodes}
+
+    picks = [node_choose(fleet, target, policy="round_robin", turn=t).name for t in range(4)]  # type: ignore[union-attr]
+
+    assert picks == ["a", "b", "a", "b"]
+    assert {node_choose(fleet, target, turn=t).name for t in range(4)} == {"a"}  # type: ignore[union-attr]
+    assert (fleet.serves(pks["a"], ready_version.pk), fleet.serves(pks["b"], ready_version.pk)) == (True, False)
+
+
 def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
     node = _beat(_state("a"))
     assert node_select_for_warm(ready_version.adapter.base_model) == node
