@@ -334,14 +334,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                     f"{run.seconds:.1f} s; loads {json.dumps(run.loads)}"
                     + (f"; first error: {run.errors[0]}" if run.errors else ""))
         results = {p: aggregate(r) for p, r in runs.items()}
+        # Printed before teardown: a failing cleanup must not lose the figures.
+        load1, load5, _ = os.getloadavg()
+        print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
+              f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy, concurrency "
+              f"{args.concurrency}, {args.max_tokens} tokens each; cores {os.cpu_count()}, load avg {load1:.1f}/{load5:.1f}")
+        print("\n".join(table(results)))
+        if args.json:
+            print(json.dumps({"policies": results}))
 
-    load1, load5, _ = os.getloadavg()
-    print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
-          f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy, concurrency "
-          f"{args.concurrency}, {args.max_tokens} tokens each; cores {os.cpu_count()}, load avg {load1:.1f}/{load5:.1f}")
-    print("\n".join(table(results)))
-    if args.json:
-        print(json.dumps({"policies": results}))
     return 0 if all(r["errors"] == 0 for r in results.values()) else 1
 
 
