@@ -84,6 +84,10 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
             wanted = {"tier": tier, "pinned": bool(entry.get("pinned")),
                       "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
             row = current.get(version_id)
+            if row is not None and row.warming_since is not None and tier not in RESIDENT:
+                # A warm in flight keeps its mark until the node reports the version resident or the warm task
+                # records its outcome: cleared here, the row's previous failure would answer the waiting request.
+                del wanted["warming_since"]
             # Heartbeats come every few seconds: write only what changed.
             if row is None:
                 Placement.objects.create(node=node, adapter_version_id=version_id, **wanted)

@@ -186,3 +186,24 @@ def test_a_new_ready_version_evicts_the_older_ones(ready_version: AdapterVersion
     old = Placement.objects.get(node=node, adapter_version=ready_version)
     assert evicted == [old.pk]
     assert warmed == [Placement.objects.get(node=node, adapter_version=newer).pk]
+
+
+def test_a_heartbeat_keeps_an_in_flight_warm_and_its_old_failure_stays_hidden(
+        ready_version: AdapterVersion, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retried warm after a failed one: the node's next report (the version staged or errored, not yet loaded)
+    must not clear the warm's mark, or the gateway answers the waiting request with the previous failure."""
+    monkeypatch.setattr("inference.gateway.placement.enqueue_on_commit", lambda *a, **k: None)
+    node = _beat(_state("n1"))
+    Placement.objects.create(node=node, adapter_version=ready_version, tier="errored",
+                             last_error="s3_object_missing: tenants/x is gone")
+    assert load_fleet().warm_error(ready_version.pk) == "s3_object_missing"
+    placement_request_warm(ready_version, node=node)
+    assert load_fleet().warm_error(ready_version.pk) == ""
+
+    staged = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "errored"}
+    _beat(_state("n1", [staged]))
+
+    assert Placement.objects.get(node=node, adapter_version=ready_version).warming_since is not None
+    assert load_fleet().warm_error(ready_version.pk) == ""
+    _beat(_state("n1", [{**staged, "tier": "warm"}]))  # loaded: the warm is over
+    assert Placement.objects.get(node=node, adapter_version=ready_version).warming_since is None
