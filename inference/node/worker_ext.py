@@ -38,6 +38,9 @@ def _count_engine_activity() -> bool:
     def counted_load(self: Any, lora_request: Any) -> Any:
         model = load(self, lora_request)
         LOADS[int(lora_request.lora_int_id)] += 1
+        # A fresh load counts as a use for recency, as vLLM's own LRU puts an added adapter at its recent end;
+        # otherwise an adapter loaded but not yet batched (no effect probe on a reload) would look the oldest.
+        LAST_USED[int(lora_request.lora_int_id)] = time.monotonic()
         return model
 
     def counted_apply(self: Any, lora_requests: Any) -> None:
@@ -151,7 +154,7 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         slots skipped), ``cpu`` every registered id (GPU residents included, as in vLLM), sorted; ``bytes`` per
         registered adapter's CPU copy. Also ``loads`` (engine loads per id since the worker started, and
         ``loads_total``), ``steps`` (scheduler steps that used each registered id) and ``idle_s`` (seconds since
-        each registered id was last in a batch; absent when never used), the order being the engine's own LRU
+        each registered id was last in a batch or loaded), the order being the engine's own LRU
         order (``lru``, oldest first); ``moves`` the engine's disk→CPU reads and CPU→GPU copies since the first
         read (``count_loads``).
     """

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from demo.assets import DemoAssets
-from inference.gateway.models import FleetAuditRecord, Placement, UsageRecord
+from inference.gateway.models import FleetAuditRecord, Node, Placement, UsageRecord
 from tests.console.conftest import login, screenshot
 from tests.factories import TenantFactory
 
@@ -67,7 +67,9 @@ def test_operator_evicts_and_pins_and_the_residency_map_follows_the_engine(
     screenshot(page, "operator-residency-after")
     placement = Placement.objects.get(node=live_node, adapter_version__adapter__name="capitals")
     assert placement.pinned and placement.tier in ("hot", "warm")
-    assert placement.node.state["residency"]["pinned"] >= 1  # the engine itself reports the pin
+    # The engine itself reports the pin, in the next heartbeat (the cell may show the pin task's answer first).
+    _wait(lambda: Node.objects.get(pk=live_node.pk).state.get("residency", {}).get("pinned", 0) >= 1, 30,
+          "the engine's own pin in a heartbeat")
     assert list(FleetAuditRecord.objects.order_by("id").values_list("action", flat=True)) == ["evict", "pin"]
     # Leave the shared engine without a pinned adapter.
     page.get_by_role("button", name=f"unpin {label} on {live_node.name}").click()

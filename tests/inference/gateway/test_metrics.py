@@ -41,13 +41,13 @@ def test_request_observe_counts_requests_tokens_and_latency() -> None:
         return metrics.TTFT.labels("completions")._sum.get()  # type: ignore[attr-defined]
 
     before, tokens, ttft = requests(), completion_tokens(), ttft_sum()
-    top = metrics.ADAPTERS.top
-    metrics.ADAPTERS.top = set(range(metrics.ADAPTERS.n))  # type: ignore[arg-type]  # full: a new name is "other"
+    labels = metrics.ADAPTERS
+    metrics.ADAPTERS = metrics.AdapterLabels(n=0)  # no top names, even after a re-rank: every name is "other"
     try:
         metrics.request_observe(endpoint="completions", status=200, served_name="never-seen", prompt_tokens=3,
                                 completion_tokens=4, latency_s=0.02, ttft_s=0.01)
     finally:
-        metrics.ADAPTERS.top = top
+        metrics.ADAPTERS = labels
 
     assert requests() == before + 1
     assert completion_tokens() == tokens + 4
