@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
 from inference.gateway.errors import GatewayError
@@ -49,6 +49,9 @@ def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
     # test lending its thread through async_to_sync): no closing or retrying there.
     if connection.in_atomic_block:
         return fn(*args)
+    # Closed before each call again: a kept connection was seen idle in a transaction in CI, holding a lock that
+    # deadlocked the test database's flush (and a retried warm read stale rows).
+    close_old_connections()
     kept = _kept_connection_ok()
     try:
         return fn(*args)
