@@ -71,6 +71,12 @@ class SimNode:
         """KV-cache use, 0..1: the batch fills it at 80 % of ``concurrency`` requests (GIE's 0.8 mark)."""
         return min(1.0, 0.8 * len(self.inflight) / self.concurrency)
 
+    def load_figures(self) -> tuple[int, int, float]:
+        """``(running, waiting, kv)`` at once: one pass per routing decision instead of three properties."""
+        n = len(self.inflight)
+        c = self.concurrency
+        return (n if n < c else c), (n - c if n > c else 0), min(1.0, 0.8 * n / c)
+
     def tier(self, adapter: int) -> Tier:
         """Where ``adapter`` is on this node now."""
         tier = self.engine.tier(adapter)

@@ -145,6 +145,7 @@ class QuiverPolicy(Policy):
                  placement: PlacementConfig | None = None, routing: RouteConfig | None = None) -> None:
         super().__init__(nodes, seed=seed)
         self.by_name = {n.name: n for n in nodes}
+        self._weights: dict[int, tuple[int, ...]] = {}  # adapter -> HRW weight per node, in node order
         self.sizes, self.ranks, self.tenants, self.costs = sizes, ranks, tenants, costs
         self.eviction = EvictionConfig(policy=eviction, half_life_s=half_life_s)
         self.replan_s, self.rate_memory, self.prewarm = replan_s, rate_memory, prewarm
@@ -211,10 +212,13 @@ class QuiverPolicy(Policy):
         """``route`` over every node, marking the version's replica set."""
         self.window[adapter] = self.window.get(adapter, 0) + 1
         placed = self._placed(adapter)
+        weights = self._weights.get(adapter)
+        if weights is None:
+            weights = self._weights[adapter] = tuple(_hrw(adapter, n.name) for n in self.nodes)
         candidates = [
-            Candidate(n.name, n.tier(adapter), n.engine.max_loras, len(n.engine.gpu), n.running, n.waiting, n.kv,
-                      n.name in placed, _hrw(adapter, n.name))
-            for n in self.nodes
+            Candidate(n.name, n.tier(adapter), n.engine.max_loras, len(n.engine.gpu), *n.load_figures(),
+                      n.name in placed, w)
+            for n, w in zip(self.nodes, weights, strict=True)
         ]
         decision = route(candidates, config=self.routing)
         assert decision is not None

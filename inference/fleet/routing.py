@@ -121,6 +121,13 @@ def _qualified(candidates: Sequence[Candidate], config: RouteConfig) -> tuple[li
     return bounded or unsaturated, False
 
 
+def _affinity_key(c: Candidate) -> tuple[bool, bool, int, float, int, int]:
+    # Replica set, then in-engine by load, then residency score, load and HRW (the module docstring's order).
+    in_engine = c.tier in IN_ENGINE
+    load = c.running + c.waiting
+    return (c.in_placement, in_engine, -load if in_engine else 0, residency_score(c), -load, c.hrw)
+
+
 def route(candidates: Sequence[Candidate], *, base_model: bool = False,
           config: RouteConfig = RouteConfig()) -> RouteDecision | None:
     """Choose a node for one request.
@@ -148,8 +155,7 @@ def route(candidates: Sequence[Candidate], *, base_model: bool = False,
     if saturated:
         best = max(pool, key=lambda c: (-c.load, residency_score(c), c.hrw))
     else:
-        best = max(pool, key=lambda c: (c.in_placement, c.tier in IN_ENGINE, -c.load if c.tier in IN_ENGINE else 0,
-                                        residency_score(c), -c.load, c.hrw))
+        best = max(pool, key=_affinity_key)
     return RouteDecision(best.node, best.tier, residency_score(best), saturated)
 
 
