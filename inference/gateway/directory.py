@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from inference.gateway.errors import GatewayError
@@ -41,20 +41,27 @@ def _kept_connection_ok() -> bool:
     return True
 
 
+def _left_in_transaction() -> bool:
+    """Whether the thread's connection is inside a transaction psycopg knows of (no round trip)."""
+    raw = connection.connection
+    info = getattr(raw, "info", None)
+    status = getattr(info, "transaction_status", None)
+    return status is not None and int(status) != 0  # psycopg.pq.TransactionStatus.IDLE
+
+
 def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
     # The connection is kept between calls: reconnecting on every call (Django's CONN_MAX_AGE 0 via
-    # close_old_connections) cost a PostgreSQL backend start at each fleet refresh, twice a second per process
-    # (py-spy under scripts/bench_gateway). One PostgreSQL dropped while idle (restart, idle timeout) fails the next
-    # query: closed, and that call runs once more on a fresh connection. Never inside a caller's transaction (a
-    # test lending its thread through async_to_sync): no closing or retrying there.
+    # close_old_connections) cost a PostgreSQL backend start (about 2.5 ms of CPU holding the GIL, so the event
+    # loop waits) at each fleet refresh, twice a second per process (py-spy under scripts/bench_gateway). One
+    # PostgreSQL dropped while idle (restart, idle timeout) fails the next query: closed, and that call runs once
+    # more on a fresh connection. A connection left inside a transaction is closed, never kept: it would hold
+    # locks (a test database's flush deadlocked on one) and read a stale snapshot. Never inside a caller's
+    # transaction (a test lending its thread through async_to_sync): no closing or retrying there.
     if connection.in_atomic_block:
         return fn(*args)
-    # Closed before each call again: a kept connection was seen idle in a transaction in CI, holding a lock that
-    # deadlocked the test database's flush (and a retried warm read stale rows).
-    close_old_connections()
     kept = _kept_connection_ok()
     try:
-        return fn(*args)
+        return _closing_open_transaction(fn, *args)
     except (OperationalError, InterfaceError):
         connection.close()
         if not kept:
@@ -63,10 +70,19 @@ def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
         connection.close()
         raise
     try:
-        return fn(*args)
+        return _closing_open_transaction(fn, *args)
     except Exception:
         connection.close()
         raise
+
+
+def _closing_open_transaction(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    finally:
+        if _left_in_transaction():
+            logger.warning("gateway.db_connection_left_in_transaction", extra={"call": getattr(fn, "__name__", "")})
+            connection.close()
 
 
 async def db_call(fn: Callable[..., V], *args: Any) -> V:
