@@ -4,9 +4,10 @@ Serves ``config.internal_urls`` only (node heartbeats, admin). Never publish its
 ``QUIVER_CONTROL_URL`` points here. Settings default to production, as in ``config.asgi``.
 """
 
+import gc
 import os
 
-from django.core.asgi import get_asgi_application
+from config.sync_handler import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 django_application = get_asgi_application()
@@ -15,3 +16,6 @@ from config.front_door import FrontDoor  # noqa: E402
 from config.listener import InternalListener  # noqa: E402
 
 application = FrontDoor(InternalListener(django_application))
+
+gc.collect()
+gc.freeze()  # as in config.asgi: start-up's objects stay out of the cyclic GC's full collections
