@@ -341,24 +341,26 @@ class AdmissionGate:
     async def sync(self, node_names: Iterable[str]) -> None:
         """One background tick's I/O: re-read node figures, flush local charges, re-read backlogged counters."""
         redis = self._client()
-        await self.board.refresh(redis, node_names)
         if _slots().slots > 0:
             await self._sync_slots(redis)
         pending, self.pending = self.pending, {}
         backlogged = [t for t, q in self.queues.items() if q and t not in pending]
-        if not pending and not backlogged:
-            return
+        # One round trip per tick: node figures, this process's charges and the backlogged counters together.
+        wanted, keys = self.board.wanted(node_names)
         pipe = redis.pipeline(transaction=False)
+        if keys:
+            pipe.mget(keys)
         for tenant, amount in pending.items():
             pipe.hincrbyfloat(COUNTERS_KEY, tenant, amount)
         if backlogged:
             pipe.hmget(COUNTERS_KEY, backlogged)
         try:
-            answers = await pipe.execute()
+            answers = await pipe.execute() if len(pipe) else []
         except Exception:
             for tenant, amount in pending.items():  # keep them for the next tick
                 self.pending[tenant] = self.pending.get(tenant, 0.0) + amount
             raise
+        self.board.apply(wanted, answers.pop(0) if keys else [])
         for tenant, total in zip(pending, answers, strict=False):
             self.served[tenant] = float(total)
         if backlogged:

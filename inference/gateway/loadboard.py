@@ -33,11 +33,17 @@ class LoadBoard:
 
     async def refresh(self, redis: Any, names: Iterable[str]) -> None:
         """Re-read the figures of ``names`` (one MGET). Raises what the Redis client raises."""
+        wanted, keys = self.wanted(names)
+        self.apply(wanted, await redis.mget(keys) if keys else [])
+
+    @staticmethod
+    def wanted(names: Iterable[str]) -> tuple[list[str], list[str]]:
+        """``(node names, their Redis keys)`` to MGET, for a caller batching the read into its own pipeline."""
         wanted = sorted(set(names))
-        if not wanted:
-            self.loads = {}
-            return
-        raw = await redis.mget([load_key(n) for n in wanted])
+        return wanted, [load_key(n) for n in wanted]
+
+    def apply(self, wanted: list[str], raw: list[Any]) -> None:
+        """Take the MGET answer ``raw`` for ``wanted`` (from :meth:`wanted`)."""
         loads = {}
         for name, value in zip(wanted, raw, strict=True):
             load = load_decode(value)
