@@ -9,9 +9,13 @@ gateway's lean ASGI app (``inference.gateway.app``, no Django request cycle on t
 import gc
 import os
 
+from django.conf import settings
+
 from config.sync_handler import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
+if not settings.configured:  # this server's own settings load below (not a test importing it in-process)
+    os.environ.setdefault("QUIVER_DB_POOL", "true")  # many short requests on threads: settings.base.pooled
 django_application = get_asgi_application()
 
 from adapters_app import storage  # noqa: E402

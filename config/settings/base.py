@@ -7,7 +7,9 @@ module reads its own with :func:`read_secret`, which has no default outside DEBU
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -105,6 +107,31 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # IMMEDIATE takes the write lock when a transaction begins, so a read-then-write transaction waits for the lock
     # instead of failing at once with "database is locked" (SQLite cannot upgrade a read lock while another writes).
     DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
+
+
+def pooled(database: dict[str, Any]) -> dict[str, Any]:
+    """``database`` with psycopg's connection pool (Django's ``OPTIONS["pool"]``) when ``QUIVER_DB_POOL`` is on and
+    it is PostgreSQL.
+
+    Under ASGI each request runs in a fresh context, so without a pool each one opened a PostgreSQL connection
+    (about 3 ms of the web process's CPU per request, py-spy under ``scripts/bench_upload``). ``config.asgi`` and
+    ``config.internal_asgi`` turn it on; Celery's prefork children and commands keep a connection per task.
+    Fail fast while PostgreSQL is down, as without a pool: a request waits at most ``timeout`` s for a connection
+    (then 503 ``database_unavailable``), a failed connect is retried once (``reconnect_timeout``) instead of
+    psycopg's backoff of minutes, and each connection is checked as it is handed out (``CONN_HEALTH_CHECKS``), so
+    those a restart killed are dropped, not used.
+    """
+    if not env.bool("QUIVER_DB_POOL", default=False) or not database["ENGINE"].endswith("postgresql"):
+        return database
+    if importlib.util.find_spec("psycopg_pool") is None:  # a venv not yet refreshed from requirements.txt
+        return database
+    pool = {"min_size": 1, "max_size": env.int("QUIVER_DB_POOL_MAX", default=16), "timeout": 3.0,
+            "reconnect_timeout": 1.0, "max_idle": 300.0}
+    return {**database, "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True,
+            "OPTIONS": {**database.get("OPTIONS", {}), "pool": pool}}
+
+
+DATABASES["default"] = pooled(DATABASES["default"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

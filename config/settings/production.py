@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from config.settings.base import *  # noqa: F403
-from config.settings.base import PLACEHOLDER_MARKERS, read_secret
+from config.settings.base import PLACEHOLDER_MARKERS, pooled, read_secret
 
 DEBUG = False
 SECRET_KEY = read_secret("DJANGO_SECRET_KEY")
@@ -15,7 +15,7 @@ if QUIVER_API_KEY_HMAC_KEY == SECRET_KEY:
     raise ImproperlyConfigured("QUIVER_API_KEY_HMAC_KEY must differ from DJANGO_SECRET_KEY, so that rotating the "
                                "secret key does not revoke every API key; generate a separate random value.")
 QUIVER_NODE_SECRET = read_secret("QUIVER_NODE_SECRET")
-DATABASES = {"default": env.db("DATABASE_URL")}  # noqa: F405
+DATABASES = {"default": pooled(env.db("DATABASE_URL"))}  # noqa: F405
 CELERY_BROKER_URL = env("CELERY_BROKER_URL")  # noqa: F405
 AWS_S3_ENDPOINT_URL = env("AWS_S3_ENDPOINT_URL", default=None)  # noqa: F405
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,16 @@ def test_rotating_secret_key_keeps_api_keys_valid() -> None:
         assert api_key_verify(plaintext).name == "k"
     with override_settings(QUIVER_API_KEY_HMAC_KEY="another-" + "y" * 40), pytest.raises(Exception, match="unknown"):
         api_key_verify(plaintext)
+
+
+def test_the_asgi_servers_pool_database_connections_and_other_processes_do_not() -> None:
+    show = ("import json; from django.conf import settings; "
+            "print(json.dumps(settings.DATABASES['default']['OPTIONS'].get('pool')))")
+    env = {**GOOD, "DJANGO_SETTINGS_MODULE": "config.settings.production"}
+    for entry in ("config.asgi", "config.internal_asgi"):
+        served = _python(f"import {entry}; {show}", **env)
+        assert served.returncode == 0, served.stderr[-2000:]
+        pool = json.loads(served.stdout.strip().splitlines()[-1])
+        assert pool["max_size"] == 16 and pool["timeout"] <= 5 and pool["reconnect_timeout"] <= 5, pool
+    worker = _python(f"import django; django.setup(); {show}", **env)  # Celery's prefork children, commands
+    assert worker.returncode == 0 and worker.stdout.split() == ["null"], worker.stderr[-2000:]
