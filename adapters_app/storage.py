@@ -139,6 +139,29 @@ def download_to(key: str, path: Path) -> str:
 # --- Multipart uploads driven by a browser: the server creates, signs, lists, completes and aborts; the bytes of
 # each part go from the browser straight to S3.
 
+def warm_up() -> None:
+    """Build both clients and load what browser-direct uploads call (operation, shape and paginator models,
+    endpoint rules, signers) with no network call. Left to the first upload after a start it cost that upload
+    about 30 ms of web CPU (ListParts' paginator alone 15 ms; measured beside ``scripts/bench_upload``). Signing is
+    warmed only with keys in settings: other credentials may need a network call to resolve."""
+    client = s3_client()
+    browser = s3_browser_client()
+    client.get_paginator("list_parts")
+    for operation in ("CreateMultipartUpload", "ListParts", "CompleteMultipartUpload", "AbortMultipartUpload"):
+        output = client.meta.service_model.operation_model(operation).output_shape
+        if output is not None:
+            output.members  # noqa: B018 (resolved lazily, then cached)
+    if not (settings.AWS_ACCESS_KEY_ID and settings.AWS_SECRET_ACCESS_KEY):
+        return
+    for method, params in (("create_multipart_upload", {}), ("list_parts", {"UploadId": "warm-up"}),
+                           ("abort_multipart_upload", {"UploadId": "warm-up"})):
+        client.generate_presigned_url(method, ExpiresIn=60, Params={"Bucket": settings.AWS_STORAGE_BUCKET_NAME,
+                                                                    "Key": "warm-up", **params})
+    browser.generate_presigned_url("upload_part", ExpiresIn=60, Params={
+        "Bucket": settings.AWS_STORAGE_BUCKET_NAME, "Key": "warm-up", "UploadId": "warm-up", "PartNumber": 1,
+        "ContentLength": 1})
+
+
 def multipart_create(key: str) -> str:
     """Start a multipart upload of ``key``; returns its ``UploadId``."""
     return s3_client().create_multipart_upload(Bucket=settings.AWS_STORAGE_BUCKET_NAME, Key=key)["UploadId"]

@@ -24,8 +24,7 @@ from inference.gateway import app as gateway  # noqa: E402
 from inference.gateway.guard import OpenAIErrorGuard  # noqa: E402
 
 # Built at start, not in some user's first upload (each boto3 client costs tens of ms of CPU to build).
-storage.s3_client()
-storage.s3_browser_client()
+storage.warm_up()
 
 
 async def _route(scope, receive, send):  # type: ignore[no-untyped-def]

@@ -232,3 +232,16 @@ def test_uppy_speaks_s3_xml_to_the_complete_and_parts_endpoints(make_client, bas
     wrong = client.post(f"{url}/complete?name=adapter_model.safetensors", "<!DOCTYPE x><CompleteMultipartUpload/>",
                         content_type="application/xml")
     assert wrong.status_code == 400
+
+
+def test_the_start_up_warm_up_of_s3_calls_makes_no_network_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # config.asgi runs it at start: it must neither need S3 up nor send anything.
+    from botocore.httpsession import URLLib3Session
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("warm_up sent a request")
+
+    monkeypatch.setattr(URLLib3Session, "send", refuse)
+    storage.warm_up()
+    with pytest.raises(AssertionError, match="sent a request"):
+        storage.multipart_parts("warm-up", "warm-up")  # the guard would catch a real call
