@@ -1,7 +1,8 @@
 """Benchmark Quiver's residency-affinity routing against round-robin on two real CPU vLLM nodes (issue 6).
 
 Two CPU vLLM nodes (the tiny demo model, ``max_loras`` 2, ``max_cpu_loras`` 4), their agents, the internal
-listener, a Celery worker and two gateway processes on the same fleet: one routes with Quiver's policy
+listener, a Celery worker and beat (the reconcile loop re-plans replicas from request rates every 30 s, as in
+production) and two gateway processes on the same fleet: one routes with Quiver's policy
 (``QUIVER_ROUTING_POLICY=affinity``, ``inference.fleet.routing.route``), the other round-robin over every live node
 of the base model (``round_robin``, ``inference.fleet.routing.route_round_robin``), loading the adapter on demand
 where the turn falls, as a round-robin load balancer in front of on-demand-loading engines does.
@@ -282,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                         {**env, "QUIVER_ROUTING_POLICY": policy})
         procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=4",
                                "-Q", "celery,validation,placement", "-n", "bench@%h", "--loglevel=WARNING"], env)
+        # Beat as in production: the usage drain gives the reconcile loop its request rates, and every 30 s it
+        # re-plans replicas from them (hot adapters on more nodes, inference.fleet.placement.place).
+        procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING",
+                             "-s", str(args.workdir / "celerybeat-schedule")], env)
         engines: dict[str, tuple[str, str]] = {}
         for i in (1, 2):
             node, agent_url, engine_port = f"node-{i}", f"http://127.0.0.1:{free_port()}", free_port()
