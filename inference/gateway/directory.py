@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
 from inference.gateway.errors import GatewayError
@@ -50,15 +50,15 @@ def _left_in_transaction() -> bool:
 
 
 def _in_db_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    # The connection is kept between calls: reconnecting on every call (Django's CONN_MAX_AGE 0 via
-    # close_old_connections) cost a PostgreSQL backend start (about 2.5 ms of CPU holding the GIL, so the event
-    # loop waits) at each fleet refresh, twice a second per process (py-spy under scripts/bench_gateway). One
-    # PostgreSQL dropped while idle (restart, idle timeout) fails the next query: closed, and that call runs once
-    # more on a fresh connection. A connection left inside a transaction is closed, never kept: it would hold
+    # Django's CONN_MAX_AGE rules before each call (close_old_connections): under the ASGI servers' psycopg pool
+    # (settings.base.pooled) that hands the connection back to the pool, so no PostgreSQL backend starts per call.
+    # A connection PostgreSQL dropped (restart, idle timeout) fails the call: closed, and the call runs once more
+    # on a fresh connection. One left inside a transaction is closed at once, not at the next call: it would hold
     # locks (a test database's flush deadlocked on one) and read a stale snapshot. Never inside a caller's
     # transaction (a test lending its thread through async_to_sync): no closing or retrying there.
     if connection.in_atomic_block:
         return fn(*args)
+    close_old_connections()
     kept = _kept_connection_ok()
     try:
         return _closing_open_transaction(fn, *args)

@@ -1,4 +1,4 @@
-"""The gateway's database thread keeps its connection between calls, but never one left inside a transaction."""
+"""The gateway's database thread never keeps a connection left inside a transaction."""
 
 from __future__ import annotations
 
@@ -23,11 +23,8 @@ def _leave_a_transaction_open() -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_connection_is_kept_but_one_left_in_a_transaction_is_closed() -> None:
+def test_a_connection_left_in_a_transaction_is_closed_at_once() -> None:
     call = async_to_sync(db_call)
-    first = call(_backend_pid)
-    assert call(_backend_pid) == first  # kept: no PostgreSQL backend start per call
-
     inside = call(_leave_a_transaction_open)
     assert connection.connection is None  # closed: its locks and snapshot are gone
     after = call(_backend_pid)
