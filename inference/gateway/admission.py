@@ -47,7 +47,6 @@ from inference.fleet.admission import (
     SaturationConfig,
     SlotConfig,
     node_saturated,
-    nodes_calm,
     slot_free,
     vtc_cost,
     vtc_lift,
@@ -66,7 +65,6 @@ SLOTS_TTL_S = 3.0
 RETRY_AFTER_S = 2
 CHOOSE_TIMEOUT_S = 0.5
 IDLE_S = 5.0
-CALM_FACTOR = 4  # ticks this many times slower while every node is calm and nothing waits here (nodes_calm)
 _ADMITTED = metrics.ADMISSION.labels("admitted")
 
 
@@ -409,10 +407,9 @@ class AdmissionGate:
         """
         while True:
             names = self._names
-            tick_s = self._tick_s()
             try:
                 busy = self.depth or self.pending or self._held or time.monotonic() - self._routed_at < IDLE_S
-                due = time.monotonic() - self._synced_at >= tick_s
+                due = time.monotonic() - self._synced_at >= settings.QUIVER_ADMISSION_REFRESH_S
                 if due:
                     self._synced_at = time.monotonic()
                     self._sweep()
@@ -438,16 +435,7 @@ class AdmissionGate:
                 logger.exception("gateway.admission_dispatch_failed", extra={"error": repr(exc)})
             # Until the next tick, or sooner when a request queues or a slot frees.
             try:
-                await asyncio.wait_for(self._kick.wait(), timeout=tick_s)
+                await asyncio.wait_for(self._kick.wait(), timeout=settings.QUIVER_ADMISSION_REFRESH_S)
             except TimeoutError:
                 pass
-
-    def _tick_s(self) -> float:
-        """``QUIVER_ADMISSION_REFRESH_S``, or ``CALM_FACTOR`` times it while nothing waits in this process, no
-        running-slot budget is kept, and every node's figures are calm (``nodes_calm``): at concurrency 1 the
-        50 ms tick cost about as much CPU as the requests themselves (py-spy under ``scripts/bench_gateway``)."""
-        base = settings.QUIVER_ADMISSION_REFRESH_S
-        if self.depth or _slots().slots > 0 or not nodes_calm(self.board.loads.values(), self.config):
-            return base
-        return base * CALM_FACTOR
 
