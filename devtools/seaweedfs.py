@@ -152,9 +152,6 @@ def _start_once(data_dir: Path, bucket: str, access_key: str, secret_key: str, c
         f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
         f"-admin.port={admin}", "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
         "-master.telemetry=false", f"-s3.config={config_path}", f"-bucket={bucket}",
-        # Fixed small volumes: mini sizes them from the disk (up to 1 GiB each) and then refuses every write when
-        # free space holds less than one volume (seen in CI with 1.3 GiB free).
-        "-master.volumeSizeLimitMB=64",
         f"-s3.localSocket={data_dir / 's3.sock'}", f"-filer.localSocket={data_dir / 'filer.sock'}",
     ]
     # weed would also turn auth on from AWS_* in its env; keep the identities file the single source of truth.
