@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -16,14 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-from asgiref.sync import async_to_sync
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from django.test import override_settings
 
 from config.asgi import application
 from devtools.proc import free_port
 from tenants.services import api_key_create
+from tests.asgi_call import asgi_call, http_scope
 from tests.factories import TenantFactory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,26 +43,7 @@ class Body:
 
 
 def _call(method: str, path: str, body: Body, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
-             "raw_path": path.encode(), "query_string": b"", "scheme": "http", "server": ("testserver", 80),
-             "client": ("127.0.0.1", 5000), "root_path": "",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    # As Django's test client does: the handler must not close the test's database connection.
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        async_to_sync(application)(scope, body, send)
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, json.loads(raw) if raw else {}
+    return asgi_call(application, http_scope(method, path, headers), body)
 
 
 UPLOAD = "/api/v1/adapters/bot/versions"

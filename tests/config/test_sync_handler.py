@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
 from django.test import override_settings
 
 from config.sync_handler import SyncChainASGIHandler
+from tests.asgi_call import asgi_call, http_scope
 
 MODES: list[str] = []
 
@@ -36,11 +34,6 @@ class Probe:
 
 
 def _get(app: Any, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "path": path,
-             "raw_path": path.encode(), "query_string": b"", "scheme": "http", "server": ("testserver", 80),
-             "client": ("127.0.0.1", 5000), "root_path": "",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
-    sent: list[dict[str, Any]] = []
     messages = [{"type": "http.request", "body": b"", "more_body": False}]
 
     async def receive() -> dict[str, Any]:
@@ -48,20 +41,7 @@ def _get(app: Any, path: str, headers: dict[str, str] | None = None) -> tuple[in
             await asyncio.sleep(3600)  # the client stays connected; Django cancels this once it has answered
         return messages.pop()
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    # As Django's test client does: the handler must not close the test's database connection.
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        async_to_sync(app)(scope, receive, send)
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, json.loads(raw) if raw else {}
+    return asgi_call(app, http_scope("GET", path, headers), receive)
 
 
 def test_every_middleware_runs_in_sync_mode() -> None:

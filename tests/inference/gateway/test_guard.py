@@ -7,28 +7,18 @@ import json
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 
 from config.asgi import application
 from inference.gateway import app as gateway
 from inference.gateway.app import GatewayApp
 from inference.gateway.guard import OpenAIErrorGuard
 from tenants.services import api_key_create
+from tests.asgi_call import asgi_exchange, http_scope
 from tests.factories import TenantFactory
-
-
-def _scope(method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
-            "raw_path": path.encode(), "query_string": b"", "scheme": "http", "server": ("testserver", 80),
-            "client": ("127.0.0.1", 5000), "root_path": "",
-            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
 
 
 def _call(app: Any, method: str, path: str, body: bytes = b"",
           headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    sent: list[dict[str, Any]] = []
     delivered = False
 
     async def receive() -> dict[str, Any]:
@@ -38,20 +28,7 @@ def _call(app: Any, method: str, path: str, body: bytes = b"",
         delivered = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    # As Django's test client does: the handler must not close the test's database connection.
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        async_to_sync(app)(_scope(method, path, headers or {}), receive, send)
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], {k.decode(): v.decode() for k, v in start.get("headers", [])}, raw
+    return asgi_exchange(app, http_scope(method, path, headers), receive)
 
 
 async def _raises(scope: Any, receive: Any, send: Any) -> None:
