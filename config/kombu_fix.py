@@ -1,14 +1,19 @@
-"""A guard for a crash of Celery 5.7.0 workers when the Redis broker goes away with tasks in hand.
+"""Guards for crashes of Celery 5.7.0 workers when the Redis broker goes away with tasks in hand.
 
-Celery 5.7.0 closes the broken broker connection at once (``Consumer.on_connection_error_after_connected``); closing
-the channel restores its unacknowledged messages (``kombu.transport.redis.QoS.restore_unacked``), which rebuilds a
-connection pool from a transport whose client is already gone and raises ``AttributeError: 'NoneType' object has
-no attribute 'hostname'``. ``ignore_errors`` does not catch that, so the worker stops ("Unrecoverable error") and
-serves nothing until something restarts it. Seen in ``tests/faults/test_redis_restarted.py``.
+Celery 5.7.0 closes the broken broker connection at once (``Consumer.on_connection_error_after_connected``). Two
+paths then reach a channel whose transport client is already gone (``channel.connection`` is None) and raise
+``AttributeError`` (``'NoneType' object has no attribute 'hostname'`` / ``'client'``), which ``ignore_errors`` and
+``Message.ack_log_error`` do not catch, so the worker stops ("Unrecoverable error") and serves nothing until
+something restarts it. Both seen in ``tests/faults/test_redis_restarted.py``:
 
-Skipping the restore loses nothing: the messages stay in Redis's unacked index, from which kombu puts them back
-after the visibility timeout (``restore_visible``), and if Redis lost them too the beat sweeper re-sends every
-version left ``uploaded``. Remove this when a kombu release fixes the close path.
+- closing the channel restores its unacknowledged messages (``kombu.transport.redis.QoS.restore_unacked``);
+- a late-acked task that finished while the broker was away is acked (or rejected) after the reconnect, on its old
+  closed channel (``QoS.ack`` / ``QoS.reject``, from ``Message.ack_log_error``).
+
+Skipping either Redis call loses nothing: the messages stay in Redis's unacked index, from which kombu puts them
+back after the visibility timeout (``restore_visible``); a rerun is a no-op because every task guards on its status
+row; and if Redis lost them too the beat sweeper re-sends every version left ``uploaded``. Remove this when a kombu
+release fixes the close path.
 """
 
 from __future__ import annotations
@@ -17,9 +22,16 @@ import logging
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport.virtual import base as kombu_virtual
 
 logger = logging.getLogger(__name__)
 _restore_unacked = kombu_redis.QoS.restore_unacked
+_ack = kombu_redis.QoS.ack
+_reject = kombu_redis.QoS.reject
+
+
+def _closed(qos: Any) -> bool:
+    return getattr(qos.channel, "connection", None) is None or getattr(qos.channel.connection, "client", None) is None
 
 
 def _restore_unacked_or_leave(self: Any, client: Any = None) -> Any:
@@ -31,7 +43,31 @@ def _restore_unacked_or_leave(self: Any, client: Any = None) -> Any:
         return None
 
 
+def _settle_or_forget(original: Any, event: str) -> Any:
+    def settle(self: Any, delivery_tag: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, delivery_tag, *args, **kwargs)
+        except AttributeError:
+            if not _closed(self):
+                raise
+            logger.warning(event, extra={"event": event, "delivery_tag": str(delivery_tag)})
+            kombu_virtual.QoS.ack(self, delivery_tag)  # forget it here; Redis keeps it for restore_visible
+            return None
+    settle.__name__ = f"{original.__name__}_or_forget"
+    settle.__wrapped__ = original  # type: ignore[attr-defined]
+    return settle
+
+
+_ack_or_forget = _settle_or_forget(_ack, "celery.ack_on_closed_channel_skipped")
+_reject_or_forget = _settle_or_forget(_reject, "celery.reject_on_closed_channel_skipped")
+
+
 def install() -> None:
-    """Wrap ``QoS.restore_unacked`` of kombu's Redis transport (idempotent). Raises nothing."""
+    """Wrap ``QoS.restore_unacked``, ``QoS.ack`` and ``QoS.reject`` of kombu's Redis transport (idempotent).
+    Raises nothing; an ``AttributeError`` on a channel that is still open is re-raised by the wrappers."""
     if kombu_redis.QoS.restore_unacked is not _restore_unacked_or_leave:
         kombu_redis.QoS.restore_unacked = _restore_unacked_or_leave  # type: ignore[method-assign]
+    if kombu_redis.QoS.ack is not _ack_or_forget:
+        kombu_redis.QoS.ack = _ack_or_forget  # type: ignore[method-assign]
+    if kombu_redis.QoS.reject is not _reject_or_forget:
+        kombu_redis.QoS.reject = _reject_or_forget  # type: ignore[method-assign]

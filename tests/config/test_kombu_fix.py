@@ -19,6 +19,8 @@ def _qos_without_client() -> kombu_redis.QoS:
     channel._pool = None
     qos.channel = channel
     qos._delivered = {"tag-1": object()}  # type: ignore[assignment]
+    qos._dirty = set()  # type: ignore[assignment]
+    qos._quick_ack = qos._dirty.add  # type: ignore[attr-defined]
     return qos
 
 
@@ -34,3 +36,32 @@ def test_installed_guard_skips_the_restore_and_says_so(caplog: pytest.LogCapture
     with caplog.at_level(logging.WARNING, logger="config.kombu_fix"):
         assert kombu_redis.QoS.restore_unacked(_qos_without_client()) is None
     assert [r.getMessage() for r in caplog.records] == ["celery.restore_unacked_skipped"]
+
+
+def test_unguarded_ack_on_a_closed_channel_raises_the_crash_error() -> None:
+    qos = _qos_without_client()
+    qos.channel.connection = None  # type: ignore[assignment]
+    with pytest.raises(AttributeError, match="client"):
+        kombu_fix._ack(qos, "tag-1")
+
+
+@pytest.mark.parametrize("settle", ["ack", "reject"])
+def test_installed_guard_forgets_a_late_ack_on_a_closed_channel(settle: str, caplog: pytest.LogCaptureFixture) -> None:
+    kombu_fix.install()
+    kombu_fix.install()
+    qos = _qos_without_client()
+    qos.channel.connection = None  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="config.kombu_fix"):
+        assert getattr(kombu_redis.QoS, settle)(qos, "tag-1") is None
+    assert qos._dirty == {"tag-1"}  # forgotten locally: kombu drops dirty tags from _delivered lazily
+    assert [r.getMessage() for r in caplog.records] == [f"celery.{settle}_on_closed_channel_skipped"]
+
+
+def test_guard_reraises_an_attribute_error_on_an_open_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: object, delivery_tag: object) -> None:
+        raise AttributeError("a real bug")
+
+    qos = _qos_without_client()
+    qos.channel.connection = SimpleNamespace(client=object())  # type: ignore[assignment]
+    with pytest.raises(AttributeError, match="a real bug"):
+        kombu_fix._settle_or_forget(broken, "x")(qos, "tag-1")
