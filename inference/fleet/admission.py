@@ -19,7 +19,7 @@ backlogged tenants, so idle time earns no credit. No clock or I/O here: callers 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 INPUT_PRICE = 1.0
@@ -110,6 +110,17 @@ def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationCon
         return None
     return (load.num_requests_waiting + sent_since >= config.queue_saturated
             or load.kv_cache_usage_perc >= config.kv_saturated)
+
+
+def nodes_calm(loads: Iterable[NodeLoad], config: SaturationConfig) -> bool:
+    """True when no node's last figures come near saturation: nothing waiting and KV use under half the mark.
+
+    While calm the gateway may re-read the figures less often: a figure that ages past ``max_age_s`` counts as
+    unknown, and unknown admits, as a calm figure does, so only the work of re-reading changes. Missing nodes count
+    as calm for the same reason.
+    """
+    return all(load.num_requests_waiting == 0 and load.kv_cache_usage_perc < config.kv_saturated / 2
+               for load in loads)
 
 
 def rpm_pace(rpm: int, *, burst_s: float, burst_min: int) -> tuple[int, int]:

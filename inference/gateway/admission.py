@@ -47,6 +47,7 @@ from inference.fleet.admission import (
     SaturationConfig,
     SlotConfig,
     node_saturated,
+    nodes_calm,
     slot_free,
     vtc_cost,
     vtc_lift,
@@ -65,6 +66,7 @@ SLOTS_TTL_S = 3.0
 RETRY_AFTER_S = 2
 CHOOSE_TIMEOUT_S = 0.5
 IDLE_S = 5.0
+CALM_FACTOR = 4  # ticks this many times slower while every node is calm and nothing waits here (nodes_calm)
 _ADMITTED = metrics.ADMISSION.labels("admitted")
 
 
@@ -145,11 +147,19 @@ class AdmissionGate:
     # --- the request path
     def fleet_view(self, fleet: FleetView) -> FleetView:
         """``fleet`` with fresh published figures in place of heartbeat gauges (what routing should see); also
-        tells the background loop which nodes to follow."""
-        self._routed_at = time.monotonic()
+        tells the background loop which nodes to follow, waking it at once after its idle rest or when the nodes
+        change (else the next requests would decide on figures a rest or a slow tick old)."""
+        now = time.monotonic()
+        wake = now - self._routed_at >= IDLE_S
+        self._routed_at = now
         if fleet is not self._fleet_seen:
             self._fleet_seen = fleet
-            self._names = tuple(n.name for n in fleet.nodes)
+            names = tuple(n.name for n in fleet.nodes)
+            wake = wake or names != self._names
+            self._names = names
+        if wake:
+            self._synced_at = float("-inf")  # the woken loop syncs at once, not at its next slow tick
+            self._kick.set()
         return self.board.overlay(fleet, now_s=time.time(), max_age_s=self.config.max_age_s)
 
     def engine_priority(self, node: NodeView, priority: int) -> int | None:
@@ -407,9 +417,10 @@ class AdmissionGate:
         """
         while True:
             names = self._names
+            tick_s = self._tick_s()
             try:
                 busy = self.depth or self.pending or self._held or time.monotonic() - self._routed_at < IDLE_S
-                due = time.monotonic() - self._synced_at >= settings.QUIVER_ADMISSION_REFRESH_S
+                due = time.monotonic() - self._synced_at >= tick_s
                 if due:
                     self._synced_at = time.monotonic()
                     self._sweep()
@@ -435,7 +446,16 @@ class AdmissionGate:
                 logger.exception("gateway.admission_dispatch_failed", extra={"error": repr(exc)})
             # Until the next tick, or sooner when a request queues or a slot frees.
             try:
-                await asyncio.wait_for(self._kick.wait(), timeout=settings.QUIVER_ADMISSION_REFRESH_S)
+                await asyncio.wait_for(self._kick.wait(), timeout=tick_s)
             except TimeoutError:
                 pass
+
+    def _tick_s(self) -> float:
+        """``QUIVER_ADMISSION_REFRESH_S``, or ``CALM_FACTOR`` times it while nothing waits in this process, no
+        running-slot budget is kept, and every node's figures are calm (``nodes_calm``): at concurrency 1 the
+        50 ms tick cost about as much CPU as the requests themselves (py-spy under ``scripts/bench_gateway``)."""
+        base = settings.QUIVER_ADMISSION_REFRESH_S
+        if self.depth or _slots().slots > 0 or not nodes_calm(self.board.loads.values(), self.config):
+            return base
+        return base * CALM_FACTOR
 

@@ -1,9 +1,9 @@
 """Each gateway process's view of node load: the figures node agents publish to Redis, re-read in the background.
 
 The request path only reads a dict (``LoadBoard.get``), so admission costs nothing measurable when nodes are not
-saturated. :meth:`LoadBoard.refresh` (every ``QUIVER_ADMISSION_REFRESH_S``, default 50 ms) MGETs one key per live
-node (``inference.node.load_publisher``). With the agent scraping every 100 ms, figures are at most ~160 ms old
-when the gateway decides; older ones count as unknown (``inference.fleet.admission``).
+saturated. The admission tick (every ``QUIVER_ADMISSION_REFRESH_S``, default 50 ms; 200 ms while every node is calm)
+MGETs one key per live node (``inference.node.load_publisher``). With the agent scraping every 100 ms, figures are at
+most ~160 ms old when the gateway decides, unless calm; older ones count as unknown (``inference.fleet.admission``).
 
 The board also counts what this process sent each node since its figures were taken (``sent_since``), the
 in-flight credit that keeps the admission queue from releasing a burst between two scrapes.

@@ -9,6 +9,7 @@ from inference.fleet.admission import (
     SaturationConfig,
     SlotConfig,
     node_saturated,
+    nodes_calm,
     slot_free,
     vtc_cost,
     vtc_lift,
@@ -71,3 +72,13 @@ def test_slot_budget_keeps_a_reserve_no_single_tenant_may_take() -> None:
     assert not slot_free(node_in_flight=8, tenant_in_flight=0, config=budget)  # the node is full
     assert slot_free(node_in_flight=0, tenant_in_flight=0, config=SlotConfig(slots=1, reserve=5))  # at least 1
     assert slot_free(node_in_flight=999, tenant_in_flight=999, config=SlotConfig())  # no budget
+
+
+@pytest.mark.parametrize(("loads", "calm"), [
+    ([], True),  # nothing known: unknown admits anyway
+    ([NodeLoad(at_s=1.0, num_requests_running=30, kv_cache_usage_perc=0.39)], True),
+    ([NodeLoad(at_s=1.0), NodeLoad(at_s=1.0, num_requests_waiting=1)], False),
+    ([NodeLoad(at_s=1.0, kv_cache_usage_perc=0.4)], False),  # half of GIE's 0.8 mark
+])
+def test_nodes_are_calm_with_nothing_waiting_and_kv_under_half_the_mark(loads: list[NodeLoad], calm: bool) -> None:
+    assert nodes_calm(loads, CONFIG) is calm

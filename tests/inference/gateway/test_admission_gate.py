@@ -254,3 +254,35 @@ def test_other_processes_slots_count_through_redis(settings: Any) -> None:
         await first._client().delete(*(f"quiver:slots:proc:{g.proc_id}" for g in (first, second)))
 
     asyncio.run(run())
+
+
+def test_the_tick_slows_only_while_every_node_is_calm_and_nothing_waits(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_REFRESH_S = 0.05
+    settings.QUIVER_ADMISSION_NODE_SLOTS = 0
+    gate = AdmissionGate()
+    gate.board.loads = {"n1": _load(num_requests_running=3)}
+    calm = gate._tick_s()
+    gate.board.loads = {"n1": _load(num_requests_waiting=1)}
+    near = gate._tick_s()
+    gate.board.loads = {"n1": _load()}
+    gate.depth = 1
+    queued = gate._tick_s()
+    gate.depth = 0
+    settings.QUIVER_ADMISSION_NODE_SLOTS = 8  # slot holds of other processes must stay a tick old
+    slots = gate._tick_s()
+    assert (calm, near, queued, slots) == (pytest.approx(0.2), 0.05, 0.05, 0.05)
+
+
+def test_a_request_after_the_idle_rest_wakes_the_loop_to_sync_at_once() -> None:
+    gate = AdmissionGate()
+    fleet = FleetView(nodes=(NODE,), placements={}, read_at=time.monotonic())
+    gate.fleet_view(fleet)  # first routing ever: after a "rest" of forever
+    assert gate._kick.is_set()
+    gate._kick.clear()
+    gate.fleet_view(fleet)  # busy, same nodes: the tick's own pace
+    assert not gate._kick.is_set()
+    gate._routed_at -= 10  # longer than the rest (IDLE_S 5 s)
+    gate._synced_at = time.monotonic()
+    gate.fleet_view(fleet)
+    assert gate._kick.is_set()
+    assert time.monotonic() - gate._synced_at >= 1e9  # the woken loop's sync is due at once, whatever the tick
