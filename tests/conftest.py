@@ -55,6 +55,13 @@ def make_session_client(django_user_model: Any) -> Callable[..., tuple[APIClient
 pytest_plugins = ["tests.fixtures.vllm", "tests.fixtures.stack"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Transactional tests' flush survives a deadlock with the live stack's writers (tests.fixtures.flush_retry)."""
+    from tests.fixtures import flush_retry
+
+    flush_retry.install()
+
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the browser journeys last.
