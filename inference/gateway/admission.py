@@ -251,7 +251,7 @@ class AdmissionGate:
             raise _shed(f"The gateway's queue is full ({self.depth} requests wait for saturated nodes); retry in "
                         f"{RETRY_AFTER_S}s.")
         queue = self.queues.setdefault(tenant, deque())
-        if not queue:  # VTC lift: re-entering the backlog earns no credit for the idle time
+        if not queue and not self._running(tenant):  # VTC lift: back from idle, no credit for the idle time
             own = self.counter(tenant)
             others = {t: self.counter(t) for t, q in self.queues.items() if q and t != tenant}
             self.offset[tenant] = self.offset.get(tenant, 0.0) + vtc_lift(own, others) - own
@@ -274,6 +274,13 @@ class AdmissionGate:
             metrics.ADMISSION_WAIT.observe(time.monotonic() - waiter.enqueued)
         metrics.ADMISSION.labels("dequeued").inc()
         return node, token
+
+    def _running(self, tenant: str) -> bool:
+        """Whether ``tenant`` holds a running request in this process. A tenant whose queue emptied while its
+        requests still run is being served, not idle: lifting it at each re-entry (as a strict reading of VTC's
+        "not backlogged" does) put a steady small tenant level with a flooder and halved its share
+        (scripts/bench_fairness)."""
+        return any(counts.get(tenant) for counts in self.holding.values())
 
     def _remove(self, waiter: Waiter) -> None:
         queue = self.queues.get(waiter.tenant)

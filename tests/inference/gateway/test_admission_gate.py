@@ -107,6 +107,23 @@ def test_a_tenant_back_from_idle_is_lifted_to_the_backlogs_minimum() -> None:
     asyncio.run(run())
 
 
+def test_a_tenant_with_requests_still_running_is_not_lifted_on_re_entry() -> None:
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.served = {"flood": 800.0, "steady": 3.0}
+        node = await gate.admit(tenant="steady", priority=0, prompt_tokens=1, choose=_choose)  # runs, unqueued
+        assert node is NODE and gate._running("steady")
+        gate.board.loads = {"n1": _load(num_requests_waiting=9)}
+        waiting = [asyncio.create_task(gate.admit(tenant=t, priority=0, prompt_tokens=1, choose=_choose))
+                   for t in ("flood", "steady")]
+        await asyncio.sleep(0.01)
+        assert gate.counter("steady") == 4.0  # its own service only (3 + the 1-token prompt), not the flooder's 800
+        for task in waiting:
+            task.cancel()
+
+    asyncio.run(run())
+
+
 def test_the_wait_is_bounded_and_ends_in_an_openai_429(settings: Any) -> None:
     settings.QUIVER_ADMISSION_MAX_WAIT_S = 0.05
 
