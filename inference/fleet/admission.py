@@ -83,18 +83,28 @@ class SlotConfig:
     reserve: int = 0
 
 
-def slot_free(*, node_in_flight: int, tenant_in_flight: int, config: SlotConfig) -> bool:
+def slot_free(*, node_in_flight: int, tenant_in_flight: int, config: SlotConfig, active_tenants: int = 1) -> bool:
     """Whether a tenant's request may take a slot on a node: the node has one free and the tenant holds fewer than
-    ``slots - reserve`` (at least 1) there. Always True without a budget.
+    its cap there. Always True without a budget.
+
+    The cap is ``slots - reserve`` (at least 1) while the tenant is alone, and no more than an equal share,
+    ``ceil(slots / active_tenants)``, while others hold or wait for slots too (max-min fairness over running
+    slots). The engine never preempts a running request, so a flooder that took every slot while a quiet tenant's
+    queue was empty for a moment kept it for a whole long completion; with the share cap it stops at half and the
+    quiet tenant's next request finds its slot free (scripts/bench_fairness).
 
     Args:
         node_in_flight: requests all gateways have in flight on the node (this process's exact, others' published).
         tenant_in_flight: the same for the tenant alone.
         config: the budget.
+        active_tenants: tenants holding slots on the node or waiting for one, this tenant included (≥ 1).
     """
     if config.slots <= 0:
         return True
-    return node_in_flight < config.slots and tenant_in_flight < max(1, config.slots - config.reserve)
+    cap = max(1, config.slots - config.reserve)
+    if active_tenants > 1:
+        cap = min(cap, max(1, -(-config.slots // active_tenants)))
+    return node_in_flight < config.slots and tenant_in_flight < cap
 
 
 def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationConfig, sent_since: int = 0) -> bool | None:

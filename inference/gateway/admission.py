@@ -66,6 +66,9 @@ SLOTS_TTL_S = 3.0
 RETRY_AFTER_S = 2
 CHOOSE_TIMEOUT_S = 0.5
 IDLE_S = 5.0
+# A tenant whose last request on a node ended this recently still counts for the node's fair share of slots: a
+# steady tenant's queue empties between requests, and a flooder must not take its share in that gap.
+ACTIVE_GRACE_S = 2.0
 CALM_FACTOR = 4  # ticks this many times slower while every node is calm and nothing waits here (nodes_calm)
 _ADMITTED = metrics.ADMISSION.labels("admitted")
 
@@ -121,6 +124,7 @@ class AdmissionGate:
         self._held: dict[int, tuple[str, str, float]] = {}
         self.holding: dict[str, Counter[str]] = {}
         self.others: dict[str, Counter[str]] = {}
+        self._released: dict[str, dict[str, float]] = {}  # node -> tenant -> monotonic time of its last release
         self._kick = asyncio.Event()
         self._lock = asyncio.Lock()
         self._synced_at = 0.0
@@ -214,7 +218,16 @@ class AdmissionGate:
         mine, theirs = self.holding.get(node), self.others.get(node)
         node_total = (sum(mine.values()) if mine else 0) + (sum(theirs.values()) if theirs else 0)
         tenant_total = (mine[tenant] if mine else 0) + (theirs[tenant] if theirs else 0)
-        return slot_free(node_in_flight=node_total, tenant_in_flight=tenant_total, config=slots)
+        active = {tenant, *(t for t, q in self.queues.items() if q)}
+        active.update(t for counts in (mine, theirs) if counts for t, n in counts.items() if n > 0)
+        recent = self._released.get(node)
+        if recent:
+            horizon = time.monotonic() - ACTIVE_GRACE_S
+            for t in [t for t, at in recent.items() if at < horizon]:
+                del recent[t]
+            active.update(recent)
+        return slot_free(node_in_flight=node_total, tenant_in_flight=tenant_total, config=slots,
+                         active_tenants=len(active))
 
     def _hold(self, node: str, tenant: str) -> int:
         token = next(self._tokens)
@@ -229,6 +242,7 @@ class AdmissionGate:
         if entry is None:
             return
         node, tenant, _ = entry
+        self._released.setdefault(node, {})[tenant] = time.monotonic()
         counts = self.holding.get(node)
         if counts is not None:
             counts[tenant] -= 1

@@ -72,6 +72,12 @@ def test_slot_budget_keeps_a_reserve_no_single_tenant_may_take() -> None:
     assert not slot_free(node_in_flight=8, tenant_in_flight=0, config=budget)  # the node is full
     assert slot_free(node_in_flight=0, tenant_in_flight=0, config=SlotConfig(slots=1, reserve=5))  # at least 1
     assert slot_free(node_in_flight=999, tenant_in_flight=999, config=SlotConfig())  # no budget
+    # Others active: at most an equal share (max-min), never above the lone cap, at least 1.
+    assert not slot_free(node_in_flight=4, tenant_in_flight=4, config=budget, active_tenants=2)  # 4 of 8 is half
+    assert slot_free(node_in_flight=4, tenant_in_flight=3, config=budget, active_tenants=2)
+    assert not slot_free(node_in_flight=3, tenant_in_flight=3, config=budget, active_tenants=3)  # ceil(8/3) = 3
+    assert not slot_free(node_in_flight=6, tenant_in_flight=6, config=budget, active_tenants=1)  # alone: 6
+    assert slot_free(node_in_flight=7, tenant_in_flight=0, config=budget, active_tenants=20)
 
 
 @pytest.mark.parametrize(("loads", "calm"), [

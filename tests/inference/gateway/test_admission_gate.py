@@ -303,3 +303,26 @@ def test_a_request_after_the_idle_rest_wakes_the_loop_to_sync_at_once() -> None:
     gate.fleet_view(fleet)
     assert gate._kick.is_set()
     assert time.monotonic() - gate._synced_at >= 1e9  # the woken loop's sync is due at once, whatever the tick
+
+
+def test_a_tenant_that_just_finished_keeps_its_fair_share_of_slots(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_NODE_SLOTS = 4
+    settings.QUIVER_ADMISSION_SLOT_RESERVE = 0
+    settings.QUIVER_ADMISSION_MAX_WAIT_S = 0.05
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        _, token = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        gate.release(token)  # its queue and slots are empty for a moment, as between a steady tenant's requests
+        for _ in range(2):  # half of 4 while the quiet tenant counts as active
+            await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
+        with pytest.raises(GatewayError):
+            await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
+        _, token = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)  # its share: free
+        gate._released["n1"]["quiet"] -= 60  # long gone: the flooder may take all 4 again
+        gate.release(token)
+        gate._released["n1"]["quiet"] -= 60
+        for _ in range(2):
+            await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
+
+    asyncio.run(run())
