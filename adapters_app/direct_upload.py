@@ -5,10 +5,11 @@ Protocol (shared/notes/console.md §4; Uppy ``@uppy/aws-s3`` drives steps 2-4 in
 1. ``upload_create``: the client declares each file's name, size and sha256. The server checks names, caps and the
    tenant's quotas up front (bytes of uploads still in flight count against the storage quota), picks every key
    under ``tenants/<pk>/uploads/<public id>/`` and starts one S3 multipart upload per file.
-2. ``upload_sign_parts``: presigned ``UploadPart`` URLs, each for that upload's key and upload id only, short-lived,
+2. ``upload_sign_parts``: presigned ``UploadPart`` URLs (the create response carries each file's first 100 already), each for that upload's key and upload id only, short-lived,
    and with ``Content-Length`` signed, so a part cannot carry more bytes than the declared size leaves for it.
 3. ``upload_complete_file``: the server lists the parts S3 holds, checks their numbers and sizes against the
-   declaration, calls ``CompleteMultipartUpload`` itself, and checks the object's size with ``HeadObject``.
+   declaration (their sizes summed: completing with exactly those parts stores that size), and calls
+   ``CompleteMultipartUpload`` itself.
 4. When every file is complete a worker runs ``upload_verify``: it streams each object once to check its sha256
    (archives are unpacked there, as the through-Django path does in the request), then records the version and
    enqueues its validation. Until then no version exists, so bytes that do not match their declaration never
@@ -239,6 +240,16 @@ def upload_sign_parts(upload: Upload, *, name: str, part_numbers: Sequence[int])
     return {n: storage.presign_part(entry["key"], entry["upload_id"], n, expires_s=settings.QUIVER_UPLOAD_URL_EXPIRY_S,
                                     content_length=_part_length(entry["size"], upload.part_size, n))
             for n in numbers}
+
+
+def upload_first_urls(upload: Upload) -> dict[str, dict[int, str]]:
+    """Presigned ``UploadPart`` URLs of each file's first parts (up to ``MAX_SIGN_BATCH`` per file), for the create
+    response: a client uploads most files with no ``sign`` request at all (same URLs as ``upload_sign_parts``).
+
+    Returns ``{file name: {part number: URL}}``. Raises ``QuiverError`` as ``upload_sign_parts``.
+    """
+    return {f["name"]: upload_sign_parts(upload, name=f["name"], part_numbers=range(
+        1, min(part_count(f["size"], upload.part_size), MAX_SIGN_BATCH) + 1)) for f in upload.files}
 
 
 def upload_list_parts(upload: Upload, *, name: str | None = None) -> list[dict[str, Any]]:

@@ -99,6 +99,13 @@ class UploadOutputSerializer(serializers.Serializer):
         return obj.version.number if obj.version_id and obj.version else None
 
 
+class UploadCreatedSerializer(UploadOutputSerializer):
+    """The create response: an upload plus ``part_urls``, presigned ``PUT`` URLs of each file's first 100 parts
+    (``{file name: {part number: URL}}``), valid ``expires_in`` seconds; sign the rest, or expired ones, with
+    ``sign``."""
+    part_urls = serializers.DictField(child=serializers.DictField(child=serializers.CharField()))
+    expires_in = serializers.IntegerField()
+
 
 class UploadSignInputSerializer(serializers.Serializer):
     """Input of ``POST .../sign``: one file, and the part numbers to sign (at most 100)."""
@@ -145,15 +152,19 @@ class UploadViewSet(mixins.RetrieveModelMixin, TenantScopedViewSet):
         """Uploads of the adapter named in the URL (already the caller's tenant's)."""
         return queryset.filter(adapter_name=self.kwargs["adapter_name"])
 
-    @extend_schema(request=UploadCreateInputSerializer, responses={201: UploadOutputSerializer})
+    @extend_schema(request=UploadCreateInputSerializer, responses={201: UploadCreatedSerializer})
     def create(self, request: Request, adapter_name: str) -> Response:
-        """``POST``: declare the files (name, size, sha256); 201 with the S3 upload of each, ready for parts."""
+        """``POST``: declare the files (name, size, sha256); 201 with the S3 upload of each, ready for parts, and
+        the URLs of their first parts."""
         data = UploadCreateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         upload = direct_upload.upload_create(self.tenant, adapter_name=adapter_name,
                                              base_model_name=data.validated_data["base_model"] or None,
                                              files=data.validated_data["files"])
-        return Response(UploadOutputSerializer(upload).data, status=status.HTTP_201_CREATED)
+        urls = direct_upload.upload_first_urls(upload)
+        body = {**UploadOutputSerializer(upload).data, "expires_in": settings.QUIVER_UPLOAD_URL_EXPIRY_S,
+                "part_urls": {name: {str(n): u for n, u in parts.items()} for name, parts in urls.items()}}
+        return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=UploadSignInputSerializer, responses=UploadSignOutputSerializer)
     @action(detail=True, methods=["post"])

@@ -34,14 +34,18 @@ def _base(name: str = "capitals") -> str:
     return f"/api/v1/adapters/{name}/uploads"
 
 
-def _put_parts(client: Any, url: str, name: str, data: bytes, part_size: int) -> list[dict[str, Any]]:
-    """What the browser does: sign every part, PUT it straight to S3, keep the ETags."""
+def _put_parts(client: Any, url: str, name: str, data: bytes, part_size: int,
+               urls: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """What the browser does: take the part URLs (from the create response, or sign them), PUT each part straight
+    to S3, keep the ETags."""
     count = direct_upload.part_count(len(data), part_size)
-    signed = client.post(f"{url}/sign", {"name": name, "part_numbers": list(range(1, count + 1))}, format="json")
-    assert signed.status_code == 200, signed.json()
+    if urls is None:
+        signed = client.post(f"{url}/sign", {"name": name, "part_numbers": list(range(1, count + 1))}, format="json")
+        assert signed.status_code == 200, signed.json()
+        urls = signed.json()["urls"]
     parts = []
     for n in range(1, count + 1):
-        resp = httpx.put(signed.json()["urls"][str(n)], content=data[(n - 1) * part_size : n * part_size])
+        resp = httpx.put(urls[str(n)], content=data[(n - 1) * part_size : n * part_size])
         assert resp.status_code == 200, resp.text
         parts.append({"PartNumber": n, "ETag": resp.headers["etag"]})
     return parts
@@ -53,7 +57,7 @@ def _upload_all(client: Any, folder: Path, adapter: str = "capitals") -> dict[st
     body = created.json()
     url = f"{_base(adapter)}/{body['id']}"
     for name in SERVED:
-        parts = _put_parts(client, url, name, (folder / name).read_bytes(), body["part_size"])
+        parts = _put_parts(client, url, name, (folder / name).read_bytes(), body["part_size"], body["part_urls"][name])
         done = client.post(f"{url}/complete", {"name": name, "parts": parts}, format="json")
         assert done.status_code == 200, done.json()
     return done.json()
@@ -135,6 +139,27 @@ def test_a_part_cannot_carry_more_bytes_than_declared(make_client, base_model, n
     assert client.get(url).json()["state"] == "failed"
     assert storage.multipart_uploads(f"tenants/{tenant.pk}/") == [] and storage.list_keys(f"tenants/{tenant.pk}/") == []
     assert no_enqueue == []
+
+
+@override_settings(QUIVER_UPLOAD_PART_BYTES=5 * 1024 * 1024, QUIVER_MAX_UPLOAD_BYTES=1 << 30)
+def test_the_create_response_signs_the_first_100_parts_of_each_file_and_sign_the_rest(make_client, base_model) -> None:
+    client, _, _ = make_client()
+    part = 5 * 1024 * 1024
+    big = {"name": "adapter_model.safetensors", "size": 120 * part - 7, "sha256": "0" * 64}
+    small = {"name": "adapter_config.json", "size": 10, "sha256": "1" * 64}
+    created = client.post(_base(), {"files": [small, big], "base_model": "tiny-llama"}, format="json")
+    assert created.status_code == 201, created.json()
+    body = created.json()
+    assert body["expires_in"] > 0
+    assert sorted(body["part_urls"]["adapter_config.json"]) == ["1"]
+    urls = body["part_urls"]["adapter_model.safetensors"]
+    assert sorted(map(int, urls)) == list(range(1, 101))
+    assert httpx.put(urls["1"], content=b"x" * (part - 1)).status_code == 403  # the part's own length is signed
+    assert httpx.put(urls["1"], content=b"x" * part).status_code == 200
+    rest = client.post(f"{_base()}/{body['id']}/sign", {"name": big["name"], "part_numbers": list(range(101, 121))},
+                       format="json")
+    assert rest.status_code == 200 and sorted(map(int, rest.json()["urls"])) == list(range(101, 121))
+    assert "part_urls" not in client.get(f"{_base()}/{body['id']}").json()  # only the create response signs
 
 
 @pytest.mark.parametrize("name", ["../adapter_config.json", "a/adapter_config.json", "tenants\\1", ""])

@@ -54,8 +54,10 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def console(browser: Any, gateway_server: str, console_built: Path) -> Iterator[Callable[..., Any]]:
-    """``console(width="desktop")`` → a fresh page (own cookies) on the console; every page is closed afterwards."""
+def console(browser: Any, console_built: Path, gateway_server: str) -> Iterator[Callable[..., Any]]:
+    """``console(width="desktop")`` → a fresh page (own cookies) on the console; every page is closed afterwards.
+
+    ``console_built`` comes before the server: whitenoise indexes the assets when the server starts."""
     contexts: list[Any] = []
 
     def open_page(width: str = "desktop") -> Any:

@@ -31,7 +31,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description ``POST``: declare the files (name, size, sha256); 201 with the S3 upload of each, ready for parts. */
+        /**
+         * @description ``POST``: declare the files (name, size, sha256); 201 with the S3 upload of each, ready for parts, and
+         *     the URLs of their first parts.
+         */
         post: operations["adapters_uploads_create"];
         delete?: never;
         options?: never;
@@ -1202,6 +1205,31 @@ export interface components {
             /** @default  */
             base_model: string;
         };
+        /**
+         * @description The create response: an upload plus ``part_urls``, presigned ``PUT`` URLs of each file's first 100 parts
+         *     (``{file name: {part number: URL}}``), valid ``expires_in`` seconds; sign the rest, or expired ones, with
+         *     ``sign``.
+         */
+        UploadCreated: {
+            id: string;
+            adapter: string;
+            state: components["schemas"]["StateEnum"];
+            part_size: number;
+            readonly files: components["schemas"]["UploadFileOutput"][];
+            /** @description The version number this upload became, once ``done``. */
+            readonly version: number | null;
+            error: unknown;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
+            part_urls: {
+                [key: string]: {
+                    [key: string]: string;
+                };
+            };
+            expires_in: number;
+        };
         /** @description One declared file: its name, size in bytes and hex sha256. */
         UploadFileInput: {
             name: string;
@@ -1377,7 +1405,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["UploadOutput"];
+                    "application/json": components["schemas"]["UploadCreated"];
                 };
             };
         };

@@ -2,8 +2,10 @@
 // files to /api/v1/adapters/{name}/uploads, then Uppy's S3 client PUTs every part straight to S3 on presigned URLs.
 // The server creates the S3 multipart uploads, so each Uppy file starts with its `s3Multipart` state set and Uppy
 // takes its resume path: list the parts S3 holds, PUT the rest, complete. `signRequest` maps those S3 requests:
-// part PUTs to presigned S3 URLs (from /sign), list / complete / abort to the Django endpoints that speak S3's XML,
-// so the server completes the upload itself. After a dropped connection, resume() lists the parts again and goes on.
+// part PUTs to the presigned S3 URLs the create response carries (or from /sign past those, or once they expire),
+// list / complete / abort to the Django endpoints that speak S3's XML, so the server completes the upload itself.
+// After a dropped connection, resume() lists the parts again and goes on. The very first listing of a file is
+// answered here (a just-created upload holds no parts): each request saved is web CPU saved (scripts/bench_upload).
 import AwsS3 from '@uppy/aws-s3'
 import Uppy from '@uppy/core'
 import { createSHA256 } from 'hash-wasm'
@@ -11,6 +13,7 @@ import { api, consoleHeaders, unwrap, type Schemas } from '../api/client'
 import type { Progress, UploadHandle, Uploader } from './upload'
 
 type UploadOut = Schemas['UploadOutput']
+type UploadCreated = Schemas['UploadCreated']
 const HASH_SLICE = 8 << 20
 const SETTLED = new Set(['done', 'failed', 'aborted'])
 
@@ -30,12 +33,24 @@ export async function sha256Hex(file: Blob, onBytes?: (n: number) => void, signa
 
 type S3Request = { method: string; key: string; uploadId?: string; partNumber?: number }
 
-/** Uppy's `signRequest` for one upload: `key` is the declared file name; the server maps it to its own S3 key. */
-export function makeSignRequest(adapter: string, uploadId: string, fetcher: typeof fetch = fetch) {
+/** Part URLs signed in advance: `{file name: {part number: URL}}`, usable until `expiresAt` (ms since the epoch). */
+export type Presigned = { urls: Record<string, Record<string, string>>; expiresAt: number }
+
+const EMPTY_LISTING = 'data:application/xml,' + encodeURIComponent('<?xml version="1.0" encoding="UTF-8"?><ListPartsResult></ListPartsResult>')
+const URL_MARGIN_MS = 60_000 // a part PUT may start just before expiry and still be sending
+
+/** Uppy's `signRequest` for one upload: `key` is the declared file name; the server maps it to its own S3 key.
+ *  `presigned` (from the create response) spares a /sign request per part; `fresh` (true for an upload just
+ *  created) answers each file's first listing locally, with no parts. */
+export function makeSignRequest(adapter: string, uploadId: string, fetcher: typeof fetch = fetch,
+  presigned: Presigned | null = null, fresh = false) {
   const base = `/api/v1/adapters/${encodeURIComponent(adapter)}/uploads/${uploadId}`
+  const listed = new Set<string>()
   return async (req: S3Request): Promise<{ url: string; headers?: Record<string, string> }> => {
     const name = encodeURIComponent(req.key)
     if (req.method === 'PUT' && req.partNumber) {
+      const ready = presigned?.urls[req.key]?.[String(req.partNumber)]
+      if (ready && Date.now() < presigned!.expiresAt - URL_MARGIN_MS) return { url: ready }
       const res = await fetcher(`${base}/sign`, {
         method: 'POST',
         credentials: 'same-origin',
@@ -46,7 +61,12 @@ export function makeSignRequest(adapter: string, uploadId: string, fetcher: type
       if (!res.ok) throw new Error(body?.detail ?? `Signing part ${req.partNumber} failed (HTTP ${res.status}).`)
       return { url: body.urls[String(req.partNumber)] }
     }
-    if (req.method === 'GET' && req.uploadId) return { url: `${base}/parts?name=${name}&dialect=s3`, headers: consoleHeaders('GET') }
+    if (req.method === 'GET' && req.uploadId) {
+      const first = fresh && !listed.has(req.key)
+      listed.add(req.key)
+      if (first) return { url: EMPTY_LISTING }
+      return { url: `${base}/parts?name=${name}&dialect=s3`, headers: consoleHeaders('GET') }
+    }
     if (req.method === 'POST' && req.uploadId) return { url: `${base}/complete?name=${name}&dialect=s3`, headers: consoleHeaders('POST') }
     if (req.method === 'DELETE' && req.uploadId) return { url: `${base}/abort`, headers: consoleHeaders('DELETE') }
     throw new Error(`The server creates this upload; unexpected S3 request ${req.method} ${req.key}.`)
@@ -58,7 +78,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 export const s3Uploader: Uploader = (adapter, files, baseModel, onProgress) => {
   const abort = new AbortController()
   let uppy: Uppy | null = null
-  let upload: UploadOut | null = null
+  let upload: UploadCreated | null = null
   const sizes = files.map((f) => f.size)
   const total = sizes.reduce((a, b) => a + b, 0)
   const sent = files.map(() => 0)
@@ -81,7 +101,7 @@ export const s3Uploader: Uploader = (adapter, files, baseModel, onProgress) => {
       body: { files: declared, base_model: baseModel ?? '' },
     })
     if (!created.response.ok) return { status: created.response.status, body: created.error }
-    upload = created.data as UploadOut
+    upload = created.data as UploadCreated
     if (abort.signal.aborted) {
       await cancelOnServer()
       throw cancelledError()
@@ -92,7 +112,9 @@ export const s3Uploader: Uploader = (adapter, files, baseModel, onProgress) => {
       shouldUseMultipart: true,
       getChunkSize: () => upload!.part_size,
       limit: 4,
-      signRequest: makeSignRequest(adapter, upload.id) as any,
+      signRequest: makeSignRequest(adapter, upload.id, fetch, {
+        urls: upload.part_urls, expiresAt: Date.now() + upload.expires_in * 1000,
+      }, true) as any,
     })
     const ids = files.map((f, i) => {
       const id = u.addFile({ name: f.name, type: f.type || 'application/octet-stream', data: f, source: 'quiver' })

@@ -42,6 +42,26 @@ describe('makeSignRequest', () => {
     expect(fetcher).not.toHaveBeenCalled()
   })
 
+  it('uses the part URLs of the create response until they near expiry, then signs on the server', async () => {
+    const fetcher = vi.fn(async () => new Response(JSON.stringify({ urls: { '2': 'http://s3/fresh2' }, expires_in: 600 }), { status: 200 }))
+    const urls = { 'adapter_model.safetensors': { '1': 'http://s3/part1', '2': 'http://s3/part2' } }
+    const sign = makeSignRequest('capitals', 'abc123', fetcher as unknown as typeof fetch, { urls, expiresAt: Date.now() + 600_000 })
+    expect(await sign({ method: 'PUT', key: 'adapter_model.safetensors', uploadId: 'u', partNumber: 2 })).toEqual({ url: 'http://s3/part2' })
+    expect(fetcher).not.toHaveBeenCalled()
+    const stale = makeSignRequest('capitals', 'abc123', fetcher as unknown as typeof fetch, { urls, expiresAt: Date.now() + 30_000 })
+    expect(await stale({ method: 'PUT', key: 'adapter_model.safetensors', uploadId: 'u', partNumber: 2 })).toEqual({ url: 'http://s3/fresh2' })
+    expect(fetcher).toHaveBeenCalledTimes(1)
+  })
+
+  it('answers a fresh upload\'s first listing of each file locally, with no parts; later ones ask the server', async () => {
+    const sign = makeSignRequest('capitals', 'abc123', vi.fn() as unknown as typeof fetch, null, true)
+    const first = await sign({ method: 'GET', key: 'adapter_config.json', uploadId: 'u' })
+    expect(first.url.startsWith('data:application/xml,')).toBe(true)
+    expect(decodeURIComponent(first.url)).toContain('<ListPartsResult></ListPartsResult>')
+    expect((await sign({ method: 'GET', key: 'adapter_model.safetensors', uploadId: 'u' })).url.startsWith('data:')).toBe(true)
+    expect((await sign({ method: 'GET', key: 'adapter_config.json', uploadId: 'u' })).url).toBe(`${base}/parts?name=adapter_config.json&dialect=s3`)
+  })
+
   it('surfaces the server refusing a part', async () => {
     const fetcher = vi.fn(async () => new Response(JSON.stringify({ detail: 'Upload abc is aborted; start a new upload.' }), { status: 409 }))
     const sign = makeSignRequest('capitals', 'abc123', fetcher as unknown as typeof fetch)
