@@ -29,6 +29,7 @@ from adapters_app.signals import NodeCopyDropFailed, fleet_port
 logger = logging.getLogger(__name__)
 BACKOFF_FIRST_S = 10
 BACKOFF_MAX_S = 3600
+GC_ORPHAN_COPY = "gc_orphan_copy"  # reason of a node copy no version owned when its node reported it
 S3_BATCH = 1000
 
 
@@ -68,9 +69,22 @@ def purge_node_copy(node_id: int, lora_name: str, *, reason: str) -> Purge | Non
     return purge
 
 
+def _name_owned(lora_name: str) -> bool:
+    """Whether a version's ``served_name`` is ``lora_name`` now (its suffix is the version pk)."""
+    _, _, pk = lora_name.rpartition("--")
+    version = (AdapterVersion.objects.select_related("adapter__tenant").filter(pk=int(pk)).first()
+               if pk.isdigit() else None)
+    return version is not None and version.served_name == lora_name
+
+
 def _run_node(purge: Purge) -> None:
     if purge.node_id is None:
         return  # the node is gone, and its disk with it
+    if purge.reason == GC_ORPHAN_COPY and _name_owned(purge.lora_name):
+        # Recorded while no version owned the name (a node's disk older than a restored or reset database), but one
+        # does now: dropping it would pull a served adapter from under in-flight requests and crash the engine.
+        logger.warning("purge.orphan_owned_again", extra={"purge_id": purge.pk, "lora_name": purge.lora_name})
+        return
     fleet_port().node_copy_drop(purge.node_id, purge.lora_name)
 
 

@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-slots", type=int, default=8,
                         help="QUIVER_ADMISSION_NODE_SLOTS for the gateway (0 = no running-slot budget)")
     parser.add_argument("--slot-reserve", type=int, default=2, help="QUIVER_ADMISSION_SLOT_RESERVE for the gateway")
+    parser.add_argument("--engine-threads", type=int, default=0,
+                        help="the engine's OMP threads (0 = every core, as the node launcher does); the rest of the "
+                             "cores are left to the gateway and the clients")
     args = parser.parse_args(argv)
     if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
         raise SystemExit("run through ./scripts/bench_fairness (it starts PostgreSQL and Redis)")
@@ -252,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             "--base-model", assets.served_name).splitlines())
         node_key = node_env["QUIVER_NODE_KEY"]
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
-        procs.start("vllm", engine_argv(engine, python=PY),
-                    engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY}))
+        engine_vars = engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY})
+        if args.engine_threads:
+            engine_vars["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(max((os.cpu_count() or 1) - args.engine_threads, 0))
+        procs.start("vllm", engine_argv(engine, python=PY), engine_vars)
         procs.start("web", [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
                             str(web_port), "--log-level", "warning", "--no-access-log"], web_env)
         procs.start("internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
@@ -280,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quiet: {args.quiet_rps:g} req/s streaming, max_tokens {args.quiet_tokens}; flood: limit "
               f"{args.flood_rpm} rpm, sent at {args.flood_factor:g}x = {args.flood_rpm / 60 * args.flood_factor:.1f} "
               f"req/s, max_tokens {args.flood_tokens}; {args.rounds} rounds x {args.seconds:g} s per phase; node slots "
-              f"{args.node_slots} (reserve {args.slot_reserve}); "
+              f"{args.node_slots} (reserve {args.slot_reserve}); engine threads {args.engine_threads or 'all'}; "
               f"cores {os.cpu_count()}; load avg {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
         probes = [(engine.url + "/metrics", ENGINE_HISTOGRAMS, {"Authorization": f"Bearer {node_key}"}),
                   (internal_url + "/metrics", GATEWAY_HISTOGRAMS, {})]

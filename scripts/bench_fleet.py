@@ -35,6 +35,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import sys
 import threading
 import time
@@ -238,6 +239,17 @@ def _warm_where_placed(env: dict[str, str], names: list[str], timeout_s: float =
     return {n: sorted(v) for n, v in sorted(where.items())}
 
 
+def _half_of_the_cores(i: int) -> str:
+    """Engine ``i`` (1 or 2)'s share of this process's cores, as ``VLLM_CPU_OMP_THREADS_BIND`` wants it ("0", "2,3").
+
+    vLLM's ``auto`` binding pins every engine's OMP threads to the same cores: two engines then fight for each core,
+    and an OMP barrier stalls whenever its other thread is descheduled (vllm/utils/ompmultiprocessing.py)."""
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(len(cores) // 2, 1)
+    mine = cores[(i - 1) * per: i * per] or cores[-per:]
+    return ",".join(str(c) for c in mine)
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scenario
     """Start the fleet, replay the trace through both gateways, print the table. Returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -250,10 +262,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
+                        help="split: each engine's OMP threads bound to its own half of the cores, as two nodes each "
+                             "with its own accelerator; shared: both bound to every core (vLLM's auto binding)")
     args = parser.parse_args(argv)
 
     assets = ensure_demo_assets()
     (args.workdir / "logs").mkdir(parents=True, exist_ok=True)
+    for old in args.workdir.glob("cache-*"):  # a fresh database each run: the nodes' disks start fresh too
+        shutil.rmtree(old, ignore_errors=True)
     names = [f"bench-{i:02d}" for i in range(args.adapters)]
     folders = {n: make_random_adapter(assets.base_dir, args.workdir / "adapters" / n, r=8, lora_alpha=16,
                                       target_modules=["q_proj", "v_proj"], seed=100 + i)
@@ -297,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                                           api_key=creds["QUIVER_NODE_KEY"])
             engines[node] = (engine.url, creds["QUIVER_NODE_KEY"])
             node_env = {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")}
-            procs.start(f"engine-{i}", engine_argv(engine, python=PY), engine_env(engine, node_env))
+            engine_vars = engine_env(engine, node_env)
+            if args.engine_cores == "split":
+                engine_vars["VLLM_CPU_OMP_THREADS_BIND"] = _half_of_the_cores(i)
+            procs.start(f"engine-{i}", engine_argv(engine, python=PY), engine_vars)
             procs.start(f"agent-{i}", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1",
                                        "--port", agent_url.rsplit(":", 1)[1], "--log-level", "warning"], {
                 **node_env, **creds, "QUIVER_ENGINE_URL": engine.url, "QUIVER_BASE_MODEL": assets.served_name,
@@ -343,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         load1, load5, _ = os.getloadavg()
         print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
               f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy, concurrency "
-              f"{args.concurrency}, {args.max_tokens} tokens each; cores {os.cpu_count()}, load avg {load1:.1f}/{load5:.1f}")
+              f"{args.concurrency}, {args.max_tokens} tokens each; engine cores {args.engine_cores}; cores {os.cpu_count()}, "
+              f"load avg {load1:.1f}/{load5:.1f}")
         print("\n".join(table(results)))
         if args.json:
             print(json.dumps({"policies": results}))

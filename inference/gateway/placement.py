@@ -18,7 +18,7 @@ from django.utils import timezone
 from psycopg.errors import DeadlockDetected
 
 from adapters_app.models import AdapterVersion, BaseModel
-from adapters_app.purge import purge_node_copy
+from adapters_app.purge import GC_ORPHAN_COPY, purge_node_copy
 from adapters_app.selectors import adapter_version_no_effect_refused, adapter_version_untrained
 from adapters_app.services import adapter_version_effect_record
 from inference.gateway.models import Node, Placement
@@ -76,7 +76,7 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node.
         for version_id, entry in reported.items():
             if version_id not in owned:
-                purge_node_copy(node.pk, entry["lora_name"], reason="gc_orphan_copy")
+                purge_node_copy(node.pk, entry["lora_name"], reason=GC_ORPHAN_COPY)
         current = {p.adapter_version_id: p for p in Placement.objects.filter(node=node, adapter_version_id__in=known)}
         for version_id in known:
             entry = reported[version_id]

@@ -75,6 +75,25 @@ def test_a_node_purge_waits_for_the_node_and_ends_when_it_is_gone(base_model) ->
     assert purge_run(purge.pk)
 
 
+def test_an_orphan_copy_purge_is_dropped_once_a_version_owns_the_name_again(make_client, base_model, tiny_adapters,
+                                                                            monkeypatch) -> None:
+    """A node's disk older than the database (restored or reset) reports a name no version owns yet; by the time the
+    purge runs, a new version carries that very name and serves it: the purge must not pull it from the engine."""
+    _, tenant, _ = make_client()
+    node, _ = node_register(name="n1", agent_url="http://127.0.0.1:9", engine_url="http://127.0.0.1:9",
+                            base_model_name="tiny-llama")
+    version = _upload(tenant, tiny_adapters["qv-r8"])
+    drops: list[str] = []
+    monkeypatch.setattr(purge_module, "fleet_port", lambda: type("P", (), {
+        "node_copy_drop": staticmethod(lambda node_id, name: drops.append(name))})())
+    owned = purge_node_copy(node.pk, version.served_name, reason=purge_module.GC_ORPHAN_COPY)
+    stray = purge_node_copy(node.pk, f"{tenant.slug}--gone--{version.pk + 1000}", reason=purge_module.GC_ORPHAN_COPY)
+    deleted = purge_node_copy(node.pk, version.served_name + "x", reason="adapter_deleted")
+    assert owned and stray and deleted
+    assert purge_run(owned.pk) and purge_run(stray.pk) and purge_run(deleted.pk)
+    assert drops == [stray.lora_name, deleted.lora_name]  # the owned name is left alone, the rest dropped
+
+
 def test_the_sweeper_requeues_stuck_versions_only(make_client, base_model, tiny_adapters) -> None:
     _, tenant, _ = make_client()
     lost_enqueue = _upload(tenant, tiny_adapters["qv-r8"], "lost")
