@@ -7,6 +7,9 @@
 - *Replicas*: ``k = ceil(rate / (replica_util × mean node rate))`` clamped to ``[min_replicas, max_replicas]`` and the
   eligible count: one replica while a version fits in a share of one node, more as its request rate grows, back to
   ``min_replicas`` when it goes idle (k-replica HRW sets: shared/notes/fleet.md §7.4).
+- *First replicas first* while the fleet's CPU slots can hold every version with traffic: each gets one replica
+  (more only when the load bound or the operator's floor forces it) before any gets a rate-driven extra one, and
+  extra replicas go into free CPU slots only.
 - *Bounded load*: versions are placed hottest first; a node is skipped while its assigned rate would pass
   ``load_bound`` × the mean node rate, or its engine CPU slots (``max_cpu_loras``) are already promised to hotter
   versions (consistent hashing with bounded loads, Mirrokni, Thorup, Zadimoghaddam, SODA 2018). So the hottest
@@ -136,6 +139,45 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     node_by_name: Mapping[str, PlacementNode] = {n.name: n for n in nodes}
     result: dict[int, tuple[str, ...]] = {}
     ordered = sorted(demands, key=lambda d: (not d.pinned_nodes, -d.rate, d.version_id))
+    plans: list[tuple[Demand, list[str], list[str], int, float]] = []  # demand, chosen, eligible, k, cap
+
+    def fits(d: Demand, name: str, share: float, cap: float, check_slots: bool, check_load: bool) -> bool:
+        node = node_by_name[name]
+        if check_load and load[name] + share > cap + 1e-12:
+            return False
+        if check_slots and slots[name] >= node.cpu_slots:
+            return False
+        return not (check_slots and node.cpu_bytes is not None and used_bytes[name] + d.size_bytes > node.cpu_bytes)
+
+    def book(d: Demand, chosen: list[str], sign: int) -> None:
+        for name in chosen:
+            load[name] += sign * d.rate / len(chosen)
+            slots[name] += sign
+            used_bytes[name] += sign * d.size_bytes
+
+    def grow(d: Demand, chosen: list[str], eligible: list[str], target: int, cap: float,
+             passes: Sequence[tuple[bool, bool]]) -> None:
+        share = d.rate / max(target, len(chosen), 1)
+        for check_slots, check_load in passes:
+            for name in eligible:
+                if len(chosen) >= target:
+                    return
+                if name not in chosen and fits(d, name, share, cap, check_slots, check_load):
+                    chosen.append(name)
+
+    # Where the fleet's CPU slots can hold every version with traffic once, every such version gets its slot
+    # before any gets a rate-driven second replica (one without a slot reloads on each of its requests; an extra
+    # replica only evens out load), and a free slot past the load bound beats a full node. Only the load bound (a
+    # version hotter than one node may carry) or the operator's floor adds replicas in this first pass. Where they
+    # cannot, some version reloads anyway, and the hottest versions' replicas are worth the coldest one's slot:
+    # every replica is placed at once (the simulator's 500 versions over 256 slots: docs/placement.md).
+    active: dict[str, int] = {}
+    for d in demands:
+        if d.rate > 0 or d.pinned_nodes:
+            active[d.base_model] = active.get(d.base_model, 0) + 1
+    slot_total: dict[str, int] = {}
+    for n in nodes:
+        slot_total[n.base_model] = slot_total.get(n.base_model, 0) + n.cpu_slots
     for d in ordered:
         eligible = [n.name for n in nodes if is_eligible(d, n)]
         if not eligible:
@@ -148,32 +190,26 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
         k = replicas_wanted(d.rate, mean, config=config, min_replicas=d.min_replicas,
                             max_replicas=d.max_replicas, eligible=len(eligible))
         chosen = [name for name in eligible if name in d.pinned_nodes]
-        share = d.rate / max(k, len(chosen), 1)
         cap = config.load_bound * mean
-
-        def fits(name: str, check_slots: bool, check_load: bool, d: Demand = d, share: float = share,
-                 cap: float = cap) -> bool:
-            node = node_by_name[name]
-            if check_load and load[name] + share > cap + 1e-12:
-                return False
-            if check_slots and slots[name] >= node.cpu_slots:
-                return False
-            return not (check_slots and node.cpu_bytes is not None
-                        and used_bytes[name] + d.size_bytes > node.cpu_bytes)
-
         if d.rate > 0:
-            for check_slots, check_load in ((True, True), (False, True), (False, False)):
-                for name in eligible:
-                    if len(chosen) >= k:
-                        break
-                    if name not in chosen and fits(name, check_slots, check_load):
-                        chosen.append(name)
-            for name in chosen:
-                load[name] += share
-                slots[name] += 1
-                used_bytes[name] += d.size_bytes
+            if active.get(d.base_model, 0) <= slot_total.get(d.base_model, 0):
+                forced = math.ceil(d.rate / cap - 1e-9) if cap > 0 else 1
+                first = min(k, max(1, forced, min(d.min_replicas, len(eligible))))
+                grow(d, chosen, eligible, first, cap, ((True, True), (True, False), (False, True), (False, False)))
+                plans.append((d, chosen, eligible, k, cap))
+            else:
+                grow(d, chosen, eligible, k, cap, ((True, True), (False, True), (False, False)))
+            book(d, chosen, +1)
         elif not chosen:
             # Idle: its HRW-first node, without promising it a CPU slot.
             chosen = eligible[:k]
         result[d.version_id] = tuple(chosen)
+    # Then the rate-driven extra replicas, hottest first, into free CPU slots only: one that took a slot from a
+    # colder version made it reload on each of its requests (scripts/bench_fleet: 8 versions, 8 slots).
+    for d, chosen, eligible, k, cap in plans:
+        if len(chosen) < k:
+            book(d, chosen, -1)
+            grow(d, chosen, eligible, k, cap, ((True, True), (True, False)))
+            book(d, chosen, +1)
+            result[d.version_id] = tuple(chosen)
     return result
