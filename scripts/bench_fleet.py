@@ -17,7 +17,8 @@ make affinity reload too; then the hot set decides.
 
 One seeded Zipf trace (``--zipf`` α over the adapters, ``--requests`` streamed completions of ``--max-tokens``
 tokens, ``--concurrency`` clients in a closed loop) is replayed through each gateway in turn, ``--rounds`` times
-alternating, so machine noise hits both.
+alternating, so machine noise hits both; before each, ``--warmup`` unmeasured requests let the policy settle the
+caches the other one left.
 
 Printed side by side per policy: throughput (requests/s, tokens/s), TTFT p50/p99 (first streamed token, ms), the
 engines' own load counts (``disk→cpu`` = adapters read into the CPU cache, ``cpu→gpu`` = moved into a GPU slot,
@@ -260,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="alternating replays per policy")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=16,
+                        help="unmeasured requests (same popularity, another seed) before each measured round: both "
+                             "gateways share the engines, so each round starts from the other policy's caches")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
@@ -349,9 +353,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         top = sorted(((trace.count(n), n) for n in names), reverse=True)[:4]
         say(f"trace: {len(trace)} requests over {len(set(trace))} adapters (top 4: "
             f"{', '.join(f'{n} {c}' for c, n in top)}); {args.rounds} rounds per policy, alternating")
+        warmup = zipf_trace(names, args.warmup, args.zipf, args.seed + 1000) if args.warmup else []
         runs: dict[str, list[Run]] = {p: [] for p in POLICIES}
         for round_no in range(args.rounds):
             for policy in (POLICIES if round_no % 2 == 0 else POLICIES[::-1]):
+                if warmup:
+                    replay(policy, urls[policy], api_key, warmup, concurrency=args.concurrency,
+                           max_tokens=args.max_tokens, engines=engines)
                 run = replay(policy, urls[policy], api_key, trace, concurrency=args.concurrency,
                              max_tokens=args.max_tokens, engines=engines)
                 runs[policy].append(run)
@@ -362,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         # Printed before teardown: a failing cleanup must not lose the figures.
         load1, load5, _ = os.getloadavg()
         print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
-              f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy, concurrency "
+              f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy (after {args.warmup} unmeasured), concurrency "
               f"{args.concurrency}, {args.max_tokens} tokens each; engine cores {args.engine_cores}; cores {os.cpu_count()}, "
               f"load avg {load1:.1f}/{load5:.1f}")
         print("\n".join(table(results)))
