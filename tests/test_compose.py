@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,7 +19,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
 COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
-SECRETS = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "QUIVER_NODE_TOKEN", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY")
+# Every variable the file requires (``${NAME:?…}``); compose names whichever it meets first, in no fixed order.
+SECRETS = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "QUIVER_NODE_TOKEN", "POSTGRES_PASSWORD",
+           "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY", "GRAFANA_ADMIN_PASSWORD")
 
 
 def _compose(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -43,6 +46,12 @@ def test_compose_binary_is_the_real_one() -> None:
 def test_compose_config_is_valid_with_the_example_env(tmp_path: Path) -> None:
     done = _compose(tmp_path, "-f", str(COMPOSE_FILE), "--env-file", str(ENV_EXAMPLE), "config", "-q")
     assert done.returncode == 0, done.stderr
+
+
+def test_every_required_variable_is_a_known_secret() -> None:
+    lines = [line for line in COMPOSE_FILE.read_text().splitlines() if not line.lstrip().startswith("#")]
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", "\n".join(lines)))
+    assert required == set(SECRETS)
 
 
 def test_compose_refuses_to_render_without_secrets(tmp_path: Path) -> None:
