@@ -53,6 +53,8 @@ from inference.gateway.usage_sink import UsageSink
 logger = logging.getLogger(__name__)
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat/completions"}
 POLL_S = 0.2
+# Engine 404s for an adapter the fleet view said was served, answered by routing again (each bounded by the warm wait).
+MAX_REROUTES = 3
 INFERENCE_SCOPE = "inference"
 VERIFIED_MAX = 10_000
 
@@ -393,7 +395,7 @@ class GatewayApp:
                 usage=usage, latency_ms=(time.monotonic() - started) * 1000, ttft_ms=ttft_ms, created_at=arrived))
 
         content = json.dumps(upstream).encode()
-        rerouted = False
+        reroutes = 0
         try:
             while True:
                 try:
@@ -414,11 +416,13 @@ class GatewayApp:
                     except GatewayError:
                         raise exc from None
                     continue
-                if response.status_code == 404 and target.version_id is not None and not rerouted:
+                if response.status_code == 404 and target.version_id is not None and reroutes < MAX_REROUTES:
                     # The engine no longer serves the adapter (evicted, unloaded, engine restarted) while this
                     # process's fleet view, up to a heartbeat plus the refresh interval old, still said it did.
                     # Record what the engine said, then route again from a fresh view: another replica, or a warm.
-                    rerouted = True
+                    # More than once: with more adapters than CPU slots, a node can evict the adapter again between
+                    # its warm and this request's arrival (bench_fleet, 16 adapters over 8 slots).
+                    reroutes += 1
                     await response.aclose()
                     logger.info("gateway.adapter_not_served", extra={"node": node.name,
                                                                      "version_id": target.version_id})

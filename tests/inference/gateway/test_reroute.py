@@ -1,0 +1,89 @@
+"""An engine 404 for an adapter the fleet view said was served: the gateway routes again, a bounded number of times,
+before the client sees an error (an adapter evicted again between its warm and the request: bench_fleet)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import async_to_sync
+
+from adapters_app.models import AdapterVersion
+from adapters_app.services import adapter_create
+from inference.gateway import app as gateway_app
+from inference.gateway.app import MAX_REROUTES, GatewayApp
+from inference.gateway.snapshot import NodeView
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+
+NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
+
+
+class _Answer:
+    """The part of an upstream response the gateway reads for a non-streamed answer."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status_code, self._raw = status, json.dumps(body).encode()
+        self.closed = False
+
+    async def aread(self) -> bytes:
+        return self._raw
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, statuses: list[int]) -> tuple[httpx.Response, list[Any], list[_Answer]]:
+    tenant = TenantFactory()
+    _, key = api_key_create(tenant, name="app")
+    adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
+                                  s3_prefix="x/", files=[], status="ready")
+    answers: list[_Answer] = []
+    marked: list[Any] = []
+
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Answer:
+        status = statuses[min(len(answers), len(statuses) - 1)]
+        body = ({"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}} if status == 200 else
+                {"error": {"message": "The model `t--bot--1` does not exist.", "type": "NotFoundError", "code": 404}})
+        answers.append(_Answer(status, body))
+        return answers[-1]
+
+    async def node_for(self: GatewayApp, target: Any) -> NodeView:
+        return NODE
+
+    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(GatewayApp, "node_for", node_for)
+    monkeypatch.setattr(gateway_app, "_not_served", lambda node_id, version_id: marked.append((node_id, version_id)))
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=GatewayApp(background=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                                   json={"model": "bot", "prompt": "x", "max_tokens": 1})
+
+    return async_to_sync(go)(), marked, answers
+
+
+@pytest.mark.django_db
+def test_repeated_engine_404s_are_routed_again_until_a_node_answers(monkeypatch: pytest.MonkeyPatch,
+                                                                    base_model: Any) -> None:
+    response, marked, answers = _run(monkeypatch, [404] * MAX_REROUTES + [200])
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == "ok" and response.json()["model"] == "bot"
+    assert len(answers) == MAX_REROUTES + 1 and len(marked) == MAX_REROUTES  # each 404 recorded as not served
+    assert all(a.closed for a in answers)
+
+
+@pytest.mark.django_db
+def test_reroutes_are_bounded_and_the_last_404_is_an_openai_error_without_engine_names(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
+    response, marked, answers = _run(monkeypatch, [404])
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("model_not_available", "model")
+    assert "t--bot--1" not in response.text and "NotFoundError" not in response.text
+    assert len(answers) == MAX_REROUTES + 1 and len(marked) == MAX_REROUTES
