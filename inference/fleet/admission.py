@@ -114,7 +114,8 @@ def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationCon
         load: the node's last figures, or None.
         now_s: Unix time now.
         config: thresholds.
-        sent_since: requests this process sent the node after ``load.at_s`` (added to the waiting count).
+        sent_since: requests this process sent the node after ``load.at_s``, less those of its requests that ended
+            there since (added to the waiting count; negative when more ended than were sent).
     """
     if load is None or now_s - load.at_s > config.max_age_s:
         return None

@@ -243,6 +243,7 @@ class AdmissionGate:
         if entry is None:
             return
         node, tenant, _ = entry
+        self.board.note_done(node)
         self._released.setdefault(node, {})[tenant] = time.monotonic()
         counts = self.holding.get(node)
         if counts is not None:

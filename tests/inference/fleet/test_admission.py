@@ -25,6 +25,7 @@ CONFIG = SaturationConfig()  # GIE's defaults: queue 5, KV 0.8; stale after 0.25
     (NodeLoad(at_s=100.0, kv_cache_usage_perc=0.8), 0, True),
     (NodeLoad(at_s=100.0, num_requests_waiting=3), 2, True),  # sends since the scrape count as waiting
     (NodeLoad(at_s=100.0, num_requests_waiting=3), 1, False),
+    (NodeLoad(at_s=100.0, num_requests_waiting=5), -1, False),  # a request ended since: one waiting one moved up
 ])
 def test_saturated_at_queue_5_or_kv_08_counting_unreported_sends(load: NodeLoad, sent: int, expected: bool) -> None:
     assert node_saturated(load, now_s=100.1, config=CONFIG, sent_since=sent) is expected

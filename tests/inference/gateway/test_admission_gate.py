@@ -75,6 +75,26 @@ def test_saturated_requests_wait_and_leave_in_vtc_order(settings: Any) -> None:
     asyncio.run(run())
 
 
+def test_a_request_that_ends_hands_its_place_to_a_waiter_before_the_next_figures(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_MAX_WAIT_S = 5.0
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        _, running = await gate.acquire(tenant="a", priority=0, prompt_tokens=1, choose=_choose)  # no figures yet
+        await asyncio.sleep(0.002)
+        gate.board.loads = {"n1": _load(num_requests_waiting=5)}  # taken after that send: saturated
+        waiter = asyncio.create_task(gate.acquire(tenant="b", priority=0, prompt_tokens=1, choose=_choose))
+        await asyncio.sleep(0.01)
+        assert gate.depth == 1 and await gate.dispatch() == 0
+        gate.release(running)  # its engine slot is free: one of the five waiting there runs now
+        assert gate._kick.is_set() and await gate.dispatch() == 1  # the loop's wake-up, without new figures
+        node, _ = await asyncio.wait_for(waiter, 1.0)
+        assert node is NODE and gate.depth == 0
+        assert gate.board.sent_since("n1") == 0  # the ended one and the one just sent, both after the figures
+
+    asyncio.run(run())
+
+
 def test_higher_band_leaves_before_a_lower_counter() -> None:
     async def run() -> None:
         gate = AdmissionGate()
