@@ -3,8 +3,9 @@
 One CPU vLLM node (the tiny demo model), its node agent, and the gateway (uvicorn serving ``config.asgi``) on
 PostgreSQL and Redis (started by ``devtools.services`` when absent). For 1-token completions of the base model
 and for streaming time to first token, sequential and at concurrency 16 and 64, it prints p50/p99 latency and
-requests/s for both paths, the milliseconds the gateway adds and the throughput ratio. Scenarios alternate
-direct/gateway in rounds so that machine noise hits both alike. The last column is the gateway process's own CPU
+requests/s for both paths, the milliseconds the gateway adds and the throughput ratio. Sequential scenarios
+interleave the two paths request by request; the concurrent ones alternate direct/gateway in rounds; so machine
+noise hits both alike (c=1 requests/s is 1 / mean latency). The last column is the gateway process's own CPU
 time per request (user + system, from ``/proc``): unlike wall-clock figures it does not grow when other work
 competes for the cores.
 
@@ -133,6 +134,21 @@ async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, 
             label = f"{kind} c={conc}"
             results[label] = {"direct": {"lat": [], "rps": []}, "gateway": {"lat": [], "rps": []}}
             n = max(args.requests, conc * 4)
+            if conc == 1:
+                # Sequential: the two paths take turns request by request (who goes first alternating), so drift
+                # of the machine's speed between blocks of requests cannot open or close the gap between them.
+                calls = {path: _call_for(kind, client, body, stream_body) for path, client in clients.items()}
+                for _ in range(args.rounds):
+                    cpu0 = _cpu_s(gateway_pids)  # over the round: its background work during direct turns too
+                    for i in range(n):
+                        for path in (("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")):
+                            results[label][path]["lat"].append(await calls[path]())
+                    results[label]["gateway"].setdefault("cpu_ms", []).append((_cpu_s(gateway_pids) - cpu0) * 1000 / n)
+                    for path in clients:
+                        recent = results[label][path]["lat"][-n:]
+                        results[label][path]["rps"].append(1000 * len(recent) / sum(recent))
+                print(_row(label, results[label]), flush=True)
+                continue
             for _ in range(args.rounds):
                 for path, client in clients.items():
                     if kind == "completion":
@@ -150,6 +166,13 @@ async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, 
         for client in clients.values():
             await client.close()
     return results
+
+
+def _call_for(kind: str, client: aiohttp.ClientSession, body: dict[str, object],
+              stream_body: dict[str, object]) -> Callable[[], Awaitable[float]]:
+    if kind == "completion":
+        return lambda: _completion(client, "/v1/completions", body)
+    return lambda: _ttft(client, "/v1/completions", stream_body)
 
 
 def _row(label: str, r: dict[str, dict[str, list[float]]]) -> str:
