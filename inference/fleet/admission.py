@@ -115,11 +115,12 @@ def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationCon
         now_s: Unix time now.
         config: thresholds.
         sent_since: requests this process sent the node after ``load.at_s``, less those of its requests that ended
-            there since (added to the waiting count; negative when more ended than were sent).
+            there since (added to the waiting count, which stays ≥ 0; negative when more ended than were sent).
     """
     if load is None or now_s - load.at_s > config.max_age_s:
         return None
-    return (load.num_requests_waiting + sent_since >= config.queue_saturated
+    # Never below zero: requests that ended while nothing waited free running slots, not a place in a queue.
+    return (max(0, load.num_requests_waiting + sent_since) >= config.queue_saturated
             or load.kv_cache_usage_perc >= config.kv_saturated)
 
 

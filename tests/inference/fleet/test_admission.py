@@ -31,6 +31,13 @@ def test_saturated_at_queue_5_or_kv_08_counting_unreported_sends(load: NodeLoad,
     assert node_saturated(load, now_s=100.1, config=CONFIG, sent_since=sent) is expected
 
 
+def test_ended_requests_never_count_below_an_empty_queue() -> None:
+    hold_all = SaturationConfig(queue_saturated=0)  # what an operator (or a test) sets to hold every request
+    assert node_saturated(NodeLoad(at_s=100.0), now_s=100.1, config=hold_all, sent_since=-2) is True
+    assert node_saturated(NodeLoad(at_s=100.0, num_requests_waiting=1), now_s=100.1, config=CONFIG,
+                          sent_since=-3) is False
+
+
 def test_missing_or_stale_figures_are_unknown_not_saturated() -> None:
     full = NodeLoad(at_s=100.0, num_requests_waiting=50, kv_cache_usage_perc=1.0)
 
