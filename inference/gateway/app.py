@@ -55,6 +55,8 @@ ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat/comple
 POLL_S = 0.2
 # Engine 404s for an adapter the fleet view said was served, answered by routing again (each bounded by the warm wait).
 MAX_REROUTES = 3
+# While a request waits for its adapter's warm, it asks for the warm again this often (seconds).
+REWARM_S = 2.0
 INFERENCE_SCOPE = "inference"
 VERIFIED_MAX = 10_000
 
@@ -281,8 +283,15 @@ class GatewayApp:
             raise no_node
         asked_at = time.monotonic()
         deadline = asked_at + settings.QUIVER_WARM_WAIT_S
+        asked_again = asked_at
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
+            if time.monotonic() - asked_again >= REWARM_S:
+                # Ask again: under eviction pressure the node can drop the adapter between its warm and this
+                # poll, and nothing else would load it again (a request waited out the whole warm wait in
+                # bench_fleet). A warm still in flight makes this a no-op (placement_request_warm).
+                asked_again = time.monotonic()
+                await db_call(_warm_request, target.version_id, pinned_to)
             fleet = self._routable(await self.directory.fleet_fresh(POLL_S))
             if pinned_to is not None:
                 node = next((n for n in fleet.nodes if n.pk == pinned_to), None)

@@ -1,5 +1,5 @@
-"""An engine 404 for an adapter the fleet view said was served: the gateway routes again, a bounded number of times,
-before the client sees an error (an adapter evicted again between its warm and the request: bench_fleet)."""
+"""An adapter evicted under the gateway's feet: on an engine 404 the gateway routes again, a bounded number of times,
+before the client sees an error; a request waiting for a warm asks for it again (bench_fleet under thrash)."""
 
 from __future__ import annotations
 
@@ -87,3 +87,36 @@ def test_reroutes_are_bounded_and_the_last_404_is_an_openai_error_without_engine
     assert (error["code"], error["param"]) == ("model_not_available", "model")
     assert "t--bot--1" not in response.text and "NotFoundError" not in response.text
     assert len(answers) == MAX_REROUTES + 1 and len(marked) == MAX_REROUTES
+
+
+@pytest.mark.django_db
+def test_a_request_waiting_for_a_warm_asks_again_while_its_adapter_is_not_served(
+        monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """Under eviction pressure a node can drop the adapter between its warm and the gateway's next poll; nothing
+    else would load it again, so the waiting request re-asks (deduplicated by ``placement_request_warm``)."""
+    from inference.gateway.errors import GatewayError
+    from inference.gateway.snapshot import FleetView, TargetView
+
+    settings.QUIVER_WARM_WAIT_S = 1.0
+    monkeypatch.setattr(gateway_app, "REWARM_S", 0.25)
+    asks: list[tuple[int, int | None]] = []
+    monkeypatch.setattr(gateway_app, "_warm_request", lambda version_id, node_id=None: asks.append(
+        (version_id, node_id)) or True)
+    fleet = FleetView(nodes=(NODE,), placements={}, read_at=0.0)  # the node never serves the version
+
+    async def go() -> None:
+        app = GatewayApp(background=False)
+
+        async def fleet_now(*_: Any) -> FleetView:
+            return fleet
+
+        monkeypatch.setattr(app.directory, "fleet", fleet_now)
+        monkeypatch.setattr(app.directory, "fleet_fresh", fleet_now)
+        target = TargetView(requested="bot", base_model_id=1, base_model_name="tiny-llama", served_name="t--bot--7",
+                            version_id=7, version_number=1, r=8)
+        with pytest.raises(GatewayError) as raised:
+            await app.node_for(target)
+        assert raised.value.code == "adapter_warm_timeout"
+
+    async_to_sync(go)()
+    assert len(asks) >= 3 and {version for version, _ in asks} == {7}  # the first ask, then every 0.25 s
