@@ -83,9 +83,9 @@ def _touch_last_used(key_pk: int) -> None:
     ApiKey.objects.filter(pk=key_pk).exclude(last_used_at__gt=now - interval).update(last_used_at=now)
 
 
-def _warm_request(version_id: int, node_id: int | None = None) -> bool:
-    """Ask a worker to warm the version on node ``node_id`` (round-robin's pick), else on the best live node; False
-    when no such live node serves its base model."""
+def _warm_request(version_id: int, node_id: int | None = None) -> int | None:
+    """Ask a worker to warm the version on node ``node_id`` (round-robin's pick, or the node an earlier ask chose),
+    else on the best live node. Returns the node's pk; None when no such live node serves its base model."""
     from adapters_app.models import AdapterVersion
     from inference.gateway.models import Node
     from inference.gateway.placement import node_select_for_warm, placement_request_warm
@@ -93,13 +93,13 @@ def _warm_request(version_id: int, node_id: int | None = None) -> bool:
     version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
         pk=version_id).first()
     if version is None:
-        return False
+        return None
     node = (Node.objects.filter(pk=node_id, healthy=True).first() if node_id is not None
             else node_select_for_warm(version.adapter.base_model, r=version.r))
     if node is None:
-        return False
+        return None
     placement_request_warm(version, node=node)
-    return True
+    return node.pk
 
 
 def _not_served(node_id: int, version_id: int) -> None:
@@ -279,7 +279,10 @@ class GatewayApp:
                                code="no_capacity", type_="server_error")
         # Round-robin picks nodes that may not hold the version: it is loaded where the turn fell.
         pinned_to = node.pk if node is not None else None
-        if target.version_id is None or not await db_call(_warm_request, target.version_id, pinned_to):
+        if target.version_id is None:
+            raise no_node
+        warm_node = await db_call(_warm_request, target.version_id, pinned_to)
+        if warm_node is None:
             raise no_node
         asked_at = time.monotonic()
         deadline = asked_at + settings.QUIVER_WARM_WAIT_S
@@ -289,9 +292,10 @@ class GatewayApp:
             if time.monotonic() - asked_again >= REWARM_S:
                 # Ask again: under eviction pressure the node can drop the adapter between its warm and this
                 # poll, and nothing else would load it again (a request waited out the whole warm wait in
-                # bench_fleet). A warm still in flight makes this a no-op (placement_request_warm).
+                # bench_fleet). Same node as the first ask; a warm still in flight makes this a no-op
+                # (placement_request_warm).
                 asked_again = time.monotonic()
-                await db_call(_warm_request, target.version_id, pinned_to)
+                await db_call(_warm_request, target.version_id, warm_node)
             fleet = self._routable(await self.directory.fleet_fresh(POLL_S))
             if pinned_to is not None:
                 node = next((n for n in fleet.nodes if n.pk == pinned_to), None)

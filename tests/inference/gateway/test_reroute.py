@@ -101,7 +101,7 @@ def test_a_request_waiting_for_a_warm_asks_again_while_its_adapter_is_not_served
     monkeypatch.setattr(gateway_app, "REWARM_S", 0.25)
     asks: list[tuple[int, int | None]] = []
     monkeypatch.setattr(gateway_app, "_warm_request", lambda version_id, node_id=None: asks.append(
-        (version_id, node_id)) or True)
+        (version_id, node_id)) or NODE.pk)
     fleet = FleetView(nodes=(NODE,), placements={}, read_at=0.0)  # the node never serves the version
 
     async def go() -> None:
@@ -120,3 +120,4 @@ def test_a_request_waiting_for_a_warm_asks_again_while_its_adapter_is_not_served
 
     async_to_sync(go)()
     assert len(asks) >= 3 and {version for version, _ in asks} == {7}  # the first ask, then every 0.25 s
+    assert asks[0] == (7, None) and set(asks[1:]) == {(7, NODE.pk)}  # again on the node the first ask chose
