@@ -102,16 +102,11 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
 
 def node_select_for_warm(base_model: BaseModel, *, r: int | None = None) -> Node | None:
     """The live node of ``base_model`` able to load rank ``r`` (its engine's ``--max-lora-rank``) with the fewest
-    resident adapters, warms in flight counted as residents, then the lowest KV usage; None if none.
-
-    Counting in-flight warms spreads a burst: versions validated together each saw the same resident counts and all
-    went to one node (13 of 16 in scripts/bench_fleet)."""
-    in_flight = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
+    resident adapters, then the lowest KV usage; None if none."""
     return (
         nodes_live(base_model)
         .filter(max_lora_rank__gte=r or 0)
-        .annotate(resident=Count("placements", filter=Q(placements__tier__in=RESIDENT)
-                                 | Q(placements__warming_since__gt=in_flight)))
+        .annotate(resident=Count("placements", filter=Q(placements__tier__in=RESIDENT)))
         .order_by("resident", "kv_cache_usage_perc", "name")
         .first()
     )

@@ -161,16 +161,6 @@ def test_an_engine_404_unroutes_the_node_and_the_next_warm_is_sent(  # type: ign
     assert placement_mark_not_served(node.pk, ready_version.pk) == 0  # a warm in flight is left alone
 
 
-def test_a_warm_in_flight_counts_so_a_burst_of_new_versions_spreads(ready_version: AdapterVersion) -> None:
-    a, b = _beat(_state("a")), _beat(_state("b"))
-    base = ready_version.adapter.base_model
-    assert node_select_for_warm(base) == a  # equal: by name
-    placement_request_warm(ready_version, node=a)
-    assert node_select_for_warm(base) == b  # a's warm is in flight: the next new version goes to b
-    Placement.objects.filter(node=a).update(warming_since=timezone.now() - timedelta(hours=1))
-    assert node_select_for_warm(base) == a  # a lost warm (older than the warm wait) no longer counts
-
-
 def test_warm_targets_only_nodes_whose_engine_takes_the_rank(ready_version: AdapterVersion) -> None:
     _beat(_state("small", max_lora_rank=4))
     base = ready_version.adapter.base_model
