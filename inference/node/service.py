@@ -134,6 +134,8 @@ class NodeAgent:
         # greedy requests. `unknown` (the probe failed) is not kept.
         self._verdicts: dict[tuple[str, ...], str] = {}
         self.eviction = EvictionConfig(policy=EvictionPolicy(settings.eviction_policy))
+        # lora_int_id -> time.monotonic() of its last good add here: the eviction grace (`eviction_grace_s`).
+        self._loaded_at: dict[int, float] = {}
 
     async def load(
         self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool, expect_effect: bool = True
@@ -187,6 +189,7 @@ class NodeAgent:
                                  "fixed prompt equal the base model's, so it would serve as the base model")
             self.errored.pop(lora_name, None)
             self.effects[lora_name] = (lora_int_id, effect)
+            self._loaded_at[lora_int_id] = time.monotonic()
             tier = await self._tier_now(lora_int_id)
         await self._enforce_budget({(lora_name, lora_int_id)})
         logger.info(
@@ -219,6 +222,7 @@ class NodeAgent:
 
         Residents come from the engine's own figures (``inference.node.worker_ext``): recency = seconds since its
         last batch, frequency = scheduler steps that used it, reload cost = ``RELOAD_FIXED_MS`` + bytes from disk.
+        Adapters added here less than ``eviction_grace_s`` ago are left out while an older, unpinned one can go.
 
         Raises:
             EngineError: 409 `all_pinned` when every resident is pinned (vLLM would raise the same).
@@ -247,9 +251,20 @@ class NodeAgent:
         if capacity - len(busy) < 1:
             return ()  # every resident is mid-load: vLLM's LRU decides
         residents = [r for r in residents if r.version_id not in busy]
+        now = time.monotonic()
+        fresh = {r.version_id for r in residents if not r.pinned
+                 and now - self._loaded_at.get(r.version_id, -1e18) < self.settings.eviction_grace_s}
         try:
-            victims = choose_victims(residents, slots=capacity - len(busy), budget_bytes=None, incoming_bytes=0,
-                                     now_s=0.0, config=self.eviction)
+            victims: Sequence[int] = ()
+            if fresh and capacity - len(busy) - len(fresh) >= 1:
+                # Older residents go first; if only pins are left among them, the fresh ones are fair game again.
+                with contextlib.suppress(AllPinnedError):
+                    victims = choose_victims([r for r in residents if r.version_id not in fresh],
+                                             slots=capacity - len(busy) - len(fresh), budget_bytes=None,
+                                             incoming_bytes=0, now_s=0.0, config=self.eviction)
+            if not victims:
+                victims = choose_victims(residents, slots=capacity - len(busy), budget_bytes=None, incoming_bytes=0,
+                                         now_s=0.0, config=self.eviction)
         except AllPinnedError as exc:
             raise EngineError(409, "all_pinned", f"every adapter in the engine's CPU cache is pinned: {exc}") from exc
         removed = []
@@ -263,6 +278,7 @@ class NodeAgent:
                 if exc.code != "lora_not_found":
                     raise
             self.effects.pop(name, None)
+            self._loaded_at.pop(victim, None)
             removed.append(name)
         if removed:
             logger.info("agent.evicted", extra={"lora_names": removed, "policy": self.eviction.policy.value,

@@ -44,6 +44,7 @@ def settings(clean_vllm_engine: RunningEngine, s3_server: S3Server, tmp_path: Pa
         max_loras=clean_vllm_engine.max_loras,
         max_cpu_loras=clean_vllm_engine.max_cpu_loras,
         max_lora_rank=clean_vllm_engine.max_lora_rank,
+        eviction_grace_s=0.0,  # these tests load back to back and name the policy's victim
     )
 
 
@@ -430,6 +431,32 @@ def test_lru_policy_drops_the_least_recently_used(
                                                            "files": files}).json()
                    for i in range(clean_vllm_engine.max_cpu_loras + 1)]
     assert answers[-1]["evicted"] == ["acme--lru0"]
+
+
+def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
+    settings: NodeSettings, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
+) -> None:
+    """LRU alone would drop grace1 (its effect probe is its only use); inside the grace, grace0 (older, just used)
+    goes instead. When every resident is fresh, the policy picks among them all."""
+    files = upload(tiny_adapters["qv-r8"])
+    capacity = clean_vllm_engine.max_cpu_loras
+    with TestClient(create_app(replace(settings, eviction_policy="lru", eviction_grace_s=600.0))) as client:
+        client.headers["Authorization"] = f"Bearer {settings.node_key}"
+
+        def load(i: int) -> dict[str, Any]:
+            answer = client.post("/v1/adapters/load", json={"lora_name": f"acme--grace{i}", "lora_int_id": 90 + i,
+                                                            "files": files})
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        assert all(load(i)["evicted"] == [] for i in range(capacity))
+        done = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
+                          json={"model": "acme--grace0", "prompt": "the", "max_tokens": 2}, timeout=120)
+        assert done.status_code == 200
+        client.app.state.agent._loaded_at[90] -= 3600.0  # grace0 was loaded an hour ago
+
+        assert load(capacity)["evicted"] == ["acme--grace0"]
+        assert load(capacity + 1)["evicted"] == ["acme--grace1"]  # all fresh: LRU among them
 
 
 def test_the_effect_probe_refuses_an_adapter_that_changes_nothing(

@@ -75,3 +75,15 @@ def test_placeholder_credentials_are_refused(name: str) -> None:
            name: "CHANGE-ME-node-key"}
     with pytest.raises(ConfigError, match=f"{name} is a placeholder"):
         NodeSettings.from_env(env)
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [(None, 5.0), ("0", 0.0), ("250", 0.25)])
+def test_eviction_grace_in_milliseconds(raw: str | None, seconds: float) -> None:
+    env = {**REQUIRED, **({"QUIVER_EVICTION_GRACE_MS": raw} if raw is not None else {})}
+    assert NodeSettings.from_env(env).eviction_grace_s == seconds
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "inf", "nan"])
+def test_a_bad_eviction_grace_is_refused(raw: str) -> None:
+    with pytest.raises(ConfigError, match="QUIVER_EVICTION_GRACE_MS"):
+        NodeSettings.from_env({**REQUIRED, "QUIVER_EVICTION_GRACE_MS": raw})
