@@ -130,7 +130,7 @@ class NodeSettings:
             scheduling_policy=_policy(env),
             eviction_policy=_eviction_policy(env),
             effect_probe=env.get("QUIVER_EFFECT_PROBE", "1").strip().lower() not in ("0", "false", "no", "off"),
-            eviction_grace_s=_non_negative_float(env, "QUIVER_EVICTION_GRACE_MS", 5000.0) / 1000,
+            eviction_grace_s=_positive_float(env, "QUIVER_EVICTION_GRACE_MS", 5000.0, zero_ok=True) / 1000,
         )
 
 
@@ -154,7 +154,8 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+def _positive_float(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool = False) -> float:
+    """``env[name]`` as a finite float > 0 (>= 0 with ``zero_ok``), ``default`` when unset or empty."""
     raw = env.get(name)
     if not raw:
         return default
@@ -162,21 +163,8 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError as exc:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from exc
-    if value <= 0:
-        raise ConfigError(f"{name} must be > 0, got {raw}")
-    return value
-
-
-def _non_negative_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from exc
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"{name} must be a finite number >= 0, got {raw}")
+    if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
+        raise ConfigError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0, got {raw}")
     return value
 
 
