@@ -84,18 +84,20 @@ def _touch_last_used(key_pk: int) -> None:
 
 
 def _warm_request(version_id: int, node_id: int | None = None) -> int | None:
-    """Ask a worker to warm the version on node ``node_id`` (round-robin's pick, or the node an earlier ask chose),
-    else on the best live node. Returns the node's pk; None when no such live node serves its base model."""
+    """Ask a worker to warm the version on node ``node_id`` (round-robin's pick, or the node an earlier ask chose)
+    while that node is live, else on the best live node. Returns the node's pk; None when no live node serves its
+    base model."""
     from adapters_app.models import AdapterVersion
-    from inference.gateway.models import Node
-    from inference.gateway.placement import node_select_for_warm, placement_request_warm
+    from inference.gateway.placement import node_select_for_warm, nodes_live, placement_request_warm
 
     version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
         pk=version_id).first()
     if version is None:
         return None
-    node = (Node.objects.filter(pk=node_id, healthy=True).first() if node_id is not None
-            else node_select_for_warm(version.adapter.base_model, r=version.r))
+    node = (nodes_live(version.adapter.base_model).filter(pk=node_id).first() if node_id is not None else None)
+    if node is None:
+        # No node named, or it stopped heartbeating since (killed): the best live one instead.
+        node = node_select_for_warm(version.adapter.base_model, r=version.r)
     if node is None:
         return None
     placement_request_warm(version, node=node)
@@ -289,13 +291,6 @@ class GatewayApp:
         asked_again = asked_at
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
-            if time.monotonic() - asked_again >= REWARM_S:
-                # Ask again: under eviction pressure the node can drop the adapter between its warm and this
-                # poll, and nothing else would load it again (a request waited out the whole warm wait in
-                # bench_fleet). Same node as the first ask; a warm still in flight makes this a no-op
-                # (placement_request_warm).
-                asked_again = time.monotonic()
-                await db_call(_warm_request, target.version_id, warm_node)
             fleet = self._routable(await self.directory.fleet_fresh(POLL_S))
             if pinned_to is not None:
                 node = next((n for n in fleet.nodes if n.pk == pinned_to), None)
@@ -307,6 +302,17 @@ class GatewayApp:
                 node = node_choose(fleet, target, **self._policy())
                 if node is not None:
                     return node
+            if time.monotonic() - asked_again >= REWARM_S:
+                warm_live = any(n.pk == warm_node for n in fleet.nodes)
+                # Ask again: under eviction pressure the node can drop the adapter between its warm and this
+                # poll, and nothing else would load it again (a request waited out the whole warm wait in
+                # bench_fleet). Same node while it is live (a warm in flight makes this a no-op,
+                # placement_request_warm); once it is gone (killed, refusing connections), the best live node.
+                asked_again = time.monotonic()
+                rewarm_node = await db_call(_warm_request, target.version_id, warm_node if warm_live else None)
+                if rewarm_node is None:
+                    raise no_node
+                warm_node = rewarm_node
             error = fleet.warm_error(target.version_id) if fleet.read_at > asked_at else ""
             if error:
                 raise GatewayError(503, f"Loading adapter `{target.requested}` onto a node failed ({error}); "

@@ -122,6 +122,19 @@ def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_cap
     assert Placement.objects.get(node=node, adapter_version=ready_version).warming_since is not None
 
 
+def test_a_warm_asked_of_a_node_gone_stale_goes_to_a_live_one(ready_version: AdapterVersion, settings,  # type: ignore[no-untyped-def]
+                                                                django_capture_on_commit_callbacks) -> None:
+    from inference.gateway.app import _warm_request
+
+    dead, live = _beat(_state("dead")), _beat(_state("live"))
+    Node.objects.filter(pk=dead.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S + 1))
+    with django_capture_on_commit_callbacks():
+        assert _warm_request(ready_version.pk, live.pk) == live.pk
+        assert _warm_request(ready_version.pk, dead.pk) == live.pk  # killed, still marked healthy: not asked
+    assert not Placement.objects.filter(node=dead, adapter_version=ready_version).exists()
+
+
 def test_resolve_maps_names_and_hides_other_tenants(ready_version: AdapterVersion, make_client) -> None:  # type: ignore[no-untyped-def]
     tenant = ready_version.tenant
     bot = load_target(tenant.pk, "bot")
