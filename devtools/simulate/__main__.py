@@ -57,6 +57,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
                    help="placement's bounded-load c: a node takes at most c x the mean node rate")
     q.add_argument("--replica-util", type=float, default=PlacementConfig().replica_util,
                    help="share of a mean node's rate one replica carries before another is added")
+    q.add_argument("--replica-worth", type=float, default=PlacementConfig().replica_worth,
+                   help="over-subscribed fleets: an extra replica must carry this many times the slot frontier's rate")
     q.add_argument("--route-bound", type=float, default=RouteConfig().load_bound,
                    help="routing's bounded-load c over the candidates' mean load (+1)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma list of policies to run")
@@ -90,7 +92,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Result], dict[str, float]]:
                                     tenants=trace.tenant_of, costs=costs, eviction=EvictionPolicy(args.eviction),
                                     replan_s=args.replan_s,
                                     placement=PlacementConfig(load_bound=args.load_bound,
-                                                              replica_util=args.replica_util),
+                                                              replica_util=args.replica_util,
+                                                              replica_worth=args.replica_worth),
                                     routing=RouteConfig(load_bound=args.route_bound))
             return BASELINES[name](nodes, seed=args.seed)
         return make

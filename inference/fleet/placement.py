@@ -86,11 +86,17 @@ class PlacementConfig:
         replica_util: one replica may carry this share of a mean node's rate before another is added (0.25: the
             hottest versions get a second replica early, which evens out request counts; same sweep).
         max_replicas: default ceiling on ``k``.
+        replica_worth: where the fleet's CPU slots cannot hold every version with traffic, a rate-driven extra
+            replica takes the slot of the coldest version that had one, which then reloads on each of its requests.
+            It is granted only while each replica would still carry at least this many times that version's rate
+            (the slot frontier). Same sweep: 500 versions over 256 slots replicate the head (frontier ~0.06 % of
+            traffic); 16 over 8 (scripts/bench_fleet, frontier ~4 %) do not.
     """
 
     load_bound: float = 1.02
     replica_util: float = 0.25
     max_replicas: int = 4
+    replica_worth: float = 8.0
 
 
 def is_eligible(demand: Demand, node: PlacementNode) -> bool:
@@ -178,6 +184,7 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     slot_total: dict[str, int] = {}
     for n in nodes:
         slot_total[n.base_model] = slot_total.get(n.base_model, 0) + n.cpu_slots
+    frontier = _slot_frontier(demands, slot_total)
     for d in ordered:
         eligible = [n.name for n in nodes if is_eligible(d, n)]
         if not eligible:
@@ -198,6 +205,10 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
                 grow(d, chosen, eligible, first, cap, ((True, True), (True, False), (False, True), (False, False)))
                 plans.append((d, chosen, eligible, k, cap))
             else:
+                forced = max(1, math.ceil(d.rate / cap - 1e-9) if cap > 0 else 1, min(d.min_replicas, len(eligible)))
+                edge = config.replica_worth * frontier.get(d.base_model, 0.0)
+                while k > forced and d.rate / k < edge:
+                    k -= 1
                 grow(d, chosen, eligible, k, cap, ((True, True), (False, True), (False, False)))
             book(d, chosen, +1)
         elif not chosen:
@@ -213,3 +224,18 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
             book(d, chosen, +1)
             result[d.version_id] = tuple(chosen)
     return result
+
+
+def _slot_frontier(demands: Sequence[Demand], slot_total: Mapping[str, int]) -> dict[str, float]:
+    """Per base model, the rate of the coldest version that still gets a CPU slot when the slots go to the hottest
+    versions one each (0 where every version with traffic fits)."""
+    rates: dict[str, list[float]] = {}
+    for d in demands:
+        if d.rate > 0:
+            rates.setdefault(d.base_model, []).append(d.rate)
+    out: dict[str, float] = {}
+    for base, values in rates.items():
+        slots = slot_total.get(base, 0)
+        if 0 < slots < len(values):
+            out[base] = sorted(values, reverse=True)[slots - 1]
+    return out

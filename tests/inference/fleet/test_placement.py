@@ -67,6 +67,21 @@ def test_extra_replicas_never_take_a_colder_versions_cpu_slot() -> None:
     assert len(roomy[1]) == 2 and len(roomy[2]) == 2
 
 
+def test_over_subscribed_slots_replicate_only_what_outweighs_the_slot_it_takes() -> None:
+    # bench_fleet's default: 16 versions (Zipf 1.0) over 2 nodes x 4 CPU slots. A second replica of the hottest would
+    # take the slot of the 8th (~4 % of traffic), which then reloads on each request: not worth it (replica_worth).
+    demands = [demand(v, 100.0 / v) for v in range(1, 17)]
+    plan = place(demands, nodes(2, slots=4))
+    assert all(len(plan[v]) == 1 for v in range(1, 17))
+    assert [sum(1 for v in range(1, 9) if plan[v] == (f"n{i}",)) for i in range(2)] == [4, 4]
+    # replica_worth 0 is the rule before it: the head is replicated into colder versions' slots.
+    eager = place(demands, nodes(2, slots=4), config=PlacementConfig(replica_worth=0.0))
+    assert len(eager[1]) == 2
+    # 500 over 4 x 64 slots: the frontier carries ~0.06 % of traffic, so the head still gets its replicas.
+    wide = place([demand(v, 100.0 / v) for v in range(1, 501)], nodes(4, slots=64))
+    assert len(wide[1]) >= 2 and len(wide[2]) >= 2
+
+
 def test_pins_come_first_and_plan_is_deterministic() -> None:
     demands = [demand(1, 0.0, pinned_nodes=frozenset({"n3"})), demand(2, 5.0), demand(3, 1.0)]
     a = place(demands, nodes())
