@@ -20,7 +20,7 @@ from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import SimNode
 from inference.fleet.eviction import EvictionConfig, EvictionPolicy, Resident, choose_victims, decayed_hits
 from inference.fleet.hrw import hrw_weight
-from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place
+from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
 from inference.fleet.routing import Candidate, RouteConfig, route
 
 BASE = "base"
@@ -176,16 +176,17 @@ class QuiverPolicy(Policy):
         self.last_plan = t
         self._refresh_desired()
         if self.prewarm:
-            self._prewarm(t)
+            self._prewarm(t, slotted(self.plan, demands, self.pnodes))
 
-    def _prewarm(self, t: float) -> None:
-        """The reconciler's warm tasks: every extra replica of a replicated version gets loaded into its engine."""
+    def _prewarm(self, t: float, fits: frozenset[tuple[int, str]]) -> None:
+        """The reconciler's warm tasks (``fleet_reconcile._prewarm``; the simulator has no operator intent): every
+        replica of a replicated version within the nodes' CPU slots (``slotted``) that its engine lacks is loaded."""
         for adapter, names in self.plan.items():
             if len(names) < 2:
                 continue
             for name in names:
                 node = self.by_name[name]
-                if adapter in node.engine.cpu:
+                if (adapter, name) not in fits or adapter in node.engine.cpu:
                     continue
                 size = self.sizes[adapter]
                 if adapter not in node.disk:

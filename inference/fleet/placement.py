@@ -239,3 +239,23 @@ def _slot_frontier(demands: Sequence[Demand], slot_total: Mapping[str, int]) -> 
         if 0 < slots < len(values):
             out[base] = sorted(values, reverse=True)[slots - 1]
     return out
+
+
+def slotted(plan: Mapping[int, tuple[str, ...]], demands: Sequence[Demand],
+            nodes: Sequence[PlacementNode]) -> frozenset[tuple[int, str]]:
+    """The ``(version_id, node)`` pairs of ``plan`` that fit the nodes' engine CPU slots when pinned versions take
+    them first and the rest go hottest first (the order ``place`` books them in).
+
+    The reconcile loop pre-warms only these: where more versions have traffic than the fleet has CPU slots, the plan
+    still names a node for the coldest ones (where their requests go), but loading them ahead of demand would evict a
+    hotter version that then reloads — the reconciler thrashing the caches itself (scripts/bench_fleet: 16 versions
+    over 8 slots, a warm for each of the 8 outside the engines on every pass).
+    """
+    free = {n.name: n.cpu_slots for n in nodes}
+    out: set[tuple[int, str]] = set()
+    for d in sorted(demands, key=lambda d: (not d.pinned_nodes, -d.rate, d.version_id)):
+        for name in plan.get(d.version_id, ()):
+            if free.get(name, 0) > 0:
+                free[name] -= 1
+                out.add((d.version_id, name))
+    return frozenset(out)

@@ -97,3 +97,14 @@ def test_losing_a_node_moves_only_its_versions(dropped: str) -> None:
     for v, names in before.items():
         if dropped not in names:
             assert after[v] == names
+
+
+def test_slotted_pairs_fill_cpu_slots_pins_first_then_hottest() -> None:
+    from inference.fleet.placement import slotted
+
+    fleet = nodes(2, slots=2)
+    demands = [demand(1, 1.0, pinned_nodes=frozenset({"n0"})), demand(2, 9.0), demand(3, 5.0), demand(4, 3.0),
+               demand(5, 0.5)]
+    plan = {1: ("n0",), 2: ("n0", "n1"), 3: ("n1",), 4: ("n0",), 5: ("n1",)}
+    assert slotted(plan, demands, fleet) == {(1, "n0"), (2, "n0"), (2, "n1"), (3, "n1")}
+    assert slotted(plan, demands, nodes(2, slots=8)) == {(v, n) for v, names in plan.items() for n in names}

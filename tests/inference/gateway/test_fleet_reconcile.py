@@ -51,10 +51,13 @@ def test_idle_version_gets_one_replica_and_a_pin_is_carried_out(setup: dict[str,
                                                               django_capture_on_commit_callbacks: Any) -> None:
     version = setup["version"]
     with django_capture_on_commit_callbacks() as callbacks:
+        assert fleet_reconcile() == 0  # no operator intent: a single replica loads on its next request
+    VersionIntent.objects.create(adapter_version=version, min_replicas=1)
+    with django_capture_on_commit_callbacks() as callbacks:
         assert fleet_reconcile() == 1
     assert len(callbacks) == 1
     Placement.objects.all().delete()
-    VersionIntent.objects.create(adapter_version=version, pinned_nodes=["n1"])
+    VersionIntent.objects.filter(adapter_version=version).update(pinned_nodes=["n1"])
     with django_capture_on_commit_callbacks():
         fleet_reconcile()
     pinned = Placement.objects.get(adapter_version=version, node__name="n1")
@@ -102,3 +105,29 @@ def test_a_tenant_over_its_gpu_bytes_quota_loses_its_own_hot_adapters(
     with django_capture_on_commit_callbacks(execute=True):
         fleet_reconcile()
     assert len(evicted) == 2 and set(evicted) <= {p.pk for p in mine}  # never the other tenant's
+
+
+def test_with_more_versions_than_cpu_slots_only_the_hottest_are_warmed_ahead(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
+    """16 versions with traffic over 2 nodes × 4 CPU slots (bench_fleet): the plan names a node for every one, but
+    pre-warming the 8 coldest would evict hotter ones; they wait for their requests."""
+    from inference.gateway.models import UsageRecord
+
+    version = setup["version"]
+    versions = [version] + [
+        AdapterVersion.objects.create(tenant=version.tenant, adapter=adapter_create(
+            version.tenant, name=f"bot{i}", base_model_name="tiny-llama"), number=1, sha256=f"{i:064x}",
+            size_bytes=10, s3_prefix=f"v{i}/", files=[], status="ready", r=8) for i in range(1, 16)]
+    for rank, v in enumerate(versions, start=1):  # Zipf-like: 32, 16, 10, 8, ... requests in the rate window
+        UsageRecord.objects.bulk_create([
+            UsageRecord(tenant=v.tenant, adapter_version=v, endpoint="completions", status_code=200, latency_ms=1.0)
+            for _ in range(max(1, 32 // rank))])
+    for v in versions:  # an operator asked for one replica of each: the floor is what the reconciler warms
+        VersionIntent.objects.create(adapter_version=v, min_replicas=1)
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert fleet_reconcile() == 8
+    assert len(callbacks) == 8
+    warming = set(Placement.objects.filter(warming_since__isnull=False).values_list("adapter_version_id", flat=True))
+    assert warming == {v.pk for v in versions[:8]}
+    assert {n: Placement.objects.filter(warming_since__isnull=False, node__name=n).count()
+            for n in ("n0", "n1")} == {"n0": 4, "n1": 4}
