@@ -85,18 +85,26 @@ def _touch_last_used(key_pk: int) -> None:
 
 def _warm_request(version_id: int, node_id: int | None = None) -> int | None:
     """Ask a worker to warm the version on node ``node_id`` (round-robin's pick, or the node an earlier ask chose)
-    while that node is live, else on the best live node. Returns the node's pk; None when no live node serves its
-    base model."""
+    while that node is live; without one, on its first live home in the reconciler's plan
+    (``inference.gateway.fleet_plan``); else on the least-resident live node. Returns the node's pk; None when no
+    live node serves its base model."""
     from adapters_app.models import AdapterVersion
+    from inference.gateway.fleet_plan import plan_homes
     from inference.gateway.placement import node_select_for_warm, nodes_live, placement_request_warm
 
     version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
         pk=version_id).first()
     if version is None:
         return None
-    node = (nodes_live(version.adapter.base_model).filter(pk=node_id).first() if node_id is not None else None)
+    live = nodes_live(version.adapter.base_model)
+    node = live.filter(pk=node_id).first() if node_id is not None else None
+    if node is None and node_id is None:
+        # The version's home in the reconciler's plan, so each node cycles through its own share of the versions.
+        homes = plan_homes(version.pk)
+        by_name = {n.name: n for n in live.filter(name__in=homes, max_lora_rank__gte=version.r or 0)}
+        node = next((by_name[h] for h in homes if h in by_name), None)
     if node is None:
-        # No node named, or it stopped heartbeating since (killed): the best live one instead.
+        # No plan for it, or the node named stopped heartbeating since (killed): the best live one instead.
         node = node_select_for_warm(version.adapter.base_model, r=version.r)
     if node is None:
         return None

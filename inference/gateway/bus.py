@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 _client: redis.Redis | None = None
 
 
-def _sync_client() -> redis.Redis | None:
+def sync_client() -> redis.Redis | None:
+    """This process's shared Redis client for ``QUIVER_GATEWAY_REDIS_URL``, or None when it is unset."""
     global _client
     if not settings.QUIVER_GATEWAY_REDIS_URL:
         return None
@@ -37,7 +38,7 @@ def invalidation_publish(kind: str, ident: Any = None) -> None:
 
     Never raises: a lost message is covered by the subscribers' flush on reconnect and the TTL fallback.
     """
-    client = _sync_client()
+    client = sync_client()
     if client is None:
         return
     try:

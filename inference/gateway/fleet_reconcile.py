@@ -25,6 +25,7 @@ from django.utils import timezone
 from adapters_app.models import AdapterVersion
 from inference.fleet.eviction import Resident, eviction_order
 from inference.fleet.placement import Demand, PlacementNode, place, slotted
+from inference.gateway.fleet_plan import plan_publish
 from inference.gateway.models import Placement, TenantResidencyQuota, UsageRecord, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm
 from inference.gateway.tasks import placement_evict_task
@@ -93,6 +94,7 @@ def fleet_reconcile() -> int:
                     continue  # a load lands in a GPU slot; this tenant has none left (its requests still load it)
                 placement_request_warm(versions[d.version_id], node=node_by_name[name])
                 asked += 1
+    plan_publish(plans)
     evicted = fleet_trim(plans=plans, intents=intents, counts=counts)
     logger.info("fleet.reconciled", extra={"warms": asked, "evictions": evicted})
     return asked + evicted

@@ -135,6 +135,26 @@ def test_a_warm_asked_of_a_node_gone_stale_goes_to_a_live_one(ready_version: Ada
     assert not Placement.objects.filter(node=dead, adapter_version=ready_version).exists()
 
 
+def test_a_cold_warm_goes_to_the_versions_home_in_the_reconcilers_plan(ready_version: AdapterVersion, settings,  # type: ignore[no-untyped-def]
+                                                                        django_capture_on_commit_callbacks) -> None:
+    from inference.gateway.app import _warm_request
+    from inference.gateway.bus import sync_client
+    from inference.gateway.fleet_plan import PLAN_KEY, plan_homes, plan_publish
+
+    emptiest, busy = _beat(_state("emptiest")), _beat(_state("busy", kv_cache_usage_perc=0.6))
+    try:
+        with django_capture_on_commit_callbacks():
+            assert _warm_request(ready_version.pk) == emptiest.pk  # no plan yet: the least-resident node
+            Placement.objects.all().delete()
+            plan_publish({ready_version.pk: ("gone", "busy")})
+            assert plan_homes(ready_version.pk) == ["gone", "busy"]
+            assert _warm_request(ready_version.pk) == busy.pk  # its first live home
+            assert _warm_request(ready_version.pk, emptiest.pk) == emptiest.pk  # a named live node still wins
+    finally:
+        sync_client().delete(PLAN_KEY)  # type: ignore[union-attr]
+    assert plan_homes(ready_version.pk) == []
+
+
 def test_resolve_maps_names_and_hides_other_tenants(ready_version: AdapterVersion, make_client) -> None:  # type: ignore[no-untyped-def]
     tenant = ready_version.tenant
     bot = load_target(tenant.pk, "bot")
