@@ -305,6 +305,10 @@ class GatewayApp:
                 if node is not None and fleet.serves(node.pk, target.version_id):
                     return node
                 if node is None:
+                    # The node it was warming on left the fleet: a node that already serves it, else none.
+                    other = node_choose(replace(fleet, homes={}), target, **self._policy())
+                    if other is not None and fleet.serves(other.pk, target.version_id):
+                        return other
                     raise no_node
             else:
                 node = node_choose(fleet, target, **self._policy())
@@ -323,6 +327,9 @@ class GatewayApp:
                 warm_node = rewarm_node
             error = fleet.warm_error(target.version_id) if fleet.read_at > asked_at else ""
             if error:
+                other = node_choose(replace(fleet, homes={}), target, **self._policy())
+                if other is not None and fleet.serves(other.pk, target.version_id):
+                    return other  # the move to its plan's home failed; the node that holds it still serves
                 raise GatewayError(503, f"Loading adapter `{target.requested}` onto a node failed ({error}); "
                                    "retry, and contact the operator if it persists.",
                                    code="adapter_load_failed", type_="server_error")

@@ -154,8 +154,9 @@ def _gpu_used(node: Any) -> int:
 
 
 def load_fleet() -> FleetView:
-    """Live nodes (healthy, heartbeat within ``QUIVER_NODE_STALE_AFTER_S``) and every placement on them that
-    serves or failed: two queries."""
+    """Live nodes (healthy, heartbeat within ``QUIVER_NODE_STALE_AFTER_S``), every placement on them that serves or
+    failed (two queries), and the reconciler's last plan (one Redis read, ``inference.gateway.fleet_plan``)."""
+    from inference.gateway.fleet_plan import plan_all
     from inference.gateway.models import Node, Placement
     from inference.gateway.node_client import node_key
 
@@ -175,7 +176,8 @@ def load_fleet() -> FleetView:
         code = last_error.split(":", 1)[0] if tier == Placement.Tier.ERRORED and warming_since is None else ""
         placements.setdefault(version_id, []).append(
             PlacementView(node_id=node_id, version_id=version_id, tier=tier, served=served, error_code=code))
-    return FleetView(nodes=nodes, placements={k: tuple(v) for k, v in placements.items()}, read_at=time.monotonic())
+    return FleetView(nodes=nodes, placements={k: tuple(v) for k, v in placements.items()}, read_at=time.monotonic(),
+                     homes=plan_all())
 
 
 class _Entry(Generic[V]):

@@ -52,3 +52,23 @@ def plan_homes(version_id: int) -> list[str]:
         return []
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return [name for name in text.split(",") if name]
+
+
+def plan_all() -> dict[int, tuple[str, ...]]:
+    """The whole last plan, ``{version_id: (node name, …)}``; ``{}`` when none or Redis is away. Never raises."""
+    client = sync_client()
+    if client is None:
+        return {}
+    try:
+        raw = client.hgetall(PLAN_KEY)
+    except redis.RedisError as exc:
+        logger.warning("fleet.plan_read_failed", extra={"error": str(exc)})
+        return {}
+    out: dict[int, tuple[str, ...]] = {}
+    for key, value in raw.items():
+        try:
+            version_id = int(key)
+        except ValueError:
+            continue
+        out[version_id] = tuple(n for n in (value.decode() if isinstance(value, bytes) else str(value)).split(",") if n)
+    return out

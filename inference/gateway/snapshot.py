@@ -104,6 +104,7 @@ class FleetView:
     nodes: tuple[NodeView, ...] = ()
     placements: dict[int, tuple[PlacementView, ...]] = field(default_factory=dict)
     read_at: float = 0.0
+    homes: dict[int, tuple[str, ...]] = field(default_factory=dict)  # version → its nodes in the reconciler's plan
 
     def nodes_for_base(self, base_model_id: int) -> list[NodeView]:
         """Live nodes serving ``base_model_id``."""
@@ -156,10 +157,20 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
                                       else Tier.COLD, target.version_id)
                            for n in live if n.max_lora_rank >= (target.r or 0)])
         return by_name[decision.node] if decision else None
+    placed = fleet.placements.get(target.version_id, ())
+    held = {p.node_id: p for p in placed if p.node_id in by_pk and (p.tier in RESIDENT_TIERS or p.served)}
+    errored = {p.node_id for p in placed if p.tier == "errored"}
+    homes = {h for h in fleet.homes.get(target.version_id, ())
+             if h in by_name and by_name[h].max_lora_rank >= (target.r or 0)}
     candidates = [
-        _candidate(by_pk[p.node_id], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK, target.version_id)
-        for p in fleet.placements.get(target.version_id, ())
-        if p.node_id in by_pk and (p.tier in RESIDENT_TIERS or p.served)
+        _candidate(by_pk[pk], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK, target.version_id)
+        ._replace(in_placement=not homes or by_pk[pk].name in homes)
+        for pk, p in held.items()
     ]
+    # A home of the reconciler's plan that does not hold it yet is a candidate too (cold, in the placement): the
+    # plan moved it there (bounded load by rate), and the caller warms it where this returns (as the simulator
+    # routes; inference.fleet.routing ranks the placement first, after the saturation and load filters).
+    candidates += [_candidate(by_name[h], Tier.ERRORED if by_name[h].pk in errored else Tier.COLD, target.version_id)
+                   for h in sorted(homes) if by_name[h].pk not in held] if held else []
     decision = decide(candidates)
     return by_name[decision.node] if decision else None

@@ -16,6 +16,15 @@ from tests.factories import TenantFactory
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _no_plan_left_behind() -> Any:
+    """Each pass publishes its plan to Redis (``fleet_plan``); later tests must not route by this one's."""
+    from inference.gateway.fleet_plan import plan_publish
+
+    yield
+    plan_publish({})
+
+
 @pytest.fixture
 def setup(base_model: Any) -> dict[str, Any]:
     Node.objects.all().delete()
@@ -131,3 +140,7 @@ def test_with_more_versions_than_cpu_slots_only_the_hottest_are_warmed_ahead(
     assert warming == {v.pk for v in versions[:8]}
     assert {n: Placement.objects.filter(warming_since__isnull=False, node__name=n).count()
             for n in ("n0", "n1")} == {"n0": 4, "n1": 4}
+    from inference.gateway.fleet_plan import plan_all
+
+    shared = plan_all()  # the plan the gateways read: every version has a home, the 8 hottest split 4 / 4
+    assert set(shared) == {v.pk for v in versions} and all(len(shared[v.pk]) == 1 for v in versions)

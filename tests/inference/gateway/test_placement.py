@@ -155,6 +155,25 @@ def test_a_cold_warm_goes_to_the_versions_home_in_the_reconcilers_plan(ready_ver
     assert plan_homes(ready_version.pk) == []
 
 
+def test_affinity_moves_a_version_to_its_plans_home_unless_that_home_is_saturated(ready_version: AdapterVersion) -> None:
+    """The reconciler's plan moved the version (bounded load by rate) from ``a``, which holds it, to ``b``:
+    routing picks ``b`` so the caller warms it there, as the simulator routes; not while ``b`` is saturated."""
+    from dataclasses import replace
+
+    entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "warm", "served": True}
+    _beat(_state("a", [entry]))
+    _beat(_state("b"))
+    fleet, target = load_fleet(), _target(ready_version)
+    assert node_choose(fleet, target).name == "a"  # no plan: the holder
+    planned = replace(fleet, homes={ready_version.pk: ("b",)})
+    chosen = node_choose(planned, target)
+    assert chosen is not None and chosen.name == "b" and not planned.serves(chosen.pk, ready_version.pk)
+    assert node_choose(replace(planned, homes={ready_version.pk: ("a", "b")}), target).name == "a"  # home holds it
+    _beat(_state("b", num_requests_waiting=9))
+    assert node_choose(replace(load_fleet(), homes={ready_version.pk: ("b",)}), target).name == "a"
+    assert node_choose(replace(load_fleet(), homes={ready_version.pk: ("gone",)}), target).name == "a"
+
+
 def test_resolve_maps_names_and_hides_other_tenants(ready_version: AdapterVersion, make_client) -> None:  # type: ignore[no-untyped-def]
     tenant = ready_version.tenant
     bot = load_target(tenant.pk, "bot")
