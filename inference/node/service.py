@@ -134,8 +134,11 @@ class NodeAgent:
         # greedy requests. `unknown` (the probe failed) is not kept.
         self._verdicts: dict[tuple[str, ...], str] = {}
         self.eviction = EvictionConfig(policy=EvictionPolicy(settings.eviction_policy))
-        # lora_int_id -> time.monotonic() of its last good add here: the eviction grace (`eviction_grace_s`).
+        # lora_int_id -> time.monotonic() of its last good add here, and the engine's scheduler steps for it right
+        # after that add (its effect probe included): the eviction grace (`eviction_grace_s`) lasts until either
+        # runs out, i.e. until the request that asked for the load has run.
         self._loaded_at: dict[int, float] = {}
+        self._steps_at_load: dict[int, float] = {}
 
     async def load(
         self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool, expect_effect: bool = True
@@ -190,7 +193,7 @@ class NodeAgent:
             self.errored.pop(lora_name, None)
             self.effects[lora_name] = (lora_int_id, effect)
             self._loaded_at[lora_int_id] = time.monotonic()
-            tier = await self._tier_now(lora_int_id)
+            tier = await self._tier_now(lora_int_id, note_steps=True)
         await self._enforce_budget({(lora_name, lora_int_id)})
         logger.info(
             "agent.loaded",
@@ -205,12 +208,17 @@ class NodeAgent:
         return LoadResult(lora_name, lora_int_id, bool(result["pinned"]), staged.download_ms, load_ms, tier=tier,
                           effect=effect, evicted=evicted)
 
-    async def _tier_now(self, lora_int_id: int) -> str:
-        """The adapter's tier in the engine's own lists now (`hot`/`warm`; `warm` when they cannot be read)."""
+    async def _tier_now(self, lora_int_id: int, *, note_steps: bool = False) -> str:
+        """The adapter's tier in the engine's own lists now (`hot`/`warm`; `warm` when they cannot be read);
+        ``note_steps``: also record its scheduler steps as the eviction grace's baseline."""
         try:
             report = await self.engine.loras_report()
         except EngineError:
             return "warm"
+        if note_steps:
+            steps = (report.get("residency") or {}).get("steps") or {}
+            if str(lora_int_id) in steps or lora_int_id in steps:
+                self._steps_at_load[lora_int_id] = float(steps.get(str(lora_int_id), steps.get(lora_int_id, 0)))
         for lora in report.get("loras", []):
             if int(lora["lora_int_id"]) == lora_int_id and lora.get("tier") in ("gpu", "cpu"):
                 return ENGINE_TIER_WORD[lora["tier"]]
@@ -222,7 +230,8 @@ class NodeAgent:
 
         Residents come from the engine's own figures (``inference.node.worker_ext``): recency = seconds since its
         last batch, frequency = scheduler steps that used it, reload cost = ``RELOAD_FIXED_MS`` + bytes from disk.
-        Adapters added here less than ``eviction_grace_s`` ago are left out while an older, unpinned one can go.
+        Adapters added here less than ``eviction_grace_s`` ago and not used since are left out while another
+        unpinned one can go.
 
         Raises:
             EngineError: 409 `all_pinned` when every resident is pinned (vLLM would raise the same).
@@ -252,8 +261,12 @@ class NodeAgent:
             return ()  # every resident is mid-load: vLLM's LRU decides
         residents = [r for r in residents if r.version_id not in busy]
         now = time.monotonic()
+        # Fresh: added within the grace and not used since (its steps still at the post-load baseline). Once its
+        # request ran it is ranked like any other: a time-only grace kept each new cold adapter and evicted a hot
+        # one instead (bench_fleet, 16 adapters over 8 slots).
         fresh = {r.version_id for r in residents if not r.pinned
-                 and now - self._loaded_at.get(r.version_id, -1e18) < self.settings.eviction_grace_s}
+                 and now - self._loaded_at.get(r.version_id, -1e18) < self.settings.eviction_grace_s
+                 and steps.get(r.version_id, 0.0) <= self._steps_at_load.get(r.version_id, float("inf"))}
         try:
             victims: Sequence[int] = ()
             if fresh and capacity - len(busy) - len(fresh) >= 1:
@@ -279,6 +292,7 @@ class NodeAgent:
                     raise
             self.effects.pop(name, None)
             self._loaded_at.pop(victim, None)
+            self._steps_at_load.pop(victim, None)
             removed.append(name)
         if removed:
             logger.info("agent.evicted", extra={"lora_names": removed, "policy": self.eviction.policy.value,

@@ -436,8 +436,8 @@ def test_lru_policy_drops_the_least_recently_used(
 def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
     settings: NodeSettings, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
 ) -> None:
-    """LRU alone would drop grace1 (its effect probe is its only use); inside the grace, grace0 (older, just used)
-    goes instead. When every resident is fresh, the policy picks among them all."""
+    """LRU alone would drop grace1 (its effect probe is its only use); inside the grace, grace0 goes instead: its
+    request has run, which ends its grace. When every resident is fresh, the policy picks among them all."""
     files = upload(tiny_adapters["qv-r8"])
     capacity = clean_vllm_engine.max_cpu_loras
     with TestClient(create_app(replace(settings, eviction_policy="lru", eviction_grace_s=600.0))) as client:
@@ -453,7 +453,8 @@ def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
         done = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
                           json={"model": "acme--grace0", "prompt": "the", "max_tokens": 2}, timeout=120)
         assert done.status_code == 200
-        client.app.state.agent._loaded_at[90] -= 3600.0  # grace0 was loaded an hour ago
+        agent = client.app.state.agent
+        assert set(agent._steps_at_load) == {90 + i for i in range(capacity)}  # baselines after each probe
 
         assert load(capacity)["evicted"] == ["acme--grace0"]
         assert load(capacity + 1)["evicted"] == ["acme--grace1"]  # all fresh: LRU among them
