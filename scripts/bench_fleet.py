@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                         help="unmeasured requests (same popularity, another seed) before each measured round, "
                              "default --requests: both gateways share the engines, so each round starts from the "
                              "other policy's caches, and a policy's first round stages copies on new nodes")
+    parser.add_argument("--miss-cost", type=float, default=3.0,
+                        help="QUIVER_PLACEMENT_MISS_COST for the reconciler: on this CPU node a control-plane warm "
+                             "costs a few 16-token requests' worth (0 is the GPU default)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
@@ -302,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         env.update({"DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
                     "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
                     "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(48),
-                    "QUIVER_NODE_SECRET": secrets.token_urlsafe(48), "QUIVER_WARM_WAIT_S": "120"})
+                    "QUIVER_NODE_SECRET": secrets.token_urlsafe(48), "QUIVER_WARM_WAIT_S": "120",
+                    "QUIVER_PLACEMENT_MISS_COST": str(args.miss_cost)})
         say("migrating a fresh database, registering the tiny base model and a tenant")
         manage(env, "migrate", "--noinput")
         manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
@@ -383,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         load1, load5, _ = os.getloadavg()
         print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
               f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy (after {args.warmup} unmeasured), concurrency "
-              f"{args.concurrency}, {args.max_tokens} tokens each; engine cores {args.engine_cores}; cores {os.cpu_count()}, "
+              f"{args.concurrency}, {args.max_tokens} tokens each; engine cores {args.engine_cores}; placement miss cost "
+              f"{args.miss_cost:g}; cores {os.cpu_count()}, "
               f"load avg {load1:.1f}/{load5:.1f}")
         print("\n".join(table(results)))
         if args.json:

@@ -253,6 +253,13 @@ QUIVER_NODE_SAMPLE_RETENTION_S = env.int("QUIVER_NODE_SAMPLE_RETENTION_S", defau
 QUIVER_ROUTING_POLICY = env.str("QUIVER_ROUTING_POLICY", default="affinity")
 if QUIVER_ROUTING_POLICY not in ("affinity", "round_robin"):
     raise ImproperlyConfigured(f"QUIVER_ROUTING_POLICY={QUIVER_ROUTING_POLICY!r}: use affinity or round_robin.")
+# Placement's miss cost (inference.fleet.placement.PlacementConfig.miss_cost): the extra work, in requests, of a
+# request that needs an engine load. 0 suits GPUs serving long generations (a load is small beside one); on the CPU
+# dev node, where a 16-token request takes tens of ms and a control-plane warm a few hundred, ~3 (scripts/bench_fleet).
+QUIVER_PLACEMENT_MISS_COST = env.float("QUIVER_PLACEMENT_MISS_COST", default=0.0)
+if not 0.0 <= QUIVER_PLACEMENT_MISS_COST <= 1000.0:
+    raise ImproperlyConfigured(f"QUIVER_PLACEMENT_MISS_COST={QUIVER_PLACEMENT_MISS_COST!r}: use a number from 0 "
+                               "to 1000 (requests' worth of work per engine load).")
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)
 QUIVER_PROXY_TIMEOUT_S = env.float("QUIVER_PROXY_TIMEOUT_S", default=300.0)

@@ -57,6 +57,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
                    help="placement's bounded-load c: a node takes at most c x the mean node rate")
     q.add_argument("--replica-util", type=float, default=PlacementConfig().replica_util,
                    help="share of a mean node's rate one replica carries before another is added")
+    q.add_argument("--miss-cost", type=float, default=PlacementConfig().miss_cost,
+                   help="placement books a version colder than the slot frontier at rate x (1 + this)")
     q.add_argument("--replica-worth", type=float, default=PlacementConfig().replica_worth,
                    help="over-subscribed fleets: an extra replica must carry this many times the slot frontier's rate")
     q.add_argument("--route-bound", type=float, default=RouteConfig().load_bound,
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Result], dict[str, float]]:
                                     replan_s=args.replan_s,
                                     placement=PlacementConfig(load_bound=args.load_bound,
                                                               replica_util=args.replica_util,
-                                                              replica_worth=args.replica_worth),
+                                                              replica_worth=args.replica_worth,
+                                                              miss_cost=args.miss_cost),
                                     routing=RouteConfig(load_bound=args.route_bound))
             return BASELINES[name](nodes, seed=args.seed)
         return make

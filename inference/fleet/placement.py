@@ -91,12 +91,17 @@ class PlacementConfig:
             It is granted only while each replica would still carry at least this many times that version's rate
             (the slot frontier). Same sweep: 500 versions over 256 slots replicate the head (frontier ~0.06 % of
             traffic); 16 over 8 (scripts/bench_fleet, frontier ~4 %) do not.
+        miss_cost: the extra work a request costs its node when it needs an engine load, in requests (a load's
+            time over a request's). Versions colder than the slot frontier are booked at rate × (1 + miss_cost),
+            so the load bound spreads reloads as well as requests; at 0 one node could get the hot versions and
+            the other every reload (scripts/bench_fleet).
     """
 
     load_bound: float = 1.02
     replica_util: float = 0.25
     max_replicas: int = 4
     replica_worth: float = 8.0
+    miss_cost: float = 0.0
 
 
 def is_eligible(demand: Demand, node: PlacementNode) -> bool:
@@ -133,9 +138,17 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     Returns:
         ``{version_id: (node, …)}``, preferred node first; a version no node can load maps to ``()``.
     """
+    slot_total: dict[str, int] = {}
+    for n in nodes:
+        slot_total[n.base_model] = slot_total.get(n.base_model, 0) + n.cpu_slots
+    frontier = _slot_frontier(demands, slot_total)
+    # What a version costs the node that serves it: its rate, times 1 + miss_cost when it is colder than the slot
+    # frontier (no CPU slot for it anywhere: each of its requests is an engine load).
+    cost = {d.version_id: d.rate * (1.0 + config.miss_cost) if 0 < d.rate < frontier.get(d.base_model, 0.0)
+            else d.rate for d in demands}
     by_base: dict[str, float] = {}
     for d in demands:
-        by_base[d.base_model] = by_base.get(d.base_model, 0.0) + d.rate
+        by_base[d.base_model] = by_base.get(d.base_model, 0.0) + cost[d.version_id]
     nodes_per_base: dict[str, int] = {}
     for n in nodes:
         nodes_per_base[n.base_model] = nodes_per_base.get(n.base_model, 0) + 1
@@ -157,13 +170,13 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
 
     def book(d: Demand, chosen: list[str], sign: int) -> None:
         for name in chosen:
-            load[name] += sign * d.rate / len(chosen)
+            load[name] += sign * cost[d.version_id] / len(chosen)
             slots[name] += sign
             used_bytes[name] += sign * d.size_bytes
 
     def grow(d: Demand, chosen: list[str], eligible: list[str], target: int, cap: float,
              passes: Sequence[tuple[bool, bool]]) -> None:
-        share = d.rate / max(target, len(chosen), 1)
+        share = cost[d.version_id] / max(target, len(chosen), 1)
         for check_slots, check_load in passes:
             for name in eligible:
                 if len(chosen) >= target:
@@ -181,10 +194,6 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     for d in demands:
         if d.rate > 0 or d.pinned_nodes:
             active[d.base_model] = active.get(d.base_model, 0) + 1
-    slot_total: dict[str, int] = {}
-    for n in nodes:
-        slot_total[n.base_model] = slot_total.get(n.base_model, 0) + n.cpu_slots
-    frontier = _slot_frontier(demands, slot_total)
     for d in ordered:
         eligible = [n.name for n in nodes if is_eligible(d, n)]
         if not eligible:
@@ -200,12 +209,12 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
         cap = config.load_bound * mean
         if d.rate > 0:
             if active.get(d.base_model, 0) <= slot_total.get(d.base_model, 0):
-                forced = math.ceil(d.rate / cap - 1e-9) if cap > 0 else 1
+                forced = math.ceil(cost[d.version_id] / cap - 1e-9) if cap > 0 else 1
                 first = min(k, max(1, forced, min(d.min_replicas, len(eligible))))
                 grow(d, chosen, eligible, first, cap, ((True, True), (True, False), (False, True), (False, False)))
                 plans.append((d, chosen, eligible, k, cap))
             else:
-                forced = max(1, math.ceil(d.rate / cap - 1e-9) if cap > 0 else 1, min(d.min_replicas, len(eligible)))
+                forced = max(1, math.ceil(cost[d.version_id] / cap - 1e-9) if cap > 0 else 1, min(d.min_replicas, len(eligible)))
                 edge = config.replica_worth * frontier.get(d.base_model, 0.0)
                 while k > forced and d.rate / k < edge:
                     k -= 1

@@ -18,13 +18,14 @@ from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from inference.fleet.eviction import Resident, eviction_order
-from inference.fleet.placement import Demand, PlacementNode, place, slotted
+from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
 from inference.gateway.fleet_plan import plan_publish
 from inference.gateway.models import Placement, TenantResidencyQuota, UsageRecord, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm
@@ -74,7 +75,7 @@ def fleet_reconcile() -> int:
                                   min_replicas=intent.min_replicas if intent else 1,
                                   max_replicas=intent.max_replicas if intent else None,
                                   pinned_nodes=pinned, resident_on=frozenset(held[v.pk])))
-        plan = place(demands, nodes)
+        plan = place(demands, nodes, config=PlacementConfig(miss_cost=settings.QUIVER_PLACEMENT_MISS_COST))
         plans.update(plan)
         fits = slotted(plan, demands, nodes)
         node_by_name = {n.name: n for n in live}

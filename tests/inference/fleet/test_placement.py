@@ -108,3 +108,17 @@ def test_slotted_pairs_fill_cpu_slots_pins_first_then_hottest() -> None:
     plan = {1: ("n0",), 2: ("n0", "n1"), 3: ("n1",), 4: ("n0",), 5: ("n1",)}
     assert slotted(plan, demands, fleet) == {(1, "n0"), (2, "n0"), (2, "n1"), (3, "n1")}
     assert slotted(plan, demands, nodes(2, slots=8)) == {(v, n) for v, names in plan.items() for n in names}
+
+
+def test_miss_cost_spreads_the_reloads_of_versions_past_the_slot_frontier() -> None:
+    # 16 over 2 x 4 slots: the 8 coldest reload on each request. Booked at rate x (1 + miss_cost), they split so
+    # both nodes carry about the same work; booked at their rate alone, one node takes most of the reloads.
+    demands = [demand(v, 100.0 / v) for v in range(1, 17)]
+
+    def work(plan: dict[int, tuple[str, ...]], miss_cost: float) -> list[float]:
+        return [sum(100.0 / v * (1 + (miss_cost if v > 8 else 0)) for v in range(1, 17) if plan[v] == (f"n{i}",))
+                for i in range(2)]
+
+    costed = work(place(demands, nodes(2, slots=4), config=PlacementConfig(miss_cost=3.0)), 3.0)
+    plain = work(place(demands, nodes(2, slots=4)), 3.0)
+    assert max(costed) / min(costed) < 1.05 < max(plain) / min(plain)
