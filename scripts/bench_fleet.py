@@ -249,6 +249,24 @@ def _warm_where_placed(env: dict[str, str], names: list[str], timeout_s: float =
     return {n: sorted(v) for n, v in sorted(where.items())}
 
 
+def _plan_summary() -> str:
+    """The reconciler's last plan (``inference.gateway.fleet_plan``) as "node: adapters"; run after
+    ``_warm_where_placed`` set Django up."""
+    from django.db import connections
+
+    from adapters_app.models import AdapterVersion
+    from inference.gateway.fleet_plan import plan_all
+
+    plan = plan_all()
+    names = dict(AdapterVersion.objects.filter(pk__in=plan).values_list("pk", "adapter__name"))
+    connections.close_all()
+    by_node: dict[str, list[str]] = {}
+    for version_id, nodes in plan.items():
+        for node in nodes:
+            by_node.setdefault(node, []).append(names.get(version_id, str(version_id)))
+    return "; ".join(f"{n}: {', '.join(sorted(v))}" for n, v in sorted(by_node.items())) or "none yet"
+
+
 def _half_of_the_cores(i: int) -> str:
     """Engine ``i`` (1 or 2)'s share of this process's cores, as ``VLLM_CPU_OMP_THREADS_BIND`` wants it ("0", "2,3").
 
@@ -376,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                 if warmup:
                     replay(policy, urls[policy], api_key, warmup, concurrency=args.concurrency,
                            max_tokens=args.max_tokens, engines=engines)
+                say(f"reconciler's plan: {_plan_summary()}")
                 run = replay(policy, urls[policy], api_key, trace, concurrency=args.concurrency,
                              max_tokens=args.max_tokens, engines=engines)
                 runs[policy].append(run)
