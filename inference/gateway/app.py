@@ -57,6 +57,8 @@ POLL_S = 0.2
 MAX_REROUTES = 3
 # While a request waits for its adapter's warm, it asks for the warm again this often (seconds).
 REWARM_S = 2.0
+# A move to the version's home in the plan waits this long (seconds) before the request goes to a node that has it.
+MOVE_WAIT_S = 5.0
 INFERENCE_SCOPE = "inference"
 VERIFIED_MAX = 10_000
 
@@ -90,6 +92,7 @@ def _warm_request(version_id: int, node_id: int | None = None) -> int | None:
     live node serves its base model."""
     from adapters_app.models import AdapterVersion
     from inference.gateway.fleet_plan import plan_homes
+    from inference.gateway.models import Placement
     from inference.gateway.placement import node_select_for_warm, nodes_live, placement_request_warm
 
     version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
@@ -101,7 +104,9 @@ def _warm_request(version_id: int, node_id: int | None = None) -> int | None:
     if node is None and node_id is None:
         # The version's home in the reconciler's plan, so each node cycles through its own share of the versions.
         homes = plan_homes(version.pk)
-        by_name = {n.name: n for n in live.filter(name__in=homes, max_lora_rank__gte=version.r or 0)}
+        failed = set(Placement.objects.filter(adapter_version=version, tier=Placement.Tier.ERRORED)
+                     .values_list("node__name", flat=True))  # a home where its load fails is skipped
+        by_name = {n.name: n for n in live.filter(name__in=set(homes) - failed, max_lora_rank__gte=version.r or 0)}
         node = next((by_name[h] for h in homes if h in by_name), None)
     if node is None:
         # No plan for it, or the node named stopped heartbeating since (killed): the best live one instead.
@@ -297,23 +302,28 @@ class GatewayApp:
         asked_at = time.monotonic()
         deadline = asked_at + settings.QUIVER_WARM_WAIT_S
         asked_again = asked_at
+        # A move to the plan's home (affinity chose a node that does not hold it yet) waits at most MOVE_WAIT_S
+        # while another node still serves the version: a slow or lost warm must not cost the request its answer.
+        moving = pinned_to is not None and settings.QUIVER_ROUTING_POLICY != "round_robin"
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
             fleet = self._routable(await self.directory.fleet_fresh(POLL_S))
+            holder = self._holder(fleet, target)
             if pinned_to is not None:
                 node = next((n for n in fleet.nodes if n.pk == pinned_to), None)
                 if node is not None and fleet.serves(node.pk, target.version_id):
                     return node
+                if holder is not None and (node is None or (moving and time.monotonic() - asked_at >= MOVE_WAIT_S)):
+                    return holder
                 if node is None:
-                    # The node it was warming on left the fleet: a node that already serves it, else none.
-                    other = node_choose(replace(fleet, homes={}), target, **self._policy())
-                    if other is not None and fleet.serves(other.pk, target.version_id):
-                        return other
-                    raise no_node
+                    pinned_to = None  # the node it was warming on left the fleet: warm it on the best live one
+                    asked_again = float("-inf")
             else:
                 node = node_choose(fleet, target, **self._policy())
-                if node is not None:
+                if node is not None and fleet.serves(node.pk, target.version_id):
                     return node
+                if holder is not None:
+                    return holder  # its home is not it (no plan when it was asked, or the plan moved)
             if time.monotonic() - asked_again >= REWARM_S:
                 warm_live = any(n.pk == warm_node for n in fleet.nodes)
                 # Ask again: under eviction pressure the node can drop the adapter between its warm and this
@@ -327,14 +337,23 @@ class GatewayApp:
                 warm_node = rewarm_node
             error = fleet.warm_error(target.version_id) if fleet.read_at > asked_at else ""
             if error:
-                other = node_choose(replace(fleet, homes={}), target, **self._policy())
-                if other is not None and fleet.serves(other.pk, target.version_id):
-                    return other  # the move to its plan's home failed; the node that holds it still serves
+                if holder is not None:
+                    return holder  # the move to its plan's home failed; the node that holds it still serves
                 raise GatewayError(503, f"Loading adapter `{target.requested}` onto a node failed ({error}); "
                                    "retry, and contact the operator if it persists.",
                                    code="adapter_load_failed", type_="server_error")
+        holder = self._holder(self._routable(await self.directory.fleet_fresh(POLL_S)), target)
+        if holder is not None:
+            return holder
         raise GatewayError(503, f"Adapter `{target.requested}` is still loading; retry shortly.",
                            code="adapter_warm_timeout", type_="server_error")
+
+    def _holder(self, fleet: FleetView, target: TargetView) -> NodeView | None:
+        """A node that serves ``target``'s version now, the plan aside (affinity's choice among the holders)."""
+        if target.version_id is None:
+            return None
+        node = node_choose(replace(fleet, homes={}), target)
+        return node if node is not None and fleet.serves(node.pk, target.version_id) else None
 
     @staticmethod
     async def _read_raw(request: Request) -> bytes:

@@ -4,65 +4,78 @@
 load by request rate, sticky to where it is held) but pre-warms only what fits the CPU slots; the rest load on their
 next request. That request's warm must land where the plan put the version, or each cold version lands on whichever
 node looks emptiest at that moment and every node ends up cycling through every version (what the simulator, which
-routes cold requests to the plan, does not do). The plan is derived state: it lives in one Redis hash with a TTL of
-a few reconcile periods, and a missing or unreachable plan falls back to the least-resident node.
+routes cold requests to the plan, does not do). The plan is derived state: one Redis hash per database (so a test
+run and a dev stack on one Redis do not read each other's ids) with a TTL of a few reconcile periods. Readers keep
+it in-process for ``PLAN_CACHE_S`` and stop asking for ``PLAN_BACKOFF_S`` after a failure, so a slow or absent Redis
+never holds up the gateway's database thread for more than one socket timeout; a missing plan falls back to the
+least-resident node.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Mapping
 
 import redis
+from django.conf import settings
 
 from inference.gateway.bus import sync_client
 
 logger = logging.getLogger(__name__)
-PLAN_KEY = "quiver:fleet:plan"
 PLAN_TTL_S = 120  # four 30 s reconcile periods
+PLAN_CACHE_S = 2.0
+PLAN_BACKOFF_S = 10.0
+_lock = threading.Lock()
+_cached: tuple[float, dict[int, tuple[str, ...]]] = (float("-inf"), {})
+_down_until = float("-inf")
+
+
+def plan_key() -> str:
+    """The Redis key of this database's plan."""
+    return f"quiver:fleet:plan:{settings.DATABASES['default'].get('NAME', '')}"
 
 
 def plan_publish(plans: Mapping[int, tuple[str, ...]]) -> None:
     """Replace the shared plan with ``plans`` (``{version_id: (node name, …)}``, preferred first). Never raises."""
+    global _cached
     client = sync_client()
     if client is None:
         return
     try:
         pipe = client.pipeline(transaction=True)
-        pipe.delete(PLAN_KEY)
+        pipe.delete(plan_key())
         if plans:
-            pipe.hset(PLAN_KEY, mapping={str(v): ",".join(names) for v, names in plans.items()})
-            pipe.expire(PLAN_KEY, PLAN_TTL_S)
+            pipe.hset(plan_key(), mapping={str(v): ",".join(names) for v, names in plans.items()})
+            pipe.expire(plan_key(), PLAN_TTL_S)
         pipe.execute()
     except redis.RedisError as exc:
         logger.warning("fleet.plan_publish_failed", extra={"error": str(exc)})
-
-
-def plan_homes(version_id: int) -> list[str]:
-    """The node names the last plan gave ``version_id``, preferred first; ``[]`` when unknown. Never raises."""
-    client = sync_client()
-    if client is None:
-        return []
-    try:
-        raw = client.hget(PLAN_KEY, str(version_id))
-    except redis.RedisError as exc:
-        logger.warning("fleet.plan_read_failed", extra={"error": str(exc)})
-        return []
-    if not raw:
-        return []
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return [name for name in text.split(",") if name]
+        return
+    with _lock:
+        _cached = (time.monotonic(), {int(v): tuple(n) for v, n in plans.items()})
 
 
 def plan_all() -> dict[int, tuple[str, ...]]:
-    """The whole last plan, ``{version_id: (node name, …)}``; ``{}`` when none or Redis is away. Never raises."""
+    """The last plan, ``{version_id: (node name, …)}``, at most ``PLAN_CACHE_S`` old; ``{}`` when there is none or
+    Redis is away (then not asked again for ``PLAN_BACKOFF_S``). Never raises."""
+    global _cached, _down_until
+    now = time.monotonic()
+    with _lock:
+        if now - _cached[0] < PLAN_CACHE_S:
+            return _cached[1]
+        if now < _down_until:
+            return {}
     client = sync_client()
     if client is None:
         return {}
     try:
-        raw = client.hgetall(PLAN_KEY)
+        raw = client.hgetall(plan_key())
     except redis.RedisError as exc:
         logger.warning("fleet.plan_read_failed", extra={"error": str(exc)})
+        with _lock:
+            _down_until = time.monotonic() + PLAN_BACKOFF_S
         return {}
     out: dict[int, tuple[str, ...]] = {}
     for key, value in raw.items():
@@ -70,5 +83,20 @@ def plan_all() -> dict[int, tuple[str, ...]]:
             version_id = int(key)
         except ValueError:
             continue
-        out[version_id] = tuple(n for n in (value.decode() if isinstance(value, bytes) else str(value)).split(",") if n)
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        out[version_id] = tuple(n for n in text.split(",") if n)
+    with _lock:
+        _cached = (time.monotonic(), out)
     return out
+
+
+def plan_homes(version_id: int) -> list[str]:
+    """The node names the last plan gave ``version_id``, preferred first; ``[]`` when unknown. Never raises."""
+    return list(plan_all().get(version_id, ()))
+
+
+def plan_forget() -> None:
+    """Drop this process's cached copy (tests, and after a publish elsewhere that must be seen at once)."""
+    global _cached, _down_until
+    with _lock:
+        _cached, _down_until = (float("-inf"), {}), float("-inf")

@@ -53,8 +53,10 @@ def fleet_reconcile() -> int:
                   .values_list("adapter_version").annotate(n=Count("id")).values_list("adapter_version", "n"))
     intents = {i.adapter_version_id: i for i in VersionIntent.objects.all()}
     held: dict[int, set[str]] = defaultdict(set)
-    for version_id, node_name in Placement.objects.filter(Q(tier__in=RESIDENT) | Q(served=True)).values_list(
-            "adapter_version_id", "node__name"):
+    fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
+    for version_id, node_name in Placement.objects.filter(
+            Q(tier__in=RESIDENT) | Q(served=True), node__healthy=True, node__last_heartbeat_at__gte=fresh,
+    ).values_list("adapter_version_id", "node__name"):  # a dead node's rows hold nothing
         held[version_id].add(node_name)
     no_gpu_room = _tenants_without_gpu_room()
     by_base: dict[int, list[AdapterVersion]] = defaultdict(list)
@@ -104,13 +106,16 @@ def fleet_reconcile() -> int:
 def _prewarm(d: Demand, name: str, plan: dict[int, tuple[str, ...]], fits: frozenset[tuple[int, str]],
              held: dict[int, set[str]], intents: dict[int, VersionIntent]) -> bool:
     """Whether to load unpinned ``d`` onto ``name`` ahead of its requests: a replica of a replicated version, or the
-    only one of a version an operator set replicas for that no node holds; in both cases within the node's CPU
+    only one of a version an operator set replicas for (an intent off the defaults: a row that a read or a pin
+    created does not count) that no live node holds; in both cases within the node's CPU
     slots (``slotted``). Anything else loads on its next request: a version past the slots would evict a hotter
     one, and pre-warming single replicas on noisy rates cost ~20 engine loads per 1,000 requests in the simulator's
     acceptance case (122 → 142)."""
     if (d.version_id, name) not in fits:
         return False
-    return len(plan.get(d.version_id, ())) >= 2 or (d.version_id in intents and not held[d.version_id])
+    intent = intents.get(d.version_id)
+    floor = intent is not None and (intent.min_replicas > 1 or intent.max_replicas is not None)
+    return len(plan.get(d.version_id, ())) >= 2 or (floor and not held[d.version_id])
 
 
 def _hot_bytes(state: dict[str, Any] | None) -> int:

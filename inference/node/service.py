@@ -86,6 +86,8 @@ PROBE_TOLERANCE = 1e-4
 # Reload cost from disk for the cost-aware policy: the engine's fixed add_lora cost measured on the CPU node
 # (22 ms, docs/placement.md) plus the bytes at 1 GB/s (devtools/simulate/costs.py's disk figure).
 RELOAD_FIXED_MS = 22.0
+# An adapter used this recently (seconds since its last batch) may still have a request decoding.
+GRACE_BUSY_S = 1.0
 DISK_BYTES_PER_MS = 1e6
 
 
@@ -261,12 +263,14 @@ class NodeAgent:
             return ()  # every resident is mid-load: vLLM's LRU decides
         residents = [r for r in residents if r.version_id not in busy]
         now = time.monotonic()
-        # Fresh: added within the grace and not used since (its steps still at the post-load baseline). Once its
-        # request ran it is ranked like any other: a time-only grace kept each new cold adapter and evicted a hot
-        # one instead (bench_fleet, 16 adapters over 8 slots).
+        # Fresh: added within the grace and either not used since (steps still at the post-load baseline) or in a
+        # batch within the last second (its request may still be decoding). Once its request is done it is ranked
+        # like any other: a time-only grace kept each new cold adapter and evicted a hot one instead (bench_fleet,
+        # 16 adapters over 8 slots).
         fresh = {r.version_id for r in residents if not r.pinned
                  and now - self._loaded_at.get(r.version_id, -1e18) < self.settings.eviction_grace_s
-                 and steps.get(r.version_id, 0.0) <= self._steps_at_load.get(r.version_id, float("inf"))}
+                 and (steps.get(r.version_id, 0.0) <= self._steps_at_load.get(r.version_id, float("inf"))
+                      or idle.get(r.version_id, 1e12) < GRACE_BUSY_S)}
         try:
             victims: Sequence[int] = ()
             if fresh and capacity - len(busy) - len(fresh) >= 1:

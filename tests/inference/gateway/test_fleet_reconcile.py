@@ -19,10 +19,11 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _no_plan_left_behind() -> Any:
     """Each pass publishes its plan to Redis (``fleet_plan``); later tests must not route by this one's."""
-    from inference.gateway.fleet_plan import plan_publish
+    from inference.gateway.fleet_plan import plan_forget, plan_publish
 
     yield
     plan_publish({})
+    plan_forget()
 
 
 @pytest.fixture
@@ -61,7 +62,10 @@ def test_idle_version_gets_one_replica_and_a_pin_is_carried_out(setup: dict[str,
     version = setup["version"]
     with django_capture_on_commit_callbacks() as callbacks:
         assert fleet_reconcile() == 0  # no operator intent: a single replica loads on its next request
-    VersionIntent.objects.create(adapter_version=version, min_replicas=1)
+    VersionIntent.objects.create(adapter_version=version)  # a default row (an operator's read made it): no floor
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert fleet_reconcile() == 0
+    VersionIntent.objects.filter(adapter_version=version).update(max_replicas=1)  # replicas set: 1 to 1
     with django_capture_on_commit_callbacks() as callbacks:
         assert fleet_reconcile() == 1
     assert len(callbacks) == 1
@@ -132,7 +136,7 @@ def test_with_more_versions_than_cpu_slots_only_the_hottest_are_warmed_ahead(
             UsageRecord(tenant=v.tenant, adapter_version=v, endpoint="completions", status_code=200, latency_ms=1.0)
             for _ in range(max(1, 32 // rank))])
     for v in versions:  # an operator asked for one replica of each: the floor is what the reconciler warms
-        VersionIntent.objects.create(adapter_version=v, min_replicas=1)
+        VersionIntent.objects.create(adapter_version=v, min_replicas=1, max_replicas=1)
     with django_capture_on_commit_callbacks() as callbacks:
         assert fleet_reconcile() == 8
     assert len(callbacks) == 8
@@ -140,7 +144,8 @@ def test_with_more_versions_than_cpu_slots_only_the_hottest_are_warmed_ahead(
     assert warming == {v.pk for v in versions[:8]}
     assert {n: Placement.objects.filter(warming_since__isnull=False, node__name=n).count()
             for n in ("n0", "n1")} == {"n0": 4, "n1": 4}
-    from inference.gateway.fleet_plan import plan_all
+    from inference.gateway.fleet_plan import plan_all, plan_forget
 
+    plan_forget()  # read it back from Redis, as another process would
     shared = plan_all()  # the plan the gateways read: every version has a home, the 8 hottest split 4 / 4
     assert set(shared) == {v.pk for v in versions} and all(len(shared[v.pk]) == 1 for v in versions)

@@ -139,7 +139,7 @@ def test_a_cold_warm_goes_to_the_versions_home_in_the_reconcilers_plan(ready_ver
                                                                         django_capture_on_commit_callbacks) -> None:
     from inference.gateway.app import _warm_request
     from inference.gateway.bus import sync_client
-    from inference.gateway.fleet_plan import PLAN_KEY, plan_homes, plan_publish
+    from inference.gateway.fleet_plan import plan_forget, plan_homes, plan_key, plan_publish
 
     emptiest, busy = _beat(_state("emptiest")), _beat(_state("busy", kv_cache_usage_perc=0.6))
     try:
@@ -151,7 +151,8 @@ def test_a_cold_warm_goes_to_the_versions_home_in_the_reconcilers_plan(ready_ver
             assert _warm_request(ready_version.pk) == busy.pk  # its first live home
             assert _warm_request(ready_version.pk, emptiest.pk) == emptiest.pk  # a named live node still wins
     finally:
-        sync_client().delete(PLAN_KEY)  # type: ignore[union-attr]
+        sync_client().delete(plan_key())  # type: ignore[union-attr]
+        plan_forget()
     assert plan_homes(ready_version.pk) == []
 
 

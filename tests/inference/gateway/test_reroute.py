@@ -4,6 +4,8 @@ before the client sees an error; a request waiting for a warm asks for it again 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -145,10 +147,10 @@ def test_a_request_waiting_for_a_warm_asks_another_node_once_the_first_is_gone(
     async def fleet_now(*_: Any) -> FleetView:
         nonlocal polls
         polls += 1
-        if polls < 3:
-            return FleetView(nodes=(NODE, other), placements={}, read_at=0.0)  # n1 is warming, not served
+        if polls == 1:
+            return FleetView(nodes=(NODE, other), placements={}, read_at=0.0)  # the first ask's view
         if len(asks) < 3:
-            return FleetView(nodes=(other,), placements={}, read_at=0.0)  # n1 went stale
+            return FleetView(nodes=(other,), placements={}, read_at=0.0)  # n1 went stale at once
         served = PlacementView(node_id=other.pk, version_id=7, tier="hot", served=True)
         return FleetView(nodes=(other,), placements={7: (served,)}, read_at=0.0)
 
@@ -163,3 +165,74 @@ def test_a_request_waiting_for_a_warm_asks_another_node_once_the_first_is_gone(
     assert async_to_sync(go)() == other
     assert asks[:2] == [None, None]  # the first ask, then one naming no node: n1 had left the fleet
     assert all(node_id == other.pk for node_id in asks[2:])
+
+
+def _node_for(monkeypatch: pytest.MonkeyPatch, fleet_now: Any) -> NodeView:
+    from inference.gateway.snapshot import TargetView
+
+    async def go() -> NodeView:
+        app = GatewayApp(background=False)
+        monkeypatch.setattr(app.directory, "fleet", fleet_now)
+        monkeypatch.setattr(app.directory, "fleet_fresh", fleet_now)
+        target = TargetView(requested="bot", base_model_id=1, base_model_name="tiny-llama", served_name="t--bot--7",
+                            version_id=7, version_number=1, r=8)
+        return await app.node_for(target)
+
+    return async_to_sync(go)()
+
+
+@pytest.mark.django_db
+def test_a_move_to_the_plans_home_that_does_not_land_falls_back_to_the_holder(
+        monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """The plan moved the version to n2; its warm there never lands. After MOVE_WAIT_S the request goes to n1,
+    which still serves it, instead of waiting out the warm wait for a 503."""
+    from inference.gateway.snapshot import FleetView, PlacementView
+
+    first = replace(NODE, max_lora_rank=16)
+    other = NodeView(pk=2, name="n2", engine_url="http://engine-2.invalid", base_model_id=1, max_lora_rank=16)
+    settings.QUIVER_WARM_WAIT_S = 30.0
+    monkeypatch.setattr(gateway_app, "MOVE_WAIT_S", 0.5)
+    asks: list[int | None] = []
+    monkeypatch.setattr(gateway_app, "_warm_request", lambda version_id, node_id=None: asks.append(node_id) or 2)
+    held = PlacementView(node_id=NODE.pk, version_id=7, tier="warm", served=True)
+
+    async def fleet_now(*_: Any) -> FleetView:
+        return FleetView(nodes=(first, other), placements={7: (held,)}, read_at=0.0, homes={7: ("n2",)})
+
+    started = time.monotonic()
+    assert _node_for(monkeypatch, fleet_now) == first
+    assert 0.5 <= time.monotonic() - started < 5.0
+    assert asks and asks[0] == other.pk  # it did ask for the move
+
+
+@pytest.mark.django_db
+def test_a_warm_whose_node_left_the_fleet_is_asked_of_another_node(
+        monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """Round-robin's turn (or a plan home) was n1, which then died, and no node holds the version: the request
+    re-asks for the warm on the best live node instead of answering 503 no_capacity."""
+    from inference.gateway.snapshot import FleetView, PlacementView
+
+    other = NodeView(pk=2, name="n2", engine_url="http://engine-2.invalid", base_model_id=1)
+    settings.QUIVER_WARM_WAIT_S = 10.0
+    settings.QUIVER_ROUTING_POLICY = "round_robin"
+    asks: list[int | None] = []
+
+    def warm_request(version_id: int, node_id: int | None = None) -> int:
+        asks.append(node_id)
+        return node_id if node_id is not None else other.pk
+
+    monkeypatch.setattr(gateway_app, "_warm_request", warm_request)
+    polls = 0
+
+    async def fleet_now(*_: Any) -> FleetView:
+        nonlocal polls
+        polls += 1
+        if polls == 1:
+            return FleetView(nodes=(NODE, other), placements={}, read_at=0.0)
+        if None not in asks:
+            return FleetView(nodes=(other,), placements={}, read_at=0.0)  # n1 died
+        served = PlacementView(node_id=other.pk, version_id=7, tier="hot", served=True)
+        return FleetView(nodes=(other,), placements={7: (served,)}, read_at=0.0)
+
+    chosen = _node_for(monkeypatch, fleet_now)
+    assert chosen == other and asks[-1] is None

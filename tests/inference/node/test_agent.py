@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from inference.node.agent import create_app
 from inference.node.config import NodeSettings
+from inference.node.service import GRACE_BUSY_S
 from tests.fixtures.s3 import S3Server
 from tests.fixtures.vllm import RunningEngine, free_port
 
@@ -455,6 +456,7 @@ def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
         assert done.status_code == 200
         agent = client.app.state.agent
         assert set(agent._steps_at_load) == {90 + i for i in range(capacity)}  # baselines after each probe
+        time.sleep(GRACE_BUSY_S + 0.5)  # its request is done, not just started
 
         assert load(capacity)["evicted"] == ["acme--grace0"]
         assert load(capacity + 1)["evicted"] == ["acme--grace1"]  # all fresh: LRU among them
