@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference.fleet.eviction import AllPinnedError, EvictionConfig, EvictionPolicy, Resident, choose_victims
+from inference.fleet.eviction import (
+    AllPinnedError,
+    EvictionConfig,
+    EvictionPolicy,
+    Resident,
+    choose_victims,
+    decayed_hits,
+)
 from inference.node.cache import AdapterCache, CacheError, FileSpec
 from inference.node.config import NodeSettings
 from inference.node.engine_client import EngineError, EngineHTTPClient
@@ -141,6 +148,8 @@ class NodeAgent:
         # runs out, i.e. until the request that asked for the load has run.
         self._loaded_at: dict[int, float] = {}
         self._steps_at_load: dict[int, float] = {}
+        # lora_int_id -> (decayed steps, monotonic time of that figure, the engine's step total then): LFU's counts.
+        self._hits: dict[int, tuple[float, float, float]] = {}
 
     async def load(
         self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool, expect_effect: bool = True
@@ -226,6 +235,23 @@ class NodeAgent:
                 return ENGINE_TIER_WORD[lora["tier"]]
         return "warm"
 
+    def _decayed_steps(self, steps: dict[int, float], now: float) -> dict[int, float]:
+        """LFU's counts with decay: each adapter's scheduler steps, halving every ``EvictionConfig.half_life_s``
+        (600 s, as the simulator), so traffic that has moved away stops keeping an adapter in the cache. The steps
+        since the last call count in full at ``now``; the first sight of an adapter counts all its steps."""
+        out = {}
+        for i, total in steps.items():
+            seen = self._hits.get(i)
+            if seen is None or total < seen[2]:
+                value = total
+            else:
+                value = decayed_hits(seen[0], seen[1], now, self.eviction.half_life_s) + (total - seen[2])
+            self._hits[i] = (value, now, total)
+            out[i] = value
+        for i in set(self._hits) - set(steps):
+            del self._hits[i]
+        return out
+
     async def _make_room(self, lora_int_id: int) -> tuple[str, ...]:
         """Remove the adapters ``choose_victims`` picks when the engine's CPU cache is full and ``lora_int_id``
         is not in it. Without the worker's lists (no extension), vLLM's LRU decides, as before.
@@ -251,8 +277,10 @@ class NodeAgent:
         idle = {int(k): float(v) for k, v in residency.get("idle_s", {}).items()}
         steps = {int(k): float(v) for k, v in residency.get("steps", {}).items()}
         pinned = {int(i) for i in residency.get("pinned", [])}
+        clock = time.monotonic()
+        hits = self._decayed_steps(steps, clock)
         residents = [Resident(version_id=i, tenant_id=0, size_bytes=sizes.get(i, 0), pinned=i in pinned,
-                              last_used_s=-idle.get(i, 1e12), hits=steps.get(i, 0.0), hits_at_s=0.0,
+                              last_used_s=-idle.get(i, 1e12), hits=hits.get(i, 0.0), hits_at_s=clock,
                               reload_ms=RELOAD_FIXED_MS + sizes.get(i, 0) / DISK_BYTES_PER_MS,
                               desired=i in names)  # an id no name serves is garbage: it goes first
                      for i in cpu]
@@ -278,10 +306,10 @@ class NodeAgent:
                 with contextlib.suppress(AllPinnedError):
                     victims = choose_victims([r for r in residents if r.version_id not in fresh],
                                              slots=capacity - len(busy) - len(fresh), budget_bytes=None,
-                                             incoming_bytes=0, now_s=0.0, config=self.eviction)
+                                             incoming_bytes=0, now_s=clock, config=self.eviction)
             if not victims:
                 victims = choose_victims(residents, slots=capacity - len(busy), budget_bytes=None, incoming_bytes=0,
-                                         now_s=0.0, config=self.eviction)
+                                         now_s=clock, config=self.eviction)
         except AllPinnedError as exc:
             raise EngineError(409, "all_pinned", f"every adapter in the engine's CPU cache is pinned: {exc}") from exc
         removed = []

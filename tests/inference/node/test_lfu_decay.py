@@ -1,0 +1,23 @@
+"""The agent's LFU counts decay (issue 6: "LFU with decay"): traffic that moved away stops holding a slot."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from inference.fleet.eviction import EvictionConfig, EvictionPolicy
+from inference.node.service import NodeAgent
+
+
+def test_scheduler_steps_halve_every_half_life_and_new_steps_count_in_full() -> None:
+    agent = SimpleNamespace(_hits={}, eviction=EvictionConfig(policy=EvictionPolicy.LFU, half_life_s=100.0))
+    first = NodeAgent._decayed_steps(agent, {1: 400.0, 2: 10.0}, 1000.0)  # type: ignore[arg-type]
+    assert first == {1: 400.0, 2: 10.0}  # first sight: everything it has done so far
+    later = NodeAgent._decayed_steps(agent, {1: 400.0, 2: 110.0}, 1200.0)  # type: ignore[arg-type]
+    assert later[1] == pytest.approx(100.0)  # two half-lives idle: 400 → 100
+    assert later[2] == pytest.approx(10.0 / 4 + 100.0)  # its 100 new steps count in full
+    much_later = NodeAgent._decayed_steps(agent, {2: 110.0}, 1500.0)  # type: ignore[arg-type]
+    assert set(much_later) == {2} and 1 not in agent._hits  # removed adapters are forgotten
+    reset = NodeAgent._decayed_steps(agent, {2: 5.0}, 1600.0)  # type: ignore[arg-type]
+    assert reset == {2: 5.0}  # the engine restarted (its total went down): start over
