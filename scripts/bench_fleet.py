@@ -18,7 +18,9 @@ that fits the fleet but not one node: there affinity serves every request withou
 One seeded Zipf trace (``--zipf`` α over the adapters, ``--requests`` streamed completions of ``--max-tokens``
 tokens, ``--concurrency`` clients in a closed loop) is replayed through each gateway in turn, ``--rounds`` times
 alternating, so machine noise hits both; before each, ``--warmup`` unmeasured requests let the policy settle the
-caches the other one left.
+caches the other one left. Before the first round both gateways replay the warm-up in turn for ``--settle-s``
+(40 s): the figures are the steady state, after the reconciler has planned from request rates once (its first plan
+is made at upload, without any; a first affinity round measured from there ran at half its later rounds' rate).
 
 Printed side by side per policy: throughput (requests/s, tokens/s), TTFT p50/p99 (first streamed token, ms), the
 engines' own load counts (``disk→cpu`` = adapters read into the CPU cache, ``cpu→gpu`` = moved into a GPU slot,
@@ -292,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                         help="unmeasured requests (same popularity, another seed) before each measured round, "
                              "default --requests: both gateways share the engines, so each round starts from the "
                              "other policy's caches, and a policy's first round stages copies on new nodes")
+    parser.add_argument("--settle-s", type=float, default=40.0,
+                        help="before the first round, replay the warm-up trace through both gateways in turn for at "
+                             "least this long (unmeasured), so the reconciler (every 30 s) has planned from request "
+                             "rates once: until then its plan is the upload's, made without any; 0 = off")
     parser.add_argument("--miss-cost", type=float, default=3.0,
                         help="QUIVER_PLACEMENT_MISS_COST for the reconciler: on this CPU node a control-plane warm "
                              "costs a few 16-token requests' worth (0 is the GPU default)")
@@ -389,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             f"{', '.join(f'{n} {c}' for c, n in top)}); {args.rounds} rounds per policy, alternating")
         warmup = zipf_trace(names, args.warmup, args.zipf, args.seed + 1000) if args.warmup else []
         runs: dict[str, list[Run]] = {p: [] for p in POLICIES}
+        settle_until = time.monotonic() + args.settle_s
+        while warmup and time.monotonic() < settle_until:  # unmeasured, both policies in turn
+            for policy in POLICIES:
+                replay(policy, urls[policy], api_key, warmup, concurrency=args.concurrency,
+                       max_tokens=args.max_tokens, engines=engines)
+        if args.settle_s:
+            say(f"settled for {args.settle_s:g} s; reconciler's plan: {_plan_summary()}")
         for round_no in range(args.rounds):
             for policy in (POLICIES if round_no % 2 == 0 else POLICIES[::-1]):
                 if warmup:
