@@ -125,12 +125,26 @@ def test_a_request_waiting_for_a_warm_asks_again_while_its_adapter_is_not_served
     assert asks[0] == (7, None) and set(asks[1:]) == {(7, NODE.pk)}  # again on the node the first ask chose
 
 
+def _node_for(monkeypatch: pytest.MonkeyPatch, fleet_now: Any) -> NodeView:
+    from inference.gateway.snapshot import TargetView
+
+    async def go() -> NodeView:
+        app = GatewayApp(background=False)
+        monkeypatch.setattr(app.directory, "fleet", fleet_now)
+        monkeypatch.setattr(app.directory, "fleet_fresh", fleet_now)
+        target = TargetView(requested="bot", base_model_id=1, base_model_name="tiny-llama", served_name="t--bot--7",
+                            version_id=7, version_number=1, r=8)
+        return await app.node_for(target)
+
+    return async_to_sync(go)()
+
+
 @pytest.mark.django_db
 def test_a_request_waiting_for_a_warm_asks_another_node_once_the_first_is_gone(
         monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     """The node the first ask chose is killed: once it leaves the live fleet the re-ask names no node, so the best
     live one loads the adapter (CI: a request waited out the whole warm wait re-asking a dead node)."""
-    from inference.gateway.snapshot import FleetView, PlacementView, TargetView
+    from inference.gateway.snapshot import FleetView, PlacementView
 
     other = NodeView(pk=2, name="n2", engine_url="http://engine-2.invalid", base_model_id=1)
     settings.QUIVER_WARM_WAIT_S = 5.0
@@ -154,31 +168,9 @@ def test_a_request_waiting_for_a_warm_asks_another_node_once_the_first_is_gone(
         served = PlacementView(node_id=other.pk, version_id=7, tier="hot", served=True)
         return FleetView(nodes=(other,), placements={7: (served,)}, read_at=0.0)
 
-    async def go() -> NodeView:
-        app = GatewayApp(background=False)
-        monkeypatch.setattr(app.directory, "fleet", fleet_now)
-        monkeypatch.setattr(app.directory, "fleet_fresh", fleet_now)
-        target = TargetView(requested="bot", base_model_id=1, base_model_name="tiny-llama", served_name="t--bot--7",
-                            version_id=7, version_number=1, r=8)
-        return await app.node_for(target)
-
-    assert async_to_sync(go)() == other
+    assert _node_for(monkeypatch, fleet_now) == other
     assert asks[:2] == [None, None]  # the first ask, then one naming no node: n1 had left the fleet
     assert all(node_id == other.pk for node_id in asks[2:])
-
-
-def _node_for(monkeypatch: pytest.MonkeyPatch, fleet_now: Any) -> NodeView:
-    from inference.gateway.snapshot import TargetView
-
-    async def go() -> NodeView:
-        app = GatewayApp(background=False)
-        monkeypatch.setattr(app.directory, "fleet", fleet_now)
-        monkeypatch.setattr(app.directory, "fleet_fresh", fleet_now)
-        target = TargetView(requested="bot", base_model_id=1, base_model_name="tiny-llama", served_name="t--bot--7",
-                            version_id=7, version_number=1, r=8)
-        return await app.node_for(target)
-
-    return async_to_sync(go)()
 
 
 @pytest.mark.django_db
