@@ -60,6 +60,12 @@ class Tally:
         self.retry_after = 0
         self.ttft: list[float] = []
         self.errors: Counter[str] = Counter()
+        self.phase_t0 = 0.0  # perf_counter at the start of the current phase
+        self.when: list[tuple[float, float]] = []  # (TTFT ms, seconds into its phase) per 200
+
+    def slowest(self, n: int = 5) -> str:
+        """The ``n`` slowest TTFTs with when in their phase they were sent (tells bursts from steady noise)."""
+        return ", ".join(f"{ms:.0f} ms @{at:.1f} s" for ms, at in sorted(self.when, reverse=True)[:n])
 
 
 async def _stream(client: httpx.AsyncClient, key: str, body: dict[str, object], tally: Tally) -> None:
@@ -86,6 +92,7 @@ async def _stream(client: httpx.AsyncClient, key: str, body: dict[str, object], 
                     tally.errors["stream_error_event"] += 1
             if first is not None:
                 tally.ttft.append(first)
+                tally.when.append((first, t0 - tally.phase_t0))
     except httpx.HTTPError as exc:
         tally.errors[type(exc).__name__] += 1
 
@@ -94,7 +101,7 @@ async def _open_loop(client: httpx.AsyncClient, key: str, body: dict[str, object
                      tally: Tally) -> None:
     """Send at a fixed rate regardless of answers (a client that does not back off)."""
     tasks: list[asyncio.Task[None]] = []
-    start = time.perf_counter()
+    start = tally.phase_t0 = time.perf_counter()
     n = int(rps * seconds)
     for i in range(n):
         delay = start + i / rps - time.perf_counter()
@@ -130,8 +137,11 @@ async def _bench(web_url: str, quiet_key: str, flood_key: str, model: str, args:
     async with httpx.AsyncClient(base_url=web_url, timeout=120, limits=limits) as client:
         await _open_loop(client, quiet_key, quiet_body, 4, 3, Tally())  # warm connections and caches
         for r in range(args.rounds):
+            before = [await asyncio.to_thread(_histograms, *p) for p in probes]
             await _open_loop(client, quiet_key, quiet_body, args.quiet_rps, args.seconds, solo)
-            print(f"round {r + 1}: solo done ({len(solo.ttft)} TTFTs)", flush=True)
+            after = [await asyncio.to_thread(_histograms, *p) for p in probes]
+            where = "; ".join(_where(b, a) for b, a in zip(before, after, strict=True))
+            print(f"round {r + 1}: solo done ({len(solo.ttft)} TTFTs): {where}", flush=True)
             # The flooder runs in its own process: in one event loop, parsing its ~2,000 stream lines a second
             # delayed the quiet client's reads and inflated the quiet TTFT the bench measures. Both start together
             # once it is ready (a spawn takes tens of seconds on a loaded box; starting the quiet phase meanwhile
@@ -298,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'  alone':<28} {len(solo.ttft):>5} {_pct(solo.ttft, .5):8.1f} {s99:8.1f}")
         print(f"{'  under the flood':<28} {len(flooded.ttft):>5} {_pct(flooded.ttft, .5):8.1f} {f99:8.1f}")
         print(f"p99 ratio (flood / alone): {f99 / s99:.2f}x   (goal <= 1.5x)")
+        print(f"slowest quiet TTFTs (when in the phase): alone {solo.slowest()}; under the flood {flooded.slowest()}")
         print(f"quiet statuses: alone {dict(solo.status)}, under the flood {dict(flooded.status)}")
         print(f"flooder: sent {sum(flood.status.values())} at {r['flood_rps']:.1f} req/s; statuses "
               f"{dict(flood.status)}; 429s {flood.status[429]}, with Retry-After {flood.retry_after}")
