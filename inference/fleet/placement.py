@@ -142,8 +142,8 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     for n in nodes:
         slot_total[n.base_model] = slot_total.get(n.base_model, 0) + n.cpu_slots
     frontier = _slot_frontier(demands, slot_total)
-    # What a version costs the node that serves it: its rate, times 1 + miss_cost when it is colder than the slot
-    # frontier (no CPU slot for it anywhere: each of its requests is an engine load).
+    # What a version costs the fleet: its rate, times 1 + miss_cost when it is colder than the slot frontier (no
+    # CPU slot for it anywhere: each of its requests is an engine load). This sizes the mean node's share.
     cost = {d.version_id: d.rate * (1.0 + config.miss_cost) if 0 < d.rate < frontier.get(d.base_model, 0.0)
             else d.rate for d in demands}
     by_base: dict[str, float] = {}
@@ -160,9 +160,19 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     ordered = sorted(demands, key=lambda d: (not d.pinned_nodes, -d.rate, d.version_id))
     plans: list[tuple[Demand, list[str], list[str], int, float]] = []  # demand, chosen, eligible, k, cap
 
-    def fits(d: Demand, name: str, share: float, cap: float, check_slots: bool, check_load: bool) -> bool:
+    booked: dict[tuple[int, str], float] = {}
+
+    def node_cost(d: Demand, name: str) -> float:
+        # What it costs this node: past the node's own CPU slots (hotter versions took them, since they are placed
+        # first) each request reloads, wherever the fleet's frontier is (bench_fleet: a node handed 10 versions
+        # for 4 slots did three times the other's loads while the plan counted them as hits).
+        if slots[name] >= node_by_name[name].cpu_slots and d.rate > 0:
+            return d.rate * (1.0 + config.miss_cost)
+        return cost[d.version_id]
+
+    def fits(d: Demand, name: str, target: int, cap: float, check_slots: bool, check_load: bool) -> bool:
         node = node_by_name[name]
-        if check_load and load[name] + share > cap + 1e-12:
+        if check_load and load[name] + node_cost(d, name) / target > cap + 1e-12:
             return False
         if check_slots and slots[name] >= node.cpu_slots:
             return False
@@ -170,18 +180,22 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
 
     def book(d: Demand, chosen: list[str], sign: int) -> None:
         for name in chosen:
-            load[name] += sign * cost[d.version_id] / len(chosen)
+            if sign > 0:
+                booked[d.version_id, name] = node_cost(d, name) / len(chosen)
+                load[name] += booked[d.version_id, name]
+            else:
+                load[name] -= booked.pop((d.version_id, name))
             slots[name] += sign
             used_bytes[name] += sign * d.size_bytes
 
     def grow(d: Demand, chosen: list[str], eligible: list[str], target: int, cap: float,
              passes: Sequence[tuple[bool, bool]]) -> None:
-        share = cost[d.version_id] / max(target, len(chosen), 1)
+        share_of = max(target, len(chosen), 1)
         for check_slots, check_load in passes:
             for name in eligible:
                 if len(chosen) >= target:
                     return
-                if name not in chosen and fits(d, name, share, cap, check_slots, check_load):
+                if name not in chosen and fits(d, name, share_of, cap, check_slots, check_load):
                     chosen.append(name)
 
     # Where the fleet's CPU slots can hold every version with traffic once, every such version gets its slot
