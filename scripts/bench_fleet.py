@@ -84,7 +84,7 @@ class Run:
     ttft_ms: list[float]
     tokens: int
     errors: list[str]
-    loads: dict[str, dict[str, int]]  # node -> {"disk_to_cpu", "cpu_to_gpu"} during the run
+    loads: dict[str, dict[str, int]]  # node -> {"disk_to_cpu", "cpu_to_gpu", "requests"} during the run
 
 
 def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, int]:
@@ -108,13 +108,19 @@ def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, 
 
 
 def engine_loads(engines: dict[str, tuple[str, str]]) -> dict[str, dict[str, int]]:
-    """Each engine's load counters since it started: node -> {"disk_to_cpu", "cpu_to_gpu"}."""
+    """Each engine's load counters and finished requests since it started: node -> {"disk_to_cpu", "cpu_to_gpu",
+    "requests"} (requests include the effect probe's)."""
     out = {}
     for node, (url, key) in engines.items():
         listing = httpx.get(url + "/quiver/v1/loras", headers={"Authorization": f"Bearer {key}"}, timeout=30)
         listing.raise_for_status()
         loads = (listing.json().get("residency") or {}).get("moves") or {}
-        out[node] = {"disk_to_cpu": int(loads.get("disk_to_cpu", 0)), "cpu_to_gpu": int(loads.get("cpu_to_gpu", 0))}
+        metrics = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        metrics.raise_for_status()
+        done = sum(float(line.rpartition(" ")[2]) for line in metrics.text.splitlines()
+                   if line.startswith("vllm:request_success_total{"))
+        out[node] = {"disk_to_cpu": int(loads.get("disk_to_cpu", 0)), "cpu_to_gpu": int(loads.get("cpu_to_gpu", 0)),
+                     "requests": int(done)}
     return out
 
 
@@ -173,7 +179,7 @@ def aggregate(runs: list[Run]) -> dict[str, Any]:
     seconds = sum(r.seconds for r in runs)
     ttft = [t for r in runs for t in r.ttft_ms]
     nodes = sorted({n for r in runs for n in r.loads})
-    loads = {n: {k: sum(r.loads[n][k] for r in runs) for k in ("disk_to_cpu", "cpu_to_gpu")} for n in nodes}
+    loads = {n: {k: sum(r.loads[n][k] for r in runs) for k in ("disk_to_cpu", "cpu_to_gpu", "requests")} for n in nodes}
     return {"requests": len(ttft), "errors": sum(len(r.errors) for r in runs), "seconds": seconds,
             "rps": len(ttft) / seconds, "tokens_per_s": sum(r.tokens for r in runs) / seconds,
             "ttft_ms_p50": _pct(ttft, 0.5), "ttft_ms_p99": _pct(ttft, 0.99),
@@ -195,8 +201,9 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             ("engine loads cpu→gpu", lambda r: f"{r['cpu_to_gpu']}"),
             ("disk→cpu loads per request", lambda r: f"{r['disk_to_cpu'] / max(1, r['requests']):.2f}")]
     for node in a["loads"]:
-        rows.append((f"  {node} disk→cpu / cpu→gpu",
-                     lambda r, n=node: f"{r['loads'][n]['disk_to_cpu']} / {r['loads'][n]['cpu_to_gpu']}"))
+        rows.append((f"  {node} requests, d→c / c→g",
+                     lambda r, n=node: f"{r['loads'][n]['requests']}, {r['loads'][n]['disk_to_cpu']} / "
+                                       f"{r['loads'][n]['cpu_to_gpu']}"))
     lines = [f"{'':32} {'affinity (Quiver)':>20} {'round-robin':>20}"]
     lines += [f"{label:32} {fmt(a):>20} {fmt(rr):>20}" for label, fmt in rows]
     lines.append(f"ratios: throughput {a['rps'] / rr['rps']:.2f}x (target >= 1.5x); TTFT p99 "
