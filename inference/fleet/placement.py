@@ -161,22 +161,31 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     plans: list[tuple[Demand, list[str], list[str], int, float]] = []  # demand, chosen, eligible, k, cap
 
     booked: dict[tuple[int, str], float] = {}
+    slot_cap = {n.name: n.cpu_slots for n in nodes}
+    miss_factor = 1.0 + config.miss_cost
 
     def node_cost(d: Demand, name: str) -> float:
         # What it costs this node: past the node's own CPU slots (hotter versions took them, since they are placed
         # first) each request reloads, wherever the fleet's frontier is (bench_fleet: a node handed 10 versions
         # for 4 slots did three times the other's loads while the plan counted them as hits).
-        if slots[name] >= node_by_name[name].cpu_slots and d.rate > 0:
-            return d.rate * (1.0 + config.miss_cost)
+        if config.miss_cost and d.rate > 0 and slots[name] >= slot_cap[name]:
+            return d.rate * miss_factor
         return cost[d.version_id]
 
-    def fits(d: Demand, name: str, target: int, cap: float, check_slots: bool, check_load: bool) -> bool:
-        node = node_by_name[name]
-        if check_load and load[name] + node_cost(d, name) / target > cap + 1e-12:
-            return False
-        if check_slots and slots[name] >= node.cpu_slots:
-            return False
-        return not (check_slots and node.cpu_bytes is not None and used_bytes[name] + d.size_bytes > node.cpu_bytes)
+    def fits(d: Demand, name: str, share: float, target: int, cap: float, check_slots: bool,
+             check_load: bool) -> bool:
+        full = slots[name] >= slot_cap[name]
+        if check_slots:
+            if full:
+                return False
+            budget = node_by_name[name].cpu_bytes
+            if budget is not None and used_bytes[name] + d.size_bytes > budget:
+                return False
+        if not check_load:
+            return True
+        if full and config.miss_cost and d.rate > 0:
+            share = d.rate * miss_factor / target
+        return load[name] + share <= cap + 1e-12
 
     def book(d: Demand, chosen: list[str], sign: int) -> None:
         for name in chosen:
@@ -191,11 +200,12 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     def grow(d: Demand, chosen: list[str], eligible: list[str], target: int, cap: float,
              passes: Sequence[tuple[bool, bool]]) -> None:
         share_of = max(target, len(chosen), 1)
+        share = cost[d.version_id] / share_of
         for check_slots, check_load in passes:
             for name in eligible:
                 if len(chosen) >= target:
                     return
-                if name not in chosen and fits(d, name, share_of, cap, check_slots, check_load):
+                if name not in chosen and fits(d, name, share, share_of, cap, check_slots, check_load):
                     chosen.append(name)
 
     # Where the fleet's CPU slots can hold every version with traffic once, every such version gets its slot
