@@ -7,12 +7,14 @@ Authenticated with each node's own heartbeat token, never a tenant key (``infere
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from inference.gateway import metrics as gateway_metrics
+from inference.gateway.fleet_plan import plan_all
 from inference.gateway.nodes import NodeRefused, node_heartbeat_accept
 from tenants.authentication import bearer_token
 
@@ -20,7 +22,13 @@ from tenants.authentication import bearer_token
 @csrf_exempt
 @require_POST
 def heartbeat(request: HttpRequest) -> JsonResponse:
-    """``POST /internal/v1/nodes/heartbeat``: a node agent's ``/v1/state`` JSON; answers ``{"node", "healthy"}``.
+    """``POST /internal/v1/nodes/heartbeat``: a node agent's ``/v1/state`` JSON; answers ``{"node", "healthy",
+    "elsewhere"}``.
+
+    ``elsewhere``: the ``lora_int_id`` of each adapter the node reports that the reconciler's last plan
+    (``inference.gateway.fleet_plan``) places on other nodes only. The agent ranks those below the ones planned for
+    it when it must evict (``NodeAgent.note_plan``): without it, a copy left by spill-over or a re-plan held a slot on
+    a node the router no longer sends that adapter to (bench_fleet: one node did 2.5x the other's loads).
 
     Errors are ``{"detail", "code"}``: 401 ``invalid_node_token``, 400 ``invalid``/``invalid_json``, 403
     ``node_identity_mismatch``, 409 ``node_urls_changed``/``base_model_mismatch``; a refused heartbeat changes nothing.
@@ -34,7 +42,21 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         node = node_heartbeat_accept(token=token, body=body)
     except NodeRefused as exc:
         return JsonResponse({"detail": exc.detail, "code": exc.code}, status=exc.status)
-    return JsonResponse({"node": node.name, "healthy": node.healthy})
+    return JsonResponse({"node": node.name, "healthy": node.healthy,
+                         "elsewhere": planned_elsewhere(node.name, body.get("adapters", []))})
+
+
+def planned_elsewhere(node_name: str, adapters: list[dict[str, Any]]) -> list[int]:
+    """The ``lora_int_id`` of the entries in ``adapters`` (a validated heartbeat's list) that the last plan puts on
+    at least one node and not on ``node_name``; ``[]`` without a plan (Redis away: the agent then ranks by policy
+    alone)."""
+    plan = plan_all()
+    out = []
+    for entry in adapters:
+        nodes = plan.get(entry["lora_int_id"])
+        if nodes and node_name not in nodes:
+            out.append(entry["lora_int_id"])
+    return out
 
 
 @require_GET

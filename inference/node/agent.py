@@ -163,6 +163,7 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
                         settings.node_token,
                         agent.state,
                         settings.heartbeat_seconds,
+                        agent.note_plan,
                     )
                 )
             logger.info(

@@ -16,7 +16,7 @@ HEARTBEAT_PATH = "/internal/v1/nodes/heartbeat"
 
 async def send_heartbeat(
     http: httpx.AsyncClient, control_url: str, node_key: str, state: dict[str, Any]
-) -> bool:
+) -> dict[str, Any] | None:
     """POST one state report to `{control_url}/internal/v1/nodes/heartbeat`.
 
     Args:
@@ -26,7 +26,8 @@ async def send_heartbeat(
         state: the `/v1/state` body.
 
     Returns:
-        True on a 2xx answer. Failures are logged and return False; they never raise.
+        The control plane's JSON answer (``{"node", "healthy", "elsewhere"}``, ``{}`` when it is not a JSON object)
+        on a 2xx answer. Failures are logged and return None; they never raise.
     """
     try:
         response = await http.post(
@@ -36,14 +37,18 @@ async def send_heartbeat(
         )
     except httpx.HTTPError as exc:
         logger.warning("heartbeat.failed", extra={"control_url": control_url, "error": str(exc)})
-        return False
+        return None
     if response.status_code >= 300:
         logger.warning(
             "heartbeat.rejected",
             extra={"control_url": control_url, "status": response.status_code, "answer": response.text[:500]},
         )
-        return False
-    return True
+        return None
+    try:
+        answer = response.json()
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
 
 
 async def heartbeat_loop(
@@ -52,6 +57,7 @@ async def heartbeat_loop(
     node_key: str,
     get_state: Callable[[], Awaitable[dict[str, Any]]],
     interval_s: float,
+    on_answer: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Send a heartbeat every `interval_s` seconds until cancelled; no error ends the loop.
 
@@ -61,10 +67,13 @@ async def heartbeat_loop(
         node_key: the node's heartbeat token.
         get_state: coroutine function building the state report.
         interval_s: seconds between heartbeats (`QUIVER_HEARTBEAT_SECONDS`).
+        on_answer: called with each accepted heartbeat's answer (``send_heartbeat``'s return).
     """
     while True:
         try:
-            await send_heartbeat(http, control_url, node_key, await get_state())
+            answer = await send_heartbeat(http, control_url, node_key, await get_state())
+            if answer is not None and on_answer is not None:
+                on_answer(answer)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a broken state read must not stop heartbeats

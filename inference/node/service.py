@@ -96,6 +96,12 @@ RELOAD_FIXED_MS = 22.0
 # An adapter used this recently (seconds since its last batch) may still have a request decoding.
 GRACE_BUSY_S = 1.0
 DISK_BYTES_PER_MS = 1e6
+# An adapter the plan puts elsewhere is ranked undesired once idle here this long (seconds; a few requests' time).
+ELSEWHERE_IDLE_S = 5.0
+# The plan hint counts while the last answer is at most this many heartbeats old.
+PLAN_STALE_HEARTBEATS = 3
+# LFU records kept for adapters the engine no longer holds (a few MB at most; ids are AdapterVersion pks).
+HITS_KEPT = 65536
 
 
 ENGINE_TIER_WORD = {"gpu": "hot", "cpu": "warm", "disk": "staged"}
@@ -150,6 +156,27 @@ class NodeAgent:
         self._steps_at_load: dict[int, float] = {}
         # lora_int_id -> (decayed steps, monotonic time of that figure, the engine's step total then): LFU's counts.
         self._hits: dict[int, tuple[float, float, float]] = {}
+        # (monotonic time, lora_int_ids) of the control plane's last heartbeat answer: adapters planned elsewhere.
+        self._elsewhere: tuple[float, frozenset[int]] = (-1e18, frozenset())
+
+    def note_plan(self, answer: dict[str, Any]) -> None:
+        """Keep a heartbeat answer's ``elsewhere`` (``inference.gateway.internal_views.heartbeat``): the adapters
+        the control plane's plan puts on other nodes only. Anything but a list of ints is ignored (at most 10,000,
+        the heartbeat's own limit)."""
+        ids = answer.get("elsewhere")
+        if not isinstance(ids, list) or len(ids) > 10_000:
+            return
+        self._elsewhere = (time.monotonic(),
+                           frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool)))
+
+    def _planned_elsewhere(self, idle: dict[int, float], now: float) -> frozenset[int]:
+        """The residents to rank as undesired: planned on other nodes only (the last answer, if at most
+        ``PLAN_STALE_HEARTBEATS`` heartbeats old) and idle here for ``ELSEWHERE_IDLE_S`` or more — one still in
+        use here keeps its rank, so spill-over and a round-robin router are not made to thrash."""
+        at, ids = self._elsewhere
+        if now - at > PLAN_STALE_HEARTBEATS * self.settings.heartbeat_seconds:
+            return frozenset()
+        return frozenset(i for i in ids if idle.get(i, 1e12) >= ELSEWHERE_IDLE_S)
 
     async def load(
         self, lora_name: str, lora_int_id: int, files: Sequence[FileSpec], *, pin: bool, expect_effect: bool = True
@@ -238,7 +265,12 @@ class NodeAgent:
     def _decayed_steps(self, steps: dict[int, float], now: float) -> dict[int, float]:
         """LFU's counts with decay: each adapter's scheduler steps, halving every ``EvictionConfig.half_life_s``
         (600 s, as the simulator), so traffic that has moved away stops keeping an adapter in the cache. The steps
-        since the last call count in full at ``now``; the first sight of an adapter counts all its steps."""
+        since the last call count in full at ``now``; the first sight of an adapter counts all its steps.
+
+        An adapter absent from ``steps`` (removed from the engine) keeps its record: the engine's step counts are
+        all-time (``inference.node.worker_ext``), so forgetting it would let a re-added adapter count every step it
+        ever ran undecayed and hold the slot against the traffic that replaced it. Past ``HITS_KEPT`` records the
+        longest-unseen go."""
         out = {}
         for i, total in steps.items():
             seen = self._hits.get(i)
@@ -248,8 +280,9 @@ class NodeAgent:
                 value = decayed_hits(seen[0], seen[1], now, self.eviction.half_life_s) + (total - seen[2])
             self._hits[i] = (value, now, total)
             out[i] = value
-        for i in set(self._hits) - set(steps):
-            del self._hits[i]
+        if len(self._hits) > HITS_KEPT:
+            for i in sorted(self._hits, key=lambda k: self._hits[k][1])[: len(self._hits) - HITS_KEPT]:
+                del self._hits[i]
         return out
 
     async def _make_room(self, lora_int_id: int) -> tuple[str, ...]:
@@ -259,7 +292,8 @@ class NodeAgent:
         Residents come from the engine's own figures (``inference.node.worker_ext``): recency = seconds since its
         last batch, frequency = scheduler steps that used it, reload cost = ``RELOAD_FIXED_MS`` + bytes from disk.
         Adapters added here less than ``eviction_grace_s`` ago and not used since are left out while another
-        unpinned one can go.
+        unpinned one can go. Adapters the control plane's plan puts on other nodes only and idle here go before
+        the policy's ranking (``_planned_elsewhere``).
 
         Raises:
             EngineError: 409 `all_pinned` when every resident is pinned (vLLM would raise the same).
@@ -279,10 +313,12 @@ class NodeAgent:
         pinned = {int(i) for i in residency.get("pinned", [])}
         clock = time.monotonic()
         hits = self._decayed_steps(steps, clock)
+        elsewhere = self._planned_elsewhere(idle, clock)
+        # Undesired (first to go): an id no name serves (garbage), or one the plan moved to other nodes.
         residents = [Resident(version_id=i, tenant_id=0, size_bytes=sizes.get(i, 0), pinned=i in pinned,
                               last_used_s=-idle.get(i, 1e12), hits=hits.get(i, 0.0), hits_at_s=clock,
                               reload_ms=RELOAD_FIXED_MS + sizes.get(i, 0) / DISK_BYTES_PER_MS,
-                              desired=i in names)  # an id no name serves is garbage: it goes first
+                              desired=i in names and i not in elsewhere)
                      for i in cpu]
         # An adapter whose own load or effect probe is in progress here is not a victim: removing its name while its
         # probe request runs makes vLLM re-add the weights for that batch, a copy no name serves (vllm#54839).

@@ -55,3 +55,21 @@ def test_deeply_nested_json_is_a_400(internal: Client, token: str, auth: str) ->
     resp = internal.post(URL, data=b"[" * 100_000 + b"]" * 100_000, content_type="application/json",
                          HTTP_AUTHORIZATION=header)
     assert resp.status_code == (400 if auth == "valid" else 401), resp.content
+
+
+def test_the_answer_names_the_reported_adapters_the_plan_puts_on_other_nodes_only(internal: Client,
+                                                                                  token: str) -> None:
+    from inference.gateway.bus import sync_client
+    from inference.gateway.fleet_plan import plan_forget, plan_key, plan_publish
+
+    adapters = [{"lora_name": f"acme--a{i}", "lora_int_id": i, "tier": "warm", "pinned": False, "served": True}
+                for i in (1, 2, 3, 4)]
+    try:
+        plan_publish({1: ("n2",), 2: ("n1",), 3: ("n2", "n1")})  # 4: not planned (new, or the plan is older)
+        resp = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, "adapters": adapters}),
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    finally:
+        sync_client().delete(plan_key())  # type: ignore[union-attr]
+        plan_forget()
+    assert resp.status_code == 200, resp.content
+    assert resp.json() == {"node": "n1", "healthy": True, "elsewhere": [1]}

@@ -339,8 +339,12 @@ class _Recorder(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server naming)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Recorder.received.append((self.path, self.headers.get("Authorization", ""), body))
-        self.send_response(204)
+        answer = json.dumps({"node": body["node"], "healthy": True, "elsewhere": [7, "x", True]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
+        self.wfile.write(answer)
 
     def log_message(self, *args: Any) -> None:
         return
@@ -352,12 +356,15 @@ def test_heartbeat_posts_state_with_the_node_token(settings: NodeSettings) -> No
     threading.Thread(target=server.serve_forever, daemon=True).start()
     control = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        with TestClient(create_app(replace(settings, control_url=control, heartbeat_seconds=0.2))):
+        with TestClient(create_app(replace(settings, control_url=control, heartbeat_seconds=0.2))) as client:
             deadline = time.monotonic() + 15
             while len(_Recorder.received) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
+            noted = client.app.state.agent._elsewhere[1]
     finally:
         server.shutdown()
+
+    assert noted == {7}  # the answer's plan hint reached the agent; non-ints dropped
 
     assert len(_Recorder.received) >= 2
     path, auth, body = _Recorder.received[0]
@@ -460,6 +467,43 @@ def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
 
         assert load(capacity)["evicted"] == ["acme--grace0"]
         assert load(capacity + 1)["evicted"] == ["acme--grace1"]  # all fresh: LRU among them
+
+
+def test_an_idle_adapter_the_plan_put_elsewhere_goes_before_the_policys_pick(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LFU would keep the busy away0; the heartbeat answer says the plan moved it to another node, so it goes."""
+    monkeypatch.setattr("inference.node.service.ELSEWHERE_IDLE_S", 0.0)
+    files = upload(tiny_adapters["qv-r8"])
+    capacity = clean_vllm_engine.max_cpu_loras
+
+    def load(i: int) -> dict[str, Any]:
+        answer = agent.post("/v1/adapters/load", json={"lora_name": f"acme--away{i}", "lora_int_id": 110 + i,
+                                                      "files": files})
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    assert all(load(i)["evicted"] == [] for i in range(capacity))
+    for _ in range(3):
+        done = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
+                          json={"model": "acme--away0", "prompt": "the", "max_tokens": 8, "ignore_eos": True},
+                          timeout=120)
+        assert done.status_code == 200
+    agent.app.state.agent.note_plan({"elsewhere": [110, 999]})  # type: ignore[attr-defined]
+
+    assert load(capacity)["evicted"] == ["acme--away0"]
+
+
+def test_the_plan_hint_expires_and_spares_an_adapter_in_use_here() -> None:
+    from types import SimpleNamespace
+
+    from inference.node.service import ELSEWHERE_IDLE_S, PLAN_STALE_HEARTBEATS, NodeAgent
+
+    fake = SimpleNamespace(settings=SimpleNamespace(heartbeat_seconds=5.0), _elsewhere=(1000.0, frozenset({1, 2})))
+    idle = {1: ELSEWHERE_IDLE_S + 1, 2: 0.1}
+    assert NodeAgent._planned_elsewhere(fake, idle, 1001.0) == {1}  # type: ignore[arg-type]
+    assert NodeAgent._planned_elsewhere(fake, idle, 1000.0 + PLAN_STALE_HEARTBEATS * 5 + 1) == set()  # type: ignore[arg-type]
 
 
 def test_the_effect_probe_refuses_an_adapter_that_changes_nothing(

@@ -17,7 +17,18 @@ def test_scheduler_steps_halve_every_half_life_and_new_steps_count_in_full() -> 
     later = NodeAgent._decayed_steps(agent, {1: 400.0, 2: 110.0}, 1200.0)  # type: ignore[arg-type]
     assert later[1] == pytest.approx(100.0)  # two half-lives idle: 400 → 100
     assert later[2] == pytest.approx(10.0 / 4 + 100.0)  # its 100 new steps count in full
-    much_later = NodeAgent._decayed_steps(agent, {2: 110.0}, 1500.0)  # type: ignore[arg-type]
-    assert set(much_later) == {2} and 1 not in agent._hits  # removed adapters are forgotten
+    much_later = NodeAgent._decayed_steps(agent, {2: 110.0}, 1300.0)  # type: ignore[arg-type]
+    assert set(much_later) == {2}  # 1 was removed from the engine: not a resident now
+    back = NodeAgent._decayed_steps(agent, {1: 410.0, 2: 110.0}, 1400.0)  # type: ignore[arg-type]
+    # Re-added: its all-time 410 steps would outrank 2 forever; it resumes from its decayed count instead.
+    assert back[1] == pytest.approx(400.0 / 16 + 10.0)
     reset = NodeAgent._decayed_steps(agent, {2: 5.0}, 1600.0)  # type: ignore[arg-type]
     assert reset == {2: 5.0}  # the engine restarted (its total went down): start over
+
+
+def test_records_of_removed_adapters_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("inference.node.service.HITS_KEPT", 3)
+    agent = SimpleNamespace(_hits={}, eviction=EvictionConfig(policy=EvictionPolicy.LFU, half_life_s=100.0))
+    for t, i in enumerate(range(1, 6)):
+        NodeAgent._decayed_steps(agent, {i: 1.0}, float(t))  # type: ignore[arg-type]
+    assert set(agent._hits) == {3, 4, 5}  # the longest unseen go first
