@@ -518,8 +518,8 @@ class GatewayApp:
                 return error_response(_engine_error(response.status_code, data, target))
             data["model"] = target.requested
             _strip_engine_fields(data)
-            record(200, data.get("usage"))
-            return _json(data, headers=limit_headers)
+            self.admission.release(slot)
+            return _RecordedResponse(data, headers=limit_headers, record=lambda: record(200, data.get("usage")))
         return relay_response(response, target=target, keep_usage=keep_usage, record=record, started=started,
                               headers=limit_headers)
 
@@ -594,6 +594,23 @@ class GatewayApp:
             error = {"error": {"message": "The inference node stopped mid-stream; the output is incomplete. Retry.",
                                "type": "server_error", "param": None, "code": "upstream_stream_cut"}}
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
+class _RecordedResponse(Response):
+    """A JSON answer whose metering (``record``: metrics, usage row, limit settlement) runs once the body is sent,
+    also when sending fails: it is off the client's latency (under a tenth of the gateway's CPU per 1-token
+    completion, py-spy under ``scripts/bench_gateway``)."""
+
+    def __init__(self, data: Any, *, headers: dict[str, str], record: Any) -> None:
+        super().__init__(json.dumps(data, separators=(",", ":")), headers=headers, media_type="application/json")
+        self._record = record
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send, then meter."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._record()
 
 
 class _RelayResponse(StreamingResponse):
