@@ -387,6 +387,24 @@ def test_unreachable_control_plane_and_engine_are_not_fatal(settings: NodeSettin
     assert state.json()["kv_cache_usage_perc"] is None and state.json()["num_requests_running"] is None
 
 
+def _loader(client: TestClient, prefix: str, first_id: int, files: list[dict[str, Any]]) -> Callable[[int], Any]:
+    """``load(i)``: load ``acme--{prefix}{i}`` as ``lora_int_id`` ``first_id + i`` through ``client``; its answer."""
+    def load(i: int) -> dict[str, Any]:
+        answer = client.post("/v1/adapters/load", json={"lora_name": f"acme--{prefix}{i}",
+                                                       "lora_int_id": first_id + i, "files": files})
+        assert answer.status_code == 200, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+    return load
+
+
+def _use(engine: RunningEngine, model: str, times: int) -> None:
+    """Run ``times`` 8-token completions of ``model`` straight on the engine (scheduler steps for LFU)."""
+    for _ in range(times):
+        done = httpx.post(engine.url + "/v1/completions", headers=engine.headers,
+                          json={"model": model, "prompt": "the", "max_tokens": 8, "ignore_eos": True}, timeout=120)
+        assert done.status_code == 200
+
+
 def test_a_full_cpu_cache_loses_the_adapter_the_policy_picks(
     agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
 ) -> None:
@@ -395,18 +413,9 @@ def test_a_full_cpu_cache_loses_the_adapter_the_policy_picks(
     files = upload(tiny_adapters["qv-r8"])
     capacity = clean_vllm_engine.max_cpu_loras
 
-    def load(i: int) -> dict[str, Any]:
-        answer = agent.post("/v1/adapters/load", json={"lora_name": f"acme--lfu{i}", "lora_int_id": 70 + i,
-                                                      "files": files})
-        assert answer.status_code == 200, answer.text
-        return answer.json()
-
+    load = _loader(agent, "lfu", 70, files)
     load(0)
-    for _ in range(4):  # lfu0 is busy, then the least recently used once the others load
-        done = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
-                          json={"model": "acme--lfu0", "prompt": "the", "max_tokens": 8, "ignore_eos": True},
-                          timeout=120)
-        assert done.status_code == 200
+    _use(clean_vllm_engine, "acme--lfu0", 4)  # lfu0 is busy, then the least recently used once the others load
     answers = [load(i) for i in range(1, capacity)]
     assert all(a["evicted"] == [] for a in answers)  # room was left
 
@@ -451,12 +460,7 @@ def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
     with TestClient(create_app(replace(settings, eviction_policy="lru", eviction_grace_s=600.0))) as client:
         client.headers["Authorization"] = f"Bearer {settings.node_key}"
 
-        def load(i: int) -> dict[str, Any]:
-            answer = client.post("/v1/adapters/load", json={"lora_name": f"acme--grace{i}", "lora_int_id": 90 + i,
-                                                            "files": files})
-            assert answer.status_code == 200, answer.text
-            return answer.json()
-
+        load = _loader(client, "grace", 90, files)
         assert all(load(i)["evicted"] == [] for i in range(capacity))
         done = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
                           json={"model": "acme--grace0", "prompt": "the", "max_tokens": 2}, timeout=120)
@@ -478,18 +482,9 @@ def test_an_idle_adapter_the_plan_put_elsewhere_goes_before_the_policys_pick(
     files = upload(tiny_adapters["qv-r8"])
     capacity = clean_vllm_engine.max_cpu_loras
 
-    def load(i: int) -> dict[str, Any]:
-        answer = agent.post("/v1/adapters/load", json={"lora_name": f"acme--away{i}", "lora_int_id": 110 + i,
-                                                      "files": files})
-        assert answer.status_code == 200, answer.text
-        return answer.json()
-
+    load = _loader(agent, "away", 110, files)
     assert all(load(i)["evicted"] == [] for i in range(capacity))
-    for _ in range(3):
-        done = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
-                          json={"model": "acme--away0", "prompt": "the", "max_tokens": 8, "ignore_eos": True},
-                          timeout=120)
-        assert done.status_code == 200
+    _use(clean_vllm_engine, "acme--away0", 3)
     agent.app.state.agent.note_plan({"elsewhere": [110, 999]})  # type: ignore[attr-defined]
 
     assert load(capacity)["evicted"] == ["acme--away0"]
