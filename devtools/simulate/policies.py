@@ -170,7 +170,8 @@ class QuiverPolicy(Policy):
         for n in self.nodes:
             for a in n.engine.cpu:
                 held.setdefault(a, set()).add(n.name)
-        demands = [Demand(a, BASE, self.ranks[a], self.sizes[a], rate, resident_on=frozenset(held.get(a, ())))
+        demands = [Demand(a, BASE, self.ranks[a], self.sizes[a], rate, resident_on=frozenset(held.get(a, ())),
+                          planned_on=frozenset(self.plan.get(a, ())))
                    for a, rate in self.rates.items() if rate > 1e-4]
         self.plan = place(demands, self.pnodes, config=self.placement)
         self.last_plan = t

@@ -26,7 +26,7 @@ from django.utils import timezone
 from adapters_app.models import AdapterVersion
 from inference.fleet.eviction import Resident, eviction_order
 from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
-from inference.gateway.fleet_plan import plan_publish
+from inference.gateway.fleet_plan import plan_all, plan_publish
 from inference.gateway.models import Placement, TenantResidencyQuota, UsageRecord, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm
 from inference.gateway.tasks import placement_evict_task
@@ -59,6 +59,7 @@ def fleet_reconcile() -> int:
     ).values_list("adapter_version_id", "node__name"):  # a dead node's rows hold nothing
         held[version_id].add(node_name)
     no_gpu_room = _tenants_without_gpu_room()
+    previous = plan_all()  # the last pass's plan (Redis): placement's hysteresis; {} after a restart or without Redis
     by_base: dict[int, list[AdapterVersion]] = defaultdict(list)
     for v in newest.values():
         by_base[v.adapter.base_model_id].append(v)
@@ -76,7 +77,8 @@ def fleet_reconcile() -> int:
             demands.append(Demand(v.pk, str(base_id), v.r or 0, v.size_bytes, counts.get(v.pk, 0) / RATE_WINDOW_S,
                                   min_replicas=intent.min_replicas if intent else 1,
                                   max_replicas=intent.max_replicas if intent else None,
-                                  pinned_nodes=pinned, resident_on=frozenset(held[v.pk])))
+                                  pinned_nodes=pinned, resident_on=frozenset(held[v.pk]),
+                                  planned_on=frozenset(previous.get(v.pk, ()))))
         plan = place(demands, nodes, config=PlacementConfig(miss_cost=settings.QUIVER_PLACEMENT_MISS_COST))
         plans.update(plan)
         fits = slotted(plan, demands, nodes)

@@ -84,6 +84,21 @@ def test_over_subscribed_slots_replicate_only_what_outweighs_the_slot_it_takes()
     assert len(wide[1]) >= 2 and len(wide[2]) >= 2
 
 
+def test_among_several_holders_the_previous_plans_node_keeps_the_version() -> None:
+    # A round-robin front left the version in both engines; HRW alone would pick its first node on every re-plan
+    # whatever the last plan said, and a version whose HRW-first node changed with the holders would flip.
+    both, one = frozenset({"n0", "n1"}), PlacementConfig(max_replicas=1)
+    hrw_first = place([demand(7, 1.0, resident_on=both)], nodes(2), config=one)[7][0]
+    other = ({"n0", "n1"} - {hrw_first}).pop()
+    kept = place([demand(7, 1.0, resident_on=both, planned_on=frozenset({other}))], nodes(2), config=one)
+    assert kept[7] == (other,)
+    # A holder still beats a previous home that lost the version (no load to stay), and a version held nowhere
+    # keeps its HRW order.
+    assert place([demand(7, 1.0, resident_on=frozenset({hrw_first}), planned_on=frozenset({other}))],
+                 nodes(2), config=one)[7] == (hrw_first,)
+    assert place([demand(7, 1.0, planned_on=frozenset({other}))], nodes(2), config=one)[7] == (hrw_first,)
+
+
 def test_pins_come_first_and_plan_is_deterministic() -> None:
     demands = [demand(1, 0.0, pinned_nodes=frozenset({"n3"})), demand(2, 5.0), demand(3, 1.0)]
     a = place(demands, nodes())

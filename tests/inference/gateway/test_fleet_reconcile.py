@@ -151,3 +151,25 @@ def test_with_more_versions_than_cpu_slots_only_the_hottest_are_warmed_ahead(
     plan_forget()  # read it back from Redis, as another process would
     shared = plan_all()  # the plan the gateways read: every version has a home
     assert set(shared) == {v.pk for v in versions} and all(len(shared[v.pk]) == 1 for v in versions)
+
+
+def test_a_version_held_on_both_nodes_stays_on_the_home_of_the_last_pass(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
+    """The plan of the last pass (in Redis) breaks the tie between two holders, so a re-plan does not move it."""
+    from inference.fleet.hrw import hrw_order
+    from inference.gateway.fleet_plan import plan_all, plan_forget, plan_publish
+
+    version = setup["version"]
+    for node in setup["nodes"]:
+        Placement.objects.create(node=node, adapter_version=version, tier="warm", served=True)
+    first, second = hrw_order(version.pk, ["n0", "n1"])
+    with django_capture_on_commit_callbacks():
+        fleet_reconcile()
+    assert plan_all()[version.pk] == (first,)  # no previous plan: the HRW order
+    plan_publish({version.pk: (second,)})
+    plan_forget()  # read it back from Redis, as another worker process would
+    with django_capture_on_commit_callbacks():
+        fleet_reconcile()
+    plan_forget()
+    assert plan_all()[version.pk] == (second,)
+
