@@ -305,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                         help="before the first round, replay the warm-up trace through both gateways in turn for at "
                              "least this long (unmeasured), so the reconciler (every 30 s) has planned from request "
                              "rates once: until then its plan is the upload's, made without any; 0 = off")
-    parser.add_argument("--miss-cost", type=float, default=3.0,
-                        help="QUIVER_PLACEMENT_MISS_COST for the reconciler: on this CPU node a control-plane warm "
-                             "costs a few 16-token requests' worth (0 is the GPU default)")
+    parser.add_argument("--miss-cost", type=float, default=1.0,
+                        help="QUIVER_PLACEMENT_MISS_COST for the reconciler: on this CPU node a reload costs about one "
+                             "16-token request's worth (3 gave the hottest adapters' node 62%% of the requests; 0 is "
+                             "the GPU default; docs/placement.md)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
