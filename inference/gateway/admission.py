@@ -201,13 +201,24 @@ class AdmissionGate:
                 queue bound is exceeded.
         """
         node = await choose()
-        if not self.depth and self._may_go(node.name, tenant, time.time(), sent_since=0):
+        if (not self.depth or self._first_in_line(tenant, priority)) and self._may_go(node.name, tenant, time.time(),
+                                                                                       sent_since=0):
             self.board.note_sent(node.name)
             self.charge(tenant, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
             _ADMITTED.inc()
             return node, self._hold(node.name, tenant)
         return await self._wait(tenant, priority, vtc_cost(prompt_tokens=prompt_tokens,
                                                            completion_tokens=completion_tokens), choose)
+
+    def _first_in_line(self, tenant: str, priority: int) -> bool:
+        """Whether the dispatcher would release ``tenant``'s new request before every queued one: it has none queued,
+        is serving now (so no VTC lift applies) and ranks strictly first by (band, counter). Such a request skips the
+        queue: queued behind a backlog it could only wait for the dispatcher's next round (a Redis sync first), which
+        under a flood added to every quiet request's TTFT (scripts/bench_fairness)."""
+        if self.queues.get(tenant) or not self._running(tenant):
+            return False
+        mine = (priority, self.counter(tenant))
+        return all(mine < (q[0].priority, self.counter(t)) for t, q in self.queues.items() if q and t != tenant)
 
     # --- running slots
     def _may_go(self, node: str, tenant: str, now: float, *, sent_since: int) -> bool:

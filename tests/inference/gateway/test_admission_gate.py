@@ -346,3 +346,29 @@ def test_a_tenant_that_just_finished_keeps_its_fair_share_of_slots(settings: Any
             await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
 
     asyncio.run(run())
+
+
+def test_a_serving_tenant_ranked_first_skips_the_queue_of_a_backlog(settings: Any) -> None:
+    """A flooder's backlog does not make a lighter tenant, already being served, queue behind it for a dispatcher
+    round; one returning from idle (lifted level with the backlog) or ranking after it still queues."""
+    settings.QUIVER_ADMISSION_NODE_SLOTS, settings.QUIVER_ADMISSION_SLOT_RESERVE = 4, 0
+    settings.QUIVER_ADMISSION_MAX_WAIT_S = 0.05
+
+    async def run() -> None:
+        gate = AdmissionGate()  # no run_forever: only the fast path can admit
+        _, quiet_slot = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        for _ in range(2):  # the flooder's share of 4 while the quiet tenant is active
+            await gate.acquire(tenant="flood", priority=0, prompt_tokens=100, choose=_choose)
+        waiting = asyncio.create_task(gate.acquire(tenant="flood", priority=0, prompt_tokens=100, choose=_choose))
+        await asyncio.sleep(0)
+        assert gate.depth == 1
+        node, _ = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        assert node is NODE and gate.depth == 1  # admitted at once, past the flooder's backlog
+        gate.release(quiet_slot)
+        with pytest.raises(GatewayError):  # a heavier tenant than the backlog's head waits its turn
+            gate.pending["quiet"] = 1e6
+            await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        with pytest.raises(GatewayError):
+            await waiting
+
+    asyncio.run(run())
