@@ -291,6 +291,10 @@ QUIVER_ADMISSION_MAX_QUEUE = env.int("QUIVER_ADMISSION_MAX_QUEUE", default=1000)
 # Size SLOTS below the engines' max_num_seqs (the CPU dev engine runs 32).
 QUIVER_ADMISSION_NODE_SLOTS = env.int("QUIVER_ADMISSION_NODE_SLOTS", default=0)
 QUIVER_ADMISSION_SLOT_RESERVE = env.int("QUIVER_ADMISSION_SLOT_RESERVE", default=2)
+# While other tenants are active on a node, the heaviest tenant there starts at most one request per START_SPACING_S
+# on it (about one prefill step): starts taken together come back as waves of simultaneous prefills
+# (inference.fleet.admission.start_spaced). 0 = off.
+QUIVER_ADMISSION_START_SPACING_S = env.float("QUIVER_ADMISSION_START_SPACING_S", default=0.05)
 # How often each gateway process re-reads node load and the shared VTC counters from Redis.
 QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)
 # Requests-per-minute limits are also paced (GCRA, inference.fleet.admission.rpm_pace): bursts of BURST_S seconds

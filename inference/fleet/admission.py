@@ -107,6 +107,31 @@ def slot_free(*, node_in_flight: int, tenant_in_flight: int, config: SlotConfig,
     return node_in_flight < config.slots and tenant_in_flight < cap
 
 
+def start_spaced(*, since_start_s: float | None, spacing_s: float, tenant_in_flight: int,
+                 others_in_flight: Iterable[int]) -> bool:
+    """Whether a tenant's next request on a node must wait: it started one there less than ``spacing_s`` ago while
+    other tenants are active on the node, and it holds at least as many of the node's running requests as any of
+    them (the heaviest tenant there, so a light tenant is never spaced behind a flooder).
+
+    Why: requests that start together prefill in the same engine steps and then end together, so a flooder's
+    batch of starts came back as waves of simultaneous prefills every completion time (every ~1.8 s), and a quiet
+    tenant's requests that arrived during a wave set its p99 TTFT (scripts/bench_fairness: its five slowest TTFTs
+    at 2.0, 2.0, 3.8, 4.0 and 5.5 s into the flood). Spacing one tenant's starts by about one prefill step breaks
+    the waves without limiting its rate (``1 / spacing_s`` starts per second per node). Sarathi-Serve (Agrawal et
+    al., OSDI'24) makes the same case inside the engine: prefills batched together stall the others' tokens.
+
+    Args:
+        since_start_s: seconds since the tenant's last start on the node (None: none remembered).
+        spacing_s: the spacing (``QUIVER_ADMISSION_START_SPACING_S``); 0 = never spaced.
+        tenant_in_flight: the tenant's running requests on the node.
+        others_in_flight: each other active tenant's running requests there (an empty iterable: alone).
+    """
+    others = list(others_in_flight)
+    if spacing_s <= 0 or since_start_s is None or since_start_s >= spacing_s or not others:
+        return False
+    return tenant_in_flight >= max(others)
+
+
 def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationConfig, sent_since: int = 0) -> bool | None:
     """Whether a node is saturated: True, False, or None when its figures are missing or stale (unknown).
 

@@ -49,6 +49,7 @@ from inference.fleet.admission import (
     node_saturated,
     nodes_calm,
     slot_free,
+    start_spaced,
     vtc_cost,
     vtc_lift,
     vtc_pick,
@@ -70,6 +71,7 @@ IDLE_S = 5.0
 # steady tenant's queue empties between requests, and a flooder must not take its share in that gap.
 ACTIVE_GRACE_S = 2.0
 IDLE_TICK_S = 1.0  # the loop's tick while resting: a request, a queued waiter or a freed slot wakes it at once
+STARTS_KEPT = 256  # remembered starts per node before the old ones are dropped
 CALM_FACTOR = 4  # ticks this many times slower while every node is calm and nothing waits here (nodes_calm)
 _ADMITTED = metrics.ADMISSION.labels("admitted")
 
@@ -126,6 +128,7 @@ class AdmissionGate:
         self.holding: dict[str, Counter[str]] = {}
         self.others: dict[str, Counter[str]] = {}
         self._released: dict[str, dict[str, float]] = {}  # node -> tenant -> monotonic time of its last release
+        self._started: dict[str, dict[str, float]] = {}  # node -> tenant -> monotonic time of its last start here
         self._kick = asyncio.Event()
         self._lock = asyncio.Lock()
         self._synced_at = 0.0
@@ -225,20 +228,31 @@ class AdmissionGate:
         if node_saturated(self.board.get(node), now_s=now, config=self.config, sent_since=sent_since) is True:
             return False
         slots = _slots()
-        if slots.slots <= 0:
+        spacing = settings.QUIVER_ADMISSION_START_SPACING_S
+        if slots.slots <= 0 and spacing <= 0:
             return True
         mine, theirs = self.holding.get(node), self.others.get(node)
-        node_total = (sum(mine.values()) if mine else 0) + (sum(theirs.values()) if theirs else 0)
-        tenant_total = (mine[tenant] if mine else 0) + (theirs[tenant] if theirs else 0)
+
+        def held(t: str) -> int:
+            return (mine[t] if mine else 0) + (theirs[t] if theirs else 0)
+
         active = {tenant, *(t for t, q in self.queues.items() if q)}
         active.update(t for counts in (mine, theirs) if counts for t, n in counts.items() if n > 0)
+        now_mono = time.monotonic()
         recent = self._released.get(node)
         if recent:
-            horizon = time.monotonic() - ACTIVE_GRACE_S
+            horizon = now_mono - ACTIVE_GRACE_S
             for t in [t for t, at in recent.items() if at < horizon]:
                 del recent[t]
             active.update(recent)
-        return slot_free(node_in_flight=node_total, tenant_in_flight=tenant_total, config=slots,
+        started = self._started.get(node, {}).get(tenant)
+        if start_spaced(since_start_s=None if started is None else now_mono - started, spacing_s=spacing,
+                        tenant_in_flight=held(tenant), others_in_flight=[held(t) for t in active if t != tenant]):
+            return False
+        if slots.slots <= 0:
+            return True
+        node_total = (sum(mine.values()) if mine else 0) + (sum(theirs.values()) if theirs else 0)
+        return slot_free(node_in_flight=node_total, tenant_in_flight=held(tenant), config=slots,
                          active_tenants=len(active))
 
     def _hold(self, node: str, tenant: str) -> int:
@@ -246,6 +260,12 @@ class AdmissionGate:
         lease_s = settings.QUIVER_PROXY_TIMEOUT_S + settings.QUIVER_WARM_WAIT_S
         self._held[token] = (node, tenant, time.monotonic() + lease_s)
         self.holding.setdefault(node, Counter())[tenant] += 1
+        starts = self._started.setdefault(node, {})
+        now = starts[tenant] = time.monotonic()
+        if len(starts) > STARTS_KEPT:  # only the last spacing's starts matter
+            spacing = settings.QUIVER_ADMISSION_START_SPACING_S
+            for t in [t for t, at in starts.items() if now - at >= spacing]:
+                del starts[t]
         return token
 
     def release(self, token: int) -> None:

@@ -11,6 +11,7 @@ from inference.fleet.admission import (
     node_saturated,
     nodes_calm,
     slot_free,
+    start_spaced,
     vtc_cost,
     vtc_lift,
     vtc_pick,
@@ -86,6 +87,20 @@ def test_slot_budget_keeps_a_reserve_no_single_tenant_may_take() -> None:
     assert not slot_free(node_in_flight=3, tenant_in_flight=3, config=budget, active_tenants=3)  # ceil(8/3) = 3
     assert not slot_free(node_in_flight=6, tenant_in_flight=6, config=budget, active_tenants=1)  # alone: 6
     assert slot_free(node_in_flight=7, tenant_in_flight=0, config=budget, active_tenants=20)
+
+
+def test_the_heaviest_tenant_on_a_node_is_spaced_while_others_are_active() -> None:
+    def spaced(since: float | None, mine: int, others: list[int], spacing: float = 0.05) -> bool:
+        return start_spaced(since_start_s=since, spacing_s=spacing, tenant_in_flight=mine, others_in_flight=others)
+
+    assert spaced(0.01, 3, [1])  # a flooder that just started one waits out the spacing
+    assert spaced(0.01, 1, [1])  # level with the other: still the heaviest
+    assert spaced(0.01, 2, [0])  # the other is active (just finished, or queued) with nothing running
+    assert not spaced(0.06, 3, [1])  # the spacing has passed
+    assert not spaced(0.01, 3, [])  # alone on the node: never spaced
+    assert not spaced(0.01, 1, [3])  # a lighter tenant than a flooder goes at once
+    assert not spaced(None, 3, [1])  # no start remembered
+    assert not spaced(0.01, 3, [1], spacing=0.0)  # off
 
 
 @pytest.mark.parametrize(("loads", "calm"), [

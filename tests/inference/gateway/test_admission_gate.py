@@ -23,6 +23,11 @@ from inference.node.load_publisher import load_key
 NODE = NodeView(pk=1, name="n1", engine_url="http://n1", base_model_id=1)
 
 
+@pytest.fixture(autouse=True)
+def _no_start_spacing(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_START_SPACING_S = 0.0  # each test below back-to-back starts; the last one spaces
+
+
 async def _choose() -> NodeView:
     return NODE
 
@@ -370,5 +375,41 @@ def test_a_serving_tenant_ranked_first_skips_the_queue_of_a_backlog(settings: An
             await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
         with pytest.raises(GatewayError):
             await waiting
+
+    asyncio.run(run())
+
+
+def test_a_flooders_starts_are_spaced_only_while_another_tenant_is_active(settings: Any) -> None:
+    """Starts taken together prefill together and end together (waves that hit a quiet tenant's TTFT): the heaviest
+    tenant on a node starts at most one request per spacing while another tenant is active there."""
+    settings.QUIVER_ADMISSION_NODE_SLOTS, settings.QUIVER_ADMISSION_SLOT_RESERVE = 0, 0
+    settings.QUIVER_ADMISSION_START_SPACING_S = 0.1
+    settings.QUIVER_ADMISSION_MAX_WAIT_S = 5.0
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        loop = asyncio.get_running_loop().create_task(gate.run_forever())
+        try:
+            t0 = time.monotonic()
+            for _ in range(3):  # alone: back to back
+                await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
+            assert time.monotonic() - t0 < 0.05 and gate.depth == 0
+            _, quiet_slot = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+            await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)  # lighter: not spaced
+            assert gate.depth == 0
+            gate._started["n1"]["flood"] = time.monotonic()  # it just started one
+            t0 = time.monotonic()
+            waits = [asyncio.create_task(gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose))
+                     for _ in range(2)]
+            await asyncio.sleep(0.05)
+            assert gate.depth == 2 and not any(w.done() for w in waits)  # queued while the spacing runs
+            await asyncio.wait_for(waits[0], 1.0)
+            first = time.monotonic() - t0
+            await asyncio.wait_for(waits[1], 1.0)
+            second = time.monotonic() - t0
+            assert 0.09 <= first < 0.4 and second - first >= 0.09  # one start per spacing, by the dispatcher
+            gate.release(quiet_slot)
+        finally:
+            loop.cancel()
 
     asyncio.run(run())
