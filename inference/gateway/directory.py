@@ -11,6 +11,7 @@ TTLs shrink to ``QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S`` so a revoked key still stop
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -23,6 +24,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from inference.gateway.errors import GatewayError
+from inference.gateway.node_keys import node_credentials
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, PlacementView, TargetView
 
 logger = logging.getLogger(__name__)
@@ -148,34 +150,60 @@ def load_target(tenant_id: int, model: str) -> TargetView | str:
                       version_id=version.pk, version_number=version.number, r=version.r)
 
 
-def _gpu_used(node: Any) -> int:
-    residency = node.state.get("residency") if isinstance(node.state, dict) else None
-    return int((residency.get("gpu", 0) if isinstance(residency, dict) else 0) or 0)
+def _gpu_used(state: Any) -> int:
+    if isinstance(state, (str, bytes)):
+        try:
+            state = json.loads(state)
+        except ValueError:
+            return 0
+    residency = state.get("residency") if isinstance(state, dict) else None
+    try:
+        return int((residency.get("gpu", 0) if isinstance(residency, dict) else 0) or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def load_fleet() -> FleetView:
     """Live nodes (healthy, heartbeat within ``QUIVER_NODE_STALE_AFTER_S``), every placement on them that serves or
-    failed (two queries), and the reconciler's last plan (one Redis read, ``inference.gateway.fleet_plan``)."""
+    failed (two queries), and the reconciler's last plan (one Redis read, ``inference.gateway.fleet_plan``).
+
+    Plain SQL over the models' tables rather than querysets: every gateway process runs this each
+    ``QUIVER_GATEWAY_FLEET_REFRESH_S``, and building the two querysets' SQL and model instances was most of its CPU
+    (cProfile: 1.9 ms a call here, about 0.4 ms as plain SQL)."""
     from inference.gateway.fleet_plan import plan_all
     from inference.gateway.models import Node, Placement
-    from inference.gateway.node_client import node_key
 
     fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, name, key_generation, engine_url, base_model_id, max_lora_rank, max_loras, state, "
+            "num_requests_running, num_requests_waiting, kv_cache_usage_perc "
+            f"FROM {Node._meta.db_table} WHERE healthy = %s AND last_heartbeat_at >= %s "  # noqa: S608 (names, not input)
+            "AND base_model_id IS NOT NULL ORDER BY id",
+            [True, connection.ops.adapt_datetimefield_value(fresh)])
+        node_rows = cursor.fetchall()
+        placement_rows: list[tuple[Any, ...]] = []
+        if node_rows:
+            marks = ", ".join(["%s"] * len(node_rows))
+            cursor.execute(
+                "SELECT node_id, adapter_version_id, tier, served, last_error, warming_since "
+                f"FROM {Placement._meta.db_table} WHERE node_id IN ({marks}) "  # noqa: S608 (names, not input)
+                "AND NOT (tier = %s AND served = %s)",
+                [*(row[0] for row in node_rows), Placement.Tier.COLD.value, False])
+            placement_rows = cursor.fetchall()
     nodes = tuple(
-        NodeView(pk=n.pk, name=n.name, engine_url=n.engine_url.rstrip("/"), base_model_id=n.base_model_id,
-                 key=node_key(n), max_lora_rank=n.max_lora_rank, max_loras=n.max_loras, gpu_used=_gpu_used(n),
-                 num_requests_running=n.num_requests_running or 0, num_requests_waiting=n.num_requests_waiting or 0,
-                 kv_cache_usage_perc=n.kv_cache_usage_perc or 0.0)
-        for n in Node.objects.filter(healthy=True, last_heartbeat_at__gte=fresh, base_model__isnull=False)
+        NodeView(pk=pk, name=name, engine_url=engine_url.rstrip("/"), base_model_id=base_model_id,
+                 key=node_credentials(name, generation).key, max_lora_rank=max_lora_rank, max_loras=max_loras,
+                 gpu_used=_gpu_used(state), num_requests_running=running or 0, num_requests_waiting=waiting or 0,
+                 kv_cache_usage_perc=kv or 0.0)
+        for pk, name, generation, engine_url, base_model_id, max_lora_rank, max_loras, state, running, waiting, kv
+        in node_rows
     )
     placements: dict[int, list[PlacementView]] = {}
-    rows = Placement.objects.filter(node_id__in=[n.pk for n in nodes]).exclude(
-        tier=Placement.Tier.COLD, served=False).values_list(
-        "node_id", "adapter_version_id", "tier", "served", "last_error", "warming_since")
-    for node_id, version_id, tier, served, last_error, warming_since in rows:
-        code = last_error.split(":", 1)[0] if tier == Placement.Tier.ERRORED and warming_since is None else ""
+    for node_id, version_id, tier, served, last_error, warming_since in placement_rows:
+        code = (last_error or "").split(":", 1)[0] if tier == Placement.Tier.ERRORED and warming_since is None else ""
         placements.setdefault(version_id, []).append(
-            PlacementView(node_id=node_id, version_id=version_id, tier=tier, served=served, error_code=code))
+            PlacementView(node_id=node_id, version_id=version_id, tier=tier, served=bool(served), error_code=code))
     return FleetView(nodes=nodes, placements={k: tuple(v) for k, v in placements.items()}, read_at=time.monotonic(),
                      homes=plan_all())
 
