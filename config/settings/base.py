@@ -291,9 +291,10 @@ QUIVER_ADMISSION_MAX_QUEUE = env.int("QUIVER_ADMISSION_MAX_QUEUE", default=1000)
 # Size SLOTS below the engines' max_num_seqs (the CPU dev engine runs 32).
 QUIVER_ADMISSION_NODE_SLOTS = env.int("QUIVER_ADMISSION_NODE_SLOTS", default=0)
 QUIVER_ADMISSION_SLOT_RESERVE = env.int("QUIVER_ADMISSION_SLOT_RESERVE", default=2)
-# While other tenants are active on a node, the heaviest tenant there starts at most one request per START_SPACING_S
-# on it (about one prefill step): starts taken together come back as waves of simultaneous prefills
-# (inference.fleet.admission.start_spaced). 0 = off.
+# With a slot budget (NODE_SLOTS > 0), while other tenants are active on a node its heaviest tenant starts at most
+# one request there per START_SPACING_S (about one prefill step; per gateway process): starts taken together come
+# back as waves of simultaneous prefills (inference.fleet.admission.start_spaced). It caps that tenant at
+# 1 / START_SPACING_S starts a second per node: lower it for nodes that start more. 0 = off.
 QUIVER_ADMISSION_START_SPACING_S = env.float("QUIVER_ADMISSION_START_SPACING_S", default=0.05)
 # How often each gateway process re-reads node load and the shared VTC counters from Redis.
 QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)

@@ -24,6 +24,8 @@ Decisions are ``inference.fleet.admission``'s pure functions; this module keeps 
   Redis (``quiver:slots:proc:<id>``, published and re-read each tick, so they are at most a tick old). A hold is
   released when its request ends (or after the proxy timeout, should its end never be seen), and a release wakes the
   dispatcher at once, so a freed slot goes to the next request in VTC order without waiting for the tick.
+- **Start spacing.** With a slot budget, while other tenants are active on a node its heaviest tenant starts at
+  most one request there per ``QUIVER_ADMISSION_START_SPACING_S`` (``inference.fleet.admission.start_spaced``).
 - **Unknown figures** (no agent publishing, Redis away, older than 250 ms) are not saturated: admit (fail open).
 """
 
@@ -228,8 +230,7 @@ class AdmissionGate:
         if node_saturated(self.board.get(node), now_s=now, config=self.config, sent_since=sent_since) is True:
             return False
         slots = _slots()
-        spacing = settings.QUIVER_ADMISSION_START_SPACING_S
-        if slots.slots <= 0 and spacing <= 0:
+        if slots.slots <= 0:  # no running-slot budget: neither slots nor start spacing apply
             return True
         mine, theirs = self.holding.get(node), self.others.get(node)
 
@@ -246,11 +247,10 @@ class AdmissionGate:
                 del recent[t]
             active.update(recent)
         started = self._started.get(node, {}).get(tenant)
-        if start_spaced(since_start_s=None if started is None else now_mono - started, spacing_s=spacing,
-                        tenant_in_flight=held(tenant), others_in_flight=[held(t) for t in active if t != tenant]):
+        if start_spaced(since_start_s=None if started is None else now_mono - started,
+                        spacing_s=settings.QUIVER_ADMISSION_START_SPACING_S, tenant_in_flight=held(tenant),
+                        others_in_flight=[held(t) for t in active if t != tenant]):
             return False
-        if slots.slots <= 0:
-            return True
         node_total = (sum(mine.values()) if mine else 0) + (sum(theirs.values()) if theirs else 0)
         return slot_free(node_in_flight=node_total, tenant_in_flight=held(tenant), config=slots,
                          active_tenants=len(active))

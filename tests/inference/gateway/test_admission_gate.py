@@ -382,7 +382,7 @@ def test_a_serving_tenant_ranked_first_skips_the_queue_of_a_backlog(settings: An
 def test_a_flooders_starts_are_spaced_only_while_another_tenant_is_active(settings: Any) -> None:
     """Starts taken together prefill together and end together (waves that hit a quiet tenant's TTFT): the heaviest
     tenant on a node starts at most one request per spacing while another tenant is active there."""
-    settings.QUIVER_ADMISSION_NODE_SLOTS, settings.QUIVER_ADMISSION_SLOT_RESERVE = 0, 0
+    settings.QUIVER_ADMISSION_NODE_SLOTS, settings.QUIVER_ADMISSION_SLOT_RESERVE = 16, 0
     settings.QUIVER_ADMISSION_START_SPACING_S = 0.1
     settings.QUIVER_ADMISSION_MAX_WAIT_S = 5.0
 
@@ -409,6 +409,11 @@ def test_a_flooders_starts_are_spaced_only_while_another_tenant_is_active(settin
             second = time.monotonic() - t0
             assert 0.09 <= first < 0.4 and second - first >= 0.09  # one start per spacing, by the dispatcher
             gate.release(quiet_slot)
+            settings.QUIVER_ADMISSION_NODE_SLOTS = 0  # no slot budget: no spacing either
+            gate._started["n1"]["flood"] = time.monotonic()
+            t0 = time.monotonic()
+            await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose)
+            assert time.monotonic() - t0 < 0.05
         finally:
             loop.cancel()
 
