@@ -208,6 +208,7 @@ class AdmissionGate:
         node = await choose()
         if (not self.depth or self._first_in_line(tenant, priority)) and self._may_go(node.name, tenant, time.time(),
                                                                                        sent_since=0):
+            self._lift_on_arrival(tenant)
             self.board.note_sent(node.name)
             self.charge(tenant, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
             _ADMITTED.inc()
@@ -220,7 +221,7 @@ class AdmissionGate:
         is serving now (so no VTC lift applies) and ranks strictly first by (band, counter). Such a request skips the
         queue: queued behind a backlog it could only wait for the dispatcher's next round (a Redis sync first), which
         under a flood added to every quiet request's TTFT (scripts/bench_fairness)."""
-        if self.queues.get(tenant) or not self._running(tenant):
+        if self.queues.get(tenant) or not self._active(tenant):
             return False
         mine = (priority, self.counter(tenant))
         return all(mine < (q[0].priority, self.counter(t)) for t, q in self.queues.items() if q and t != tenant)
@@ -297,11 +298,8 @@ class AdmissionGate:
             metrics.ADMISSION.labels("shed").inc()
             raise _shed(f"The gateway's queue is full ({self.depth} requests wait for saturated nodes); retry in "
                         f"{RETRY_AFTER_S}s.")
+        self._lift_on_arrival(tenant)
         queue = self.queues.setdefault(tenant, deque())
-        if not queue and not self._running(tenant):  # VTC lift: back from idle, no credit for the idle time
-            own = self.counter(tenant)
-            others = {t: self.counter(t) for t, q in self.queues.items() if q and t != tenant}
-            self.offset[tenant] = self.offset.get(tenant, 0.0) + vtc_lift(own, others) - own
         self.seq += 1
         waiter = Waiter(tenant, priority, self.seq, cost, choose,
                         asyncio.get_running_loop().create_future(), time.monotonic())
@@ -321,6 +319,35 @@ class AdmissionGate:
             metrics.ADMISSION_WAIT.observe(time.monotonic() - waiter.enqueued)
         metrics.ADMISSION.labels("dequeued").inc()
         return node, token
+
+    def _active(self, tenant: str) -> bool:
+        """Whether ``tenant`` is being served: a running request in this process, or one that ended on some node
+        within ``ACTIVE_GRACE_S`` (a steady tenant's queue and slots empty between its requests)."""
+        if self._running(tenant):
+            return True
+        horizon = time.monotonic() - ACTIVE_GRACE_S
+        return any(recent.get(tenant, horizon) > horizon for recent in self._released.values())
+
+    def _lift_on_arrival(self, tenant: str) -> None:
+        """VTC's lift for a tenant arriving from idle (nothing queued, not :meth:`_active`): its counter rises to
+        the lowest among the tenants that are queued or active, so idle time earns no credit.
+
+        VTC lifts to the queue's minimum, or to the last leaver's counter when the queue is empty (Sheng et al.,
+        OSDI'24, Algorithm 2). Looking at queued tenants only left a flooder that started while a steady tenant's
+        queue was empty at its own, lower, counter: it ranked first until its charges caught up (~20 requests, ~9 s
+        of scripts/bench_fairness's first flood phase, worse in every run than the second)."""
+        if self.queues.get(tenant) or self._active(tenant):
+            return
+        others = {t: self.counter(t) for t, q in self.queues.items() if q and t != tenant}
+        horizon = time.monotonic() - ACTIVE_GRACE_S
+        for counts in self.holding.values():
+            others.update((t, self.counter(t)) for t, n in counts.items() if n > 0 and t != tenant)
+        for recent in self._released.values():
+            others.update((t, self.counter(t)) for t, at in recent.items() if at > horizon and t != tenant)
+        own = self.counter(tenant)
+        lifted = vtc_lift(own, others)
+        if lifted > own:
+            self.offset[tenant] = self.offset.get(tenant, 0.0) + lifted - own
 
     def _running(self, tenant: str) -> bool:
         """Whether ``tenant`` holds a running request in this process. A tenant whose queue emptied while its

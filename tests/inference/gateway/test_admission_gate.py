@@ -418,3 +418,26 @@ def test_a_flooders_starts_are_spaced_only_while_another_tenant_is_active(settin
             loop.cancel()
 
     asyncio.run(run())
+
+
+def test_a_newcomer_is_lifted_to_the_active_tenants_counter_even_with_nobody_queued() -> None:
+    """VTC: idle time earns no credit. A flooder starting while a steady tenant is served (nothing queued) starts
+    from the steady tenant's counter, not from its own lower one; the steady tenant, between two of its requests,
+    is not idle and keeps its counter."""
+    async def run() -> None:
+        gate = AdmissionGate()
+        gate.served = {"quiet": 4000.0, "flood": 0.0}
+        _, token = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        gate.release(token)  # its queue and slots are empty now, as between a steady tenant's requests
+        await gate.acquire(tenant="flood", priority=0, prompt_tokens=10, choose=_choose)  # fast path, no queue
+        assert gate.counter("flood") == 4001.0 + 10.0  # lifted to quiet's 4001, then charged its prompt
+        await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        assert gate.counter("quiet") == 4002.0  # not lifted: served 2 ms ago
+        gate._released["n1"]["quiet"] -= 60  # long gone: a lone newcomer keeps its own counter
+        gate.served["late"] = 7.0
+        for counts in gate.holding.values():
+            counts.clear()
+        await gate.acquire(tenant="late", priority=0, prompt_tokens=1, choose=_choose)
+        assert gate.counter("late") == 8.0
+
+    asyncio.run(run())
