@@ -23,7 +23,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 from django.conf import settings
@@ -45,6 +44,7 @@ from inference.gateway.upstream import (
     UpstreamError,
     UpstreamRefused,
     UpstreamResponse,
+    engine_answers,
     upstream_close,
     upstream_post,
 )
@@ -456,11 +456,11 @@ class GatewayApp:
                                                    node_key=node.key)
                 except UpstreamError as exc:
                     # No response came. A refused connection reached no engine; a connection that broke before the
-                    # answer (a kept-alive one to an engine that died) counts too when the node now refuses a
-                    # fresh one: the dead engine answers no one, so the request may go to another node. This
-                    # process skips the node until heartbeats would have aged it out of routing everywhere.
+                    # answer (a kept-alive one to an engine that died) counts too when the engine's health check
+                    # now gets no answer: the dead engine answers no one, so the request may go to another node.
+                    # This process skips the node until heartbeats would have aged it out of routing everywhere.
                     refused = isinstance(exc, UpstreamRefused)
-                    if not refused and not await _refuses_connections(node.engine_url):
+                    if not refused and await engine_answers(node.engine_url):
                         raise
                     logger.warning("gateway.upstream_refused", extra={"node": node.name, "error": repr(exc)})
                     self._down[node.pk] = time.monotonic() + settings.QUIVER_NODE_STALE_AFTER_S
@@ -658,17 +658,6 @@ def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage
 
 # vLLM-only response fields that say nothing to a tenant (or say how the platform is built).
 ENGINE_FIELDS = ("kv_transfer_params", "ec_transfer_params", "metrics", "system_fingerprint")
-async def _refuses_connections(engine_url: str) -> bool:
-    """Whether a fresh TCP connection to the engine is refused now (its process is gone), within 2 s."""
-    parts = urlsplit(engine_url)
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, parts.port or 80), timeout=2)
-    except (OSError, TimeoutError):
-        return True
-    writer.close()
-    return False
-
-
 ENGINE_CHOICE_FIELDS = ("routed_experts", "prompt_logprobs", "prompt_token_ids", "token_ids", "stop_reason")
 
 

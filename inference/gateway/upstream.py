@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import aiohttp
 from django.conf import settings
@@ -100,6 +101,32 @@ async def upstream_post(url: str, *, content: bytes, node_key: str) -> UpstreamR
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise UpstreamError(repr(exc)) from exc
     return UpstreamResponse(raw)
+
+
+async def engine_answers(engine_url: str, *, timeout: float = 2.0) -> bool:
+    """Whether the engine answers ``GET /health`` with 200 on a fresh connection within ``timeout`` s.
+
+    A refused connect is not enough to call an engine gone: a killed vLLM's processes can take a second or more to
+    exit (a multi-GB address space is torn down before the files are closed), and its listening socket, inherited by
+    the engine's children, keeps accepting connections into the kernel's backlog that no one will read (scaleout test,
+    CI of 2026-12-01). Only an HTTP answer says it is alive. Never raises.
+    """
+    parts = urlsplit(engine_url)
+    secure = parts.scheme == "https"
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(parts.hostname, parts.port or (443 if secure else 80), ssl=secure or None),
+            timeout=timeout)
+    except (OSError, TimeoutError, ValueError):
+        return False
+    try:
+        writer.write(f"GET /health HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
+        status_line = await asyncio.wait_for(reader.readline(), timeout=timeout)
+    except (OSError, TimeoutError, ValueError):
+        return False
+    finally:
+        writer.close()
+    return status_line.split(b" ", 2)[1:2] == [b"200"]
 
 
 async def upstream_close() -> None:
