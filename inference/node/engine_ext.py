@@ -275,8 +275,17 @@ def _configured_token_digests() -> list[bytes]:
     return [hashlib.sha256(k.encode("utf-8")).digest() for k in keys]
 
 
+# Served without the node key: liveness (the gateway's probe after a broken exchange) and Prometheus' scrape.
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
 class QuiverEngineExtension:
-    """Pure ASGI middleware serving `/quiver/v1/*`; every other path passes through untouched.
+    """Pure ASGI middleware serving `/quiver/v1/*` and guarding every other path with the node key.
+
+    vLLM checks `VLLM_API_KEY` on `/v1/*` only; with runtime LoRA updating on it also serves SageMaker-style
+    `POST/DELETE /adapters` (register any folder on the node under a served name: a tenant's adapter swapped for
+    another's weights), `/invocations` (inference with no key, metering or `cache_salt`), `/tokenize` and more,
+    all without a key (found by attacking the demo stack). So every path but ``OPEN_PATHS`` needs the node key here.
 
     Args:
         app: the next ASGI application (vLLM's middleware stack and router).
@@ -303,7 +312,14 @@ class QuiverEngineExtension:
         if not self._token_digests:
             await _refuse_to_serve(scope, receive, send)
             return
-        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if not scope["path"].startswith(PREFIX):
+            if not self._authorized(Headers(scope=scope)):
+                await JSONResponse({"error": {"message": "Unauthorized", "type": "invalid_request_error",
+                                              "code": "unauthorized"}}, status_code=401)(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         response = await self._handle(scope, receive)

@@ -76,3 +76,17 @@ def test_engine_errors_are_mapped_and_prefix_cache_is_per_tenant(gateway_server:
     assert after_same_tenant > before  # caching works within a tenant
     assert _post(gateway_server, bob, body).status_code == 200
     assert _prefix_hits(vllm_engine) == after_same_tenant  # but never across tenants
+
+
+def test_the_engine_serves_nothing_but_health_and_metrics_without_the_node_key(vllm_engine) -> None:  # type: ignore[no-untyped-def]
+    # vLLM's own key check covers /v1/* only; its SageMaker-style /adapters and /invocations are guarded by ours.
+    url = vllm_engine.url
+    for method, path, body in (("POST", "/adapters", {"name": "x", "src": "/tmp"}), ("DELETE", "/adapters/x", None),
+                               ("POST", "/invocations", {"prompt": "x", "max_tokens": 1}),
+                               ("POST", "/tokenize", {"prompt": "x"}), ("GET", "/v1/models", None)):
+        answer = httpx.request(method, url + path, json=body, timeout=30)
+        assert answer.status_code == 401, (path, answer.status_code, answer.text[:200])
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+    assert httpx.get(url + "/metrics", timeout=30).status_code == 200
+    assert httpx.post(url + "/tokenize", json={"prompt": "x"}, headers=vllm_engine.headers,
+                      timeout=30).status_code == 200

@@ -45,3 +45,27 @@ def test_with_a_key_requests_pass_to_the_engine(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("VLLM_API_KEY", "k" * 40)
     _, inner = _run({"type": "lifespan"}, [])
     assert inner == ["lifespan"]
+
+
+KEY = "k" * 40
+
+
+@pytest.mark.parametrize("method,path", [
+    ("POST", "/adapters"), ("DELETE", "/adapters/acme--bot--1"),  # vLLM's SageMaker-style LoRA routes
+    ("POST", "/invocations"), ("POST", "/tokenize"), ("GET", "/openapi.json"), ("POST", "/v1/completions")])
+def test_every_engine_path_but_health_and_metrics_needs_the_node_key(
+        monkeypatch: pytest.MonkeyPatch, method: str, path: str) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    for headers in ([], [(b"authorization", b"Bearer wrong")], [(b"authorization", KEY.encode())]):
+        sent, inner = _run({"type": "http", "path": path, "method": method, "headers": headers}, [])
+        assert sent[0]["status"] == 401 and inner == [], (path, headers)
+    _, inner = _run({"type": "http", "path": path, "method": method,
+                     "headers": [(b"authorization", f"Bearer {KEY}".encode())]}, [])
+    assert inner == ["http"]
+
+
+@pytest.mark.parametrize("path", ["/health", "/metrics"])
+def test_health_and_metrics_are_served_without_a_key(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    _, inner = _run({"type": "http", "path": path, "method": "GET", "headers": []}, [])
+    assert inner == ["http"]
