@@ -134,10 +134,10 @@ def _scopes(key: KeyView) -> list[LimitScope]:
 
 
 def _reservation(upstream: dict[str, Any], endpoint: str) -> int:
-    """Tokens to hold on admission: the estimated prompt plus the completion budget × ``n``."""
+    """Tokens to hold on admission: the estimated prompt plus the completion budget × ``n`` × the prompts."""
     budget = hygiene.requested_tokens(upstream)
     if budget is None:
-        budget = DEFAULT_COMPLETION_RESERVE[endpoint] * int(upstream.get("n", 1))
+        budget = DEFAULT_COMPLETION_RESERVE[endpoint] * int(upstream.get("n", 1)) * hygiene.prompt_count(upstream)
     return estimate_prompt_tokens(upstream) + budget
 
 
@@ -237,8 +237,8 @@ class GatewayApp:
                                type_="authentication_error")
         prefix = f"{settings.QUIVER_API_KEY_PREFIX}_"
         key_id, dot, secret = token[len(prefix):].partition(".")
-        if not token.startswith(prefix) or not dot or not key_id or len(key_id) > 16:
-            raise invalid
+        if not token.startswith(prefix) or not dot or not key_id or len(key_id) > 16 or not token.isascii():
+            raise invalid  # keys are ASCII; compare_digest refuses non-ASCII str (a 500 for anyone who knew a key id)
         key = await self.directory.keys.get(key_id)
         if key is None or not self._secret_ok(key, secret):
             raise invalid
@@ -381,6 +381,8 @@ class GatewayApp:
             raise GatewayError(400, "Request body must be JSON.", code="invalid_json") from exc
         if not isinstance(body, dict):
             raise GatewayError(400, "Request body must be a JSON object.", code="invalid_json")
+        if LONE_SURROGATE_ESCAPE.search(raw):
+            _refuse_lone_surrogates(body)
         model = body.get("model")
         if model is None or model == "":
             raise GatewayError(400, "Field 'model' is required: your adapter's name or the base model.",
@@ -658,6 +660,24 @@ def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage
 
 # vLLM-only response fields that say nothing to a tenant (or say how the platform is built).
 ENGINE_FIELDS = ("kv_transfer_params", "ec_transfer_params", "metrics", "system_fingerprint")
+# A JSON \\uD800-\\uDFFF escape: json.loads turns an unpaired one into a str that cannot be encoded as UTF-8, which
+# failed later as a 500 (the database query for `model`, token estimates, the engine). Paired ones are fine.
+LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
+    """Raise 400 naming the first top-level field holding a string that is not valid Unicode (an unpaired UTF-16
+    surrogate, from a ``\\ud800``-style escape)."""
+    for name, value in body.items():
+        try:
+            json.dumps({name: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            field = name if name.encode("utf-8", "replace") == name.encode("utf-8", "surrogatepass") else "body"
+            raise GatewayError(400, f"Invalid '{field}': it holds an unpaired UTF-16 surrogate (a \\ud800-\\udfff "
+                               "escape without its pair), which is not text; send valid Unicode.",
+                               code="invalid_value", param=field) from None
+
+
 ENGINE_CHOICE_FIELDS = ("routed_experts", "prompt_logprobs", "prompt_token_ids", "token_ids", "stop_reason")
 
 

@@ -22,6 +22,7 @@ COUNTS = ("max_loras", "max_cpu_loras", "max_lora_rank", "num_requests_running",
 FRACTIONS = ("kv_cache_usage_perc",)
 # Counts land in PostgreSQL integer columns: anything past int4 would fail the write (a 500) instead of a 400.
 MAX_COUNT = 2**31 - 1
+MAX_ID = 2**63 - 1  # a bigint primary key; past it the database query raised OverflowError (a 500)
 # Echoed by the agent and compared with the registry (inference.gateway.nodes): strings or absent.
 STRINGS = ("agent_url", "engine_url", "base_model")
 
@@ -110,8 +111,9 @@ def heartbeat_parse(state: Any, *, tiers: Collection[str]) -> tuple[dict[str, An
         name, lora_int_id, tier = entry.get("lora_name"), entry.get("lora_int_id", 0), entry.get("tier")
         if not isinstance(name, str) or not LORA_NAME_RE.match(name):
             raise HeartbeatInvalid(f"{where}.lora_name", f"is not a served name: {name!r}")
-        if not isinstance(lora_int_id, int) or isinstance(lora_int_id, bool) or lora_int_id < 1:
-            raise HeartbeatInvalid(f"{where}.lora_int_id", f"must be an integer >= 1, got {lora_int_id!r}")
+        if not isinstance(lora_int_id, int) or isinstance(lora_int_id, bool) or not 1 <= lora_int_id <= MAX_ID:
+            raise HeartbeatInvalid(f"{where}.lora_int_id", f"must be an integer in [1, {MAX_ID}] (an adapter "
+                                   f"version's id), got {lora_int_id!r:.40}")
         if lora_int_id in seen:
             raise HeartbeatInvalid(f"{where}.lora_int_id", f"{lora_int_id} is listed twice")
         seen.add(lora_int_id)

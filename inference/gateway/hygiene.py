@@ -69,6 +69,14 @@ def _optional_string(f: str, v: Any) -> None:
         _string(f, v)
 
 
+# Bounds the engine's C/torch side takes (int32): past them vLLM answered 500 (top_k 2**64 as a 502 here).
+INT32_MAX = 2**31 - 1
+
+
+def _token_id(v: Any) -> bool:
+    return _is_int(v) and 0 <= v <= INT32_MAX
+
+
 def _int(lo: int | None = None, hi: int | None = None, nullable: bool = True) -> Callable[[str, Any], None]:
     def check(f: str, v: Any) -> None:
         if v is None and nullable:
@@ -118,7 +126,7 @@ def _logit_bias(f: str, v: Any) -> None:
 
 
 def _int_list(f: str, v: Any) -> None:
-    if v is not None and not (isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v)):
+    if v is not None and not (isinstance(v, list) and all(_token_id(i) for i in v)):
         raise _bad(f, "expected a list of token ids (non-negative integers).")
 
 
@@ -140,8 +148,8 @@ def _tool_choice(f: str, v: Any) -> None:
 def _prompt(f: str, v: Any) -> None:
     ok = (isinstance(v, str)
           or (isinstance(v, list) and v and (all(isinstance(p, str) for p in v)
-                                             or all(_is_int(t) and t >= 0 for t in v)
-                                             or all(isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p)
+                                             or all(_token_id(t) for t in v)
+                                             or all(isinstance(p, list) and p and all(_token_id(t) for t in p)
                                                     for p in v))))
     if not ok:
         raise _bad(f, "expected a string, a non-empty list of strings, or token ids.")
@@ -170,8 +178,8 @@ COMMON: dict[str, Callable[[str, Any], None]] = {
     "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2), "seed": _int(-(2**63), 2**63 - 1),
     "logit_bias": _logit_bias, "response_format": _obj,
     # vLLM extensions (sampling only)
-    "top_k": _int(-1), "min_p": _num(0, 1), "repetition_penalty": _num(0, 10, open_low=True), "ignore_eos": _bool,
-    "min_tokens": _int(0), "stop_token_ids": _int_list, "skip_special_tokens": _bool,
+    "top_k": _int(-1, INT32_MAX), "min_p": _num(0, 1), "repetition_penalty": _num(0, 10, open_low=True), "ignore_eos": _bool,
+    "min_tokens": _int(0, INT32_MAX), "stop_token_ids": _int_list, "skip_special_tokens": _bool,
     "spaces_between_special_tokens": _bool, "include_stop_str_in_output": _bool, "return_token_ids": _bool,
 }
 COMPLETIONS = {**COMMON, "prompt": _prompt, "echo": _bool, "suffix": _optional_string,
@@ -237,6 +245,10 @@ def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
     n = out.get("n", 1)
     if n > caps.n:
         raise _bad("n", f"{n} is over the cap of {caps.n} choices.")
+    prompts = prompt_count(out)
+    if prompts * n > caps.n:  # each prompt of a list gets n choices: the same engine work as n × prompts
+        raise _bad("prompt", f"{prompts} prompts × n {n} = {prompts * n} choices, over the cap of {caps.n} choices "
+                   "a request; send the prompts in separate requests.")
     best_of = out.get("best_of")
     if best_of is not None and not n <= best_of <= caps.n:
         raise _bad("best_of", f"must lie between n ({n}) and the cap of {caps.n}.")
@@ -246,7 +258,17 @@ def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
             raise _bad(field, f"{value} is over the cap of {caps.logprobs}.")
 
 
+def prompt_count(body: Mapping[str, Any]) -> int:
+    """How many prompts a completions body holds: a list of strings or of token-id lists is one per item; a string,
+    a flat token-id list or a chat body is one."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
+
+
 def requested_tokens(body: Mapping[str, Any]) -> int | None:
-    """The completion budget the engine will honour (``max_completion_tokens``/``max_tokens`` × ``n``), or None."""
+    """The completion budget the engine will honour (``max_completion_tokens``/``max_tokens`` × ``n`` × the
+    prompts of a list), or None."""
     length = body.get("max_completion_tokens", body.get("max_tokens"))
-    return None if length is None else int(length) * int(body.get("n", 1))
+    return None if length is None else int(length) * int(body.get("n", 1)) * prompt_count(body)

@@ -38,6 +38,7 @@ def internal() -> Any:
     ({"max_loras": 10**30}, "max_loras"),
     ({"num_requests_running": 2**63}, "num_requests_running"),
     ({"max_lora_rank": 2**31}, "max_lora_rank"),
+    ({"adapters": [{"lora_name": "x", "lora_int_id": 2**63, "tier": "hot"}]}, "lora_int_id"),  # was a 500
 ])
 def test_bad_field_is_a_400_naming_it_and_changes_nothing(internal: Client, token: str, extra: dict[str, Any],
                                                           field: str) -> None:

@@ -97,3 +97,24 @@ def test_cache_salt_is_per_tenant_stable_and_secret_bound() -> None:
     assert cache_salt(1, "s" * 32) != cache_salt(2, "s" * 32)
     assert cache_salt(1, "s" * 32) != cache_salt(1, "t" * 32)
     assert len(cache_salt(1, "s" * 32)) <= 128 and "/" not in cache_salt(1, "s" * 32)  # vLLM's salt rules
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "x", "top_k": 2**64}, "top_k"),  # the engine answered 500 (a 502 to the client)
+    ({"prompt": "x", "min_tokens": 2**40}, "min_tokens"),
+    ({"prompt": [2**40]}, "prompt"),
+    ({"prompt": "x", "stop_token_ids": [2**31]}, "stop_token_ids"),
+    ({"prompt": ["a"] * 5}, "prompt"),  # 5 prompts x n 1 = 5 choices, over the cap of 4
+    ({"prompt": ["a", "b"], "n": 3}, "prompt"),
+])
+def test_engine_side_bounds_and_prompt_lists_against_the_choice_cap(body: dict[str, Any], param: str) -> None:
+    assert _refused(body).param == param
+
+
+def test_a_prompt_list_reserves_its_completion_budget_per_prompt() -> None:
+    from inference.gateway.hygiene import prompt_count, requested_tokens
+    out = _check({"prompt": ["a", "b"], "n": 2, "max_tokens": 3})
+    assert prompt_count(out) == 2 and requested_tokens(out) == 12
+    assert prompt_count(_check({"prompt": [1, 2, 3], "max_tokens": 3})) == 1  # one prompt as token ids
+    assert requested_tokens(_check({"prompt": [[1], [2]], "max_tokens": 5})) == 10
+
