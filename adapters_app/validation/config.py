@@ -117,6 +117,14 @@ def _excluded(exclude: list[str] | str | None, path: str) -> bool:
     return path in exclude or any(path.endswith("." + e) for e in exclude)
 
 
+def _valid_unicode(doc: Any) -> bool:
+    try:
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
+
+
 def parse_config(data: bytes) -> tuple[AdapterConfig | None, list[Problem], dict[str, Any]]:
     """Parse and check ``adapter_config.json``.
 
@@ -157,6 +165,21 @@ def parse_config(data: bytes) -> tuple[AdapterConfig | None, list[Problem], dict
                     "config_invalid_json",
                     None,
                     f"adapter_config.json is not valid UTF-8 JSON ({str(exc)[:120]}).",
+                    "Upload the adapter_config.json written by PEFT `save_pretrained`.",
+                )
+            ],
+            facts,
+        )
+    if not _valid_unicode(doc):
+        # A \ud800-style escape decodes to a str that cannot be stored or shown: the version went ready and every
+        # page listing it answered 500 (found by attacking the demo stack). The safetensors header refuses the same.
+        return (
+            None,
+            [
+                _err(
+                    "config_invalid_json",
+                    None,
+                    "adapter_config.json has a string with an invalid \\u escape (an unpaired UTF-16 surrogate).",
                     "Upload the adapter_config.json written by PEFT `save_pretrained`.",
                 )
             ],

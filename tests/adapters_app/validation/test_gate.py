@@ -188,3 +188,16 @@ def test_ordinary_peft_regexes_pass(tmp_path: Path, base, limits) -> None:  # ty
     config = peft_config(BASE_NAME, target_modules=r".*\.(q_proj|v_proj)")
     root = write_adapter(tmp_path / "a", config, lora_tensors(base))
     assert validate_adapter_dir(root, base=base, limits=limits).ok
+
+
+@pytest.mark.parametrize("field", ["base_model_name_or_path", "target_modules", "peft_type"])
+def test_a_config_string_with_an_unpaired_surrogate_is_refused(field: str) -> None:
+    # It decoded to a str nothing can store or show: the version went ready and its pages answered 500.
+    from adapters_app.validation.config import parse_config
+    doc = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"],
+           "base_model_name_or_path": "tiny"}
+    raw = json.dumps(doc).replace(json.dumps(doc[field])[1:-1] if field != "target_modules" else "q_proj",
+                                  "\\ud800", 1).encode()
+    config, problems, _ = parse_config(raw)
+    assert config is None and [p.code for p in problems] == ["config_invalid_json"]
+    assert "surrogate" in problems[0].message
