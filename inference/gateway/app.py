@@ -547,11 +547,12 @@ class GatewayApp:
         """Relay the engine's SSE stream with ``model`` renamed; meter what was actually sent.
 
         Ends as: ``[DONE]`` relayed → the engine's status; the engine's stream cut → an OpenAI error event, 502;
-        the client gone → 499. Tokens are the engine's running ``usage`` (``continuous_usage_stats``).
+        an engine error event → ours in its place, with the mapped status (``_engine_error``); the client gone → 499. Tokens are the engine's running ``usage`` (``continuous_usage_stats``).
         """
         usage: dict[str, Any] | None = None
         ttft_ms: float | None = None
         outcome = 499
+        failed: GatewayError | None = None
         try:
             async for line in upstream.aiter_lines():
                 if not line.startswith("data:"):
@@ -568,6 +569,14 @@ class GatewayApp:
                     continue
                 if not isinstance(chunk, dict):
                     continue
+                if isinstance(chunk.get("error"), dict) and not chunk.get("choices"):
+                    # The engine failed mid-stream (its own dialect: an integer code, its message): end with our
+                    # error event in OpenAI's shape, metered with its status and the tokens sent.
+                    code = chunk["error"].get("code")
+                    failed = _engine_error(code if isinstance(code, int) and 400 <= code < 600 else 500, chunk,
+                                           target)
+                    outcome = failed.status
+                    break
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 if ttft_ms is None and chunk.get("choices"):
@@ -590,9 +599,11 @@ class GatewayApp:
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()
-            if outcome in (499, 502):
+            if outcome in (499, 502) or failed is not None:
                 record(outcome, usage, ttft_ms)
-        if outcome == 502:
+        if failed is not None:
+            yield b"data: " + json.dumps(failed.body()).encode() + b"\n\n"
+        elif outcome == 502:
             error = {"error": {"message": "The inference node stopped mid-stream; the output is incomplete. Retry.",
                                "type": "server_error", "param": None, "code": "upstream_stream_cut"}}
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
@@ -682,7 +693,7 @@ ENGINE_CHOICE_FIELDS = ("routed_experts", "prompt_logprobs", "prompt_token_ids",
 
 
 # Optional in OpenAI's schema but never null there; vLLM sends them as null (llm-comply's schema check, openai_chat.json).
-NON_NULL_FIELDS = ("service_tier",)
+NON_NULL_FIELDS = ("service_tier", "prompt_token_ids", "prompt_text")  # the last two: vLLM's, null unless asked
 NON_NULL_USAGE_FIELDS = ("prompt_tokens_details", "completion_tokens_details")
 NON_NULL_MESSAGE_FIELDS = ("annotations", "function_call", "audio")
 
@@ -727,7 +738,9 @@ def _engine_error(status: int, data: Any, target: TargetView) -> GatewayError:
         param = None
         if isinstance(data, dict) and isinstance(data.get("error"), dict):
             raw_param = data["error"].get("param")
-            param = raw_param.removeprefix("body.") if isinstance(raw_param, str) else None
+            # Only the top-level field: the rest is the engine's schema (`messages.0.ChatCompletion…Param.role`).
+            field = raw_param.removeprefix("body.").split(".")[0] if isinstance(raw_param, str) else ""
+            param = field if re.fullmatch(r"[a-z_]{1,40}", field) else None
         message = "The engine refused the request" + (f" (field '{param}')" if param else "") + \
             "; check the request's parameters against the model's limits."
         return GatewayError(400, message, code="invalid_request", param=param)

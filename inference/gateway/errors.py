@@ -27,10 +27,13 @@ class GatewayError(Exception):
         self.type = type_
         self.param = param
 
+    def body(self) -> dict[str, dict[str, str | None]]:
+        """``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JsonResponse:
         """The OpenAI-shaped JSON response (with ``WWW-Authenticate`` on 401)."""
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        resp = JsonResponse(body, status=self.status)
+        resp = JsonResponse(self.body(), status=self.status)
         for name, value in self.headers.items():
             resp[name] = value
         if self.status == 401:

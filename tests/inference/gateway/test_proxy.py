@@ -30,6 +30,12 @@ async def _engine(request: web.Request) -> web.StreamResponse:
     """A real HTTP server sending ``SSE`` in chunks split mid-line; ``/cut`` drops the connection after one event."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    if request.path == "/engine-error":  # vLLM's mid-stream failure: its own dialect, then [DONE]
+        await response.write(SSE.split("\n\n")[0].encode() + b"\n\n")
+        await response.write(b'data: {"error":{"message":"Internal server error: torch blew up at /opt/vllm",'
+                             b'"type":"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n')
+        await response.write_eof()
+        return response
     if request.path == "/cut":
         await response.write(SSE.split("\n\n")[0].encode() + b"\n\n")
         await asyncio.sleep(0.05)
@@ -135,6 +141,7 @@ def test_engine_nulls_that_openai_never_sends_are_dropped_so_the_schema_holds() 
     # A vLLM 0.32 chat completion as the engine sends it (nulls where OpenAI's schema wants a value or nothing).
     vllm = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bot", "service_tier": None,
             "system_fingerprint": None, "prompt_logprobs": None, "kv_transfer_params": None,
+            "prompt_token_ids": None, "prompt_text": None,
             "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "stop_reason": None,
                          "token_ids": None, "message": {"role": "assistant", "content": "hi", "refusal": None,
                                                         "annotations": None, "audio": None, "function_call": None,
@@ -146,6 +153,7 @@ def test_engine_nulls_that_openai_never_sends_are_dropped_so_the_schema_holds() 
     _strip_engine_fields(vllm)
     assert spec.validate(vllm, "CreateChatCompletionResponse") == []
     assert vllm["choices"][0]["message"]["refusal"] is None  # nullable in the schema: kept
+    assert "prompt_token_ids" not in vllm and "prompt_text" not in vllm
 
 
 def test_a_client_gone_before_the_first_byte_still_frees_the_slot_and_the_engine_connection() -> None:
@@ -190,3 +198,12 @@ def test_a_client_gone_before_the_first_byte_still_frees_the_slot_and_the_engine
     asyncio.run(run())
     assert seen == [(499, None)]
     assert closed
+
+
+def test_an_engine_error_mid_stream_becomes_our_error_event_metered_with_its_status() -> None:
+    events, seen = _relay("/engine-error", keep_usage=False)
+    assert json.loads(events[0][6:])["choices"][0]["text"] == "Pa"
+    error = json.loads(events[-1][6:])["error"]
+    assert error["code"] == "upstream_error" and error["type"] == "server_error"
+    assert "torch" not in "".join(events) and "[DONE]" not in "".join(events)
+    assert seen == [(502, {"prompt_tokens": 4, "completion_tokens": 1})]  # not 200: the client got an error
