@@ -179,3 +179,24 @@ def test_a_bearer_key_wins_over_a_session(alice: User) -> None:
     client.force_login(alice)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     assert client.get("/api/v1/members").status_code == 403  # the key's scopes rule, not alice's owner role
+
+
+@override_settings(QUIVER_LOGIN_MAX_FAILURES=3, QUIVER_LOGIN_MAX_FAILURES_PER_ACCOUNT=5)
+def test_an_attacker_elsewhere_cannot_lock_the_account_out(alice: User) -> None:
+    # The strict limit counts the username from one address: five wrong passwords from anywhere locked any account.
+    attacker, token = _csrf_client()
+    for _ in range(3):
+        assert _login(attacker, token, "alice", "wrong").status_code == 401
+    assert _login(attacker, token, "alice", PASSWORD).status_code == 429  # that address is throttled
+    owner, owner_token = _csrf_client()
+    answer = owner.post("/api/v1/auth/login", {"username": "alice", "password": PASSWORD}, format="json",
+                        HTTP_X_CSRFTOKEN=owner_token, REMOTE_ADDR="10.0.0.7")
+    assert answer.status_code == 200, answer.content
+    # ... while the account as a whole still has a ceiling over all addresses.
+    for i in range(5):
+        attacker.post("/api/v1/auth/login", {"username": "alice", "password": "wrong"}, format="json",
+                      HTTP_X_CSRFTOKEN=token, REMOTE_ADDR=f"10.0.1.{i}")
+    later, later_token = _csrf_client()
+    again = later.post("/api/v1/auth/login", {"username": "alice", "password": PASSWORD}, format="json",
+                       HTTP_X_CSRFTOKEN=later_token, REMOTE_ADDR="10.0.0.8")
+    assert again.status_code == 429
