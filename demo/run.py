@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
             "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(32),
             "QUIVER_NODE_STALE_AFTER_S": "30",
+            # Its stack faces a browser and clients like a deployment: JSON errors, not Django's debug pages (which
+            # list every URL pattern and echo request data).
+            "DJANGO_DEBUG": "false",
         }
         for d in ("broker", "broker-done", "broker-control", "metrics"):
             (args.workdir / d).mkdir()
