@@ -36,7 +36,7 @@ async def _route(scope, receive, send):  # type: ignore[no-untyped-def]
 
 # Body caps and credential checks happen before Django (or the gateway) reads a request body; outermost, nothing
 # under /v1/ answers a non-OpenAI-shaped 5xx.
-application = OpenAIErrorGuard(FrontDoor(_route))
+application = OpenAIErrorGuard(FrontDoor(_route, self_authenticating=frozenset(gateway.ROUTES)))
 
 # What start-up loaded (Django, DRF, boto3...) lives as long as the process: kept out of the cyclic GC, whose full
 # collections otherwise walk all ~170,000 objects (about 100 ms of CPU each, seen in scripts/bench_upload).

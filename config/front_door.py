@@ -10,7 +10,11 @@ could fill the disk without a key. Here, before the application sees a byte:
   ``QUIVER_MAX_ANONYMOUS_BODY_BYTES`` (enough for a login form);
 - routes that only ever serve credentialed callers (``/v1/*``, ``/internal/*``, the upload route) refuse a request
   without credentials with 401 before reading its body; the upload route also verifies the API key or session first,
-  and that it may upload at all (scope ``adapters:write``, or an owner/member session), since its cap is large.
+  and that it may upload at all (scope ``adapters:write``, or an owner/member session), since its cap is large;
+- a body that may pass the anonymous cap (declared larger, or chunked) is read only once its credentials are
+  verified (a live API key or a logged-in session): junk in ``Authorization`` no longer buys the JSON cap. Paths
+  whose application authenticates before reading (the gateway's) and the node listener's ``/internal/*`` (node keys)
+  skip this.
 
 Refusals use the envelope of the route: OpenAI's ``{"error": {...}}`` on ``/v1/*``, ``{"detail", "code"}`` elsewhere.
 """
@@ -127,12 +131,45 @@ def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, st
     return invalid
 
 
+def credentials_refusal(authorization: str, session_key: str | None) -> tuple[int, str, str] | None:
+    """Why a request whose body may pass ``QUIVER_MAX_ANONYMOUS_BODY_BYTES`` must be refused before it is read.
+
+    An ``Authorization`` header decides when present (DRF's order: the API key first), else the session cookie.
+
+    Args:
+        authorization: the ``Authorization`` header value ("" if absent).
+        session_key: the session cookie's value, or None.
+
+    Returns:
+        ``(401, code, message)`` for a malformed header (``invalid_auth_header``), a bad key (``invalid_api_key``)
+        or an anonymous/expired session (``not_authenticated``); None when the credentials are good.
+    """
+    from tenants.authentication import bearer_token
+    from tenants.services import ApiKeyInvalid, api_key_verify
+
+    if authorization:
+        token = bearer_token(authorization)
+        if token is None:
+            return 401, "invalid_auth_header", "Use 'Authorization: Bearer <api key>'."
+        try:
+            api_key_verify(token)
+        except ApiKeyInvalid:
+            return 401, "invalid_api_key", "Invalid, revoked or expired API key."
+        return None
+    if session_key and import_module(settings.SESSION_ENGINE).SessionStore(session_key).get("_auth_user_id"):
+        return None
+    return 401, "not_authenticated", "Your session has expired or is not logged in; log in again."
+
+
 DATABASE_UNAVAILABLE = (503, "database_unavailable", "The database is unavailable right now; retry in a few seconds.")
 RETRY_AFTER_S = 5  # as config.exceptions answers for the same error inside Django
 
 
-def checked_upload_refusal(authorization: str, session_key: str | None) -> tuple[int, str, str] | None:
-    """:func:`upload_refusal` with the database connection handled as a Django request handles it.
+def checked_upload_refusal(authorization: str, session_key: str | None, *,
+                           check: Callable[[str, str | None], tuple[int, str, str] | None] = upload_refusal,
+                           ) -> tuple[int, str, str] | None:
+    """``check`` (:func:`upload_refusal` or :func:`credentials_refusal`) with the database connection handled as a
+    Django request handles it.
 
     This runs outside Django's request cycle (in asgiref's shared thread), so no ``request_started``/``finished``
     closes its connection: without this, a connection PostgreSQL dropped (restart, failover, idle timeout) stays in
@@ -148,7 +185,7 @@ def checked_upload_refusal(authorization: str, session_key: str | None) -> tuple
     if own:
         close_old_connections()
     try:
-        return upload_refusal(authorization, session_key)
+        return check(authorization, session_key)
     except (OperationalError, InterfaceError):
         return DATABASE_UNAVAILABLE
     finally:
@@ -186,10 +223,13 @@ class FrontDoor:
 
     Args:
         app: the application behind it (Django's ASGI handler).
+        self_authenticating: exact paths whose application verifies credentials before it reads the body (the
+            gateway's routes, whose key cache makes that free), so the front door need not.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, self_authenticating: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self.self_authenticating = self_authenticating
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse or bound the request, then hand it to ``self.app``."""
@@ -210,11 +250,28 @@ class FrontDoor:
         if declared.isdigit() and int(declared) > rule.max_bytes:
             await _respond(send, path, 413, "request_too_large", _too_large(rule))
             return
-        refusal = await sync_to_async(checked_upload_refusal)(authorization, session_key) if rule.verify else None
+        if rule.verify:
+            refusal = await sync_to_async(checked_upload_refusal)(authorization, session_key)
+        elif self._may_pass_anonymous_cap(path, headers, rule):
+            refusal = await sync_to_async(checked_upload_refusal)(authorization, session_key,
+                                                                  check=credentials_refusal)
+        else:
+            refusal = None
         if refusal is not None:
             await _respond(send, path, *refusal)
             return
         await self._bounded(scope, receive, send, rule, path)
+
+    def _may_pass_anonymous_cap(self, path: str, headers: dict[str, str], rule: BodyRule) -> bool:
+        # Only a credentialed request gets more than the anonymous cap; ordinary small bodies and GETs (no length,
+        # not chunked: no body) cost no lookup.
+        anonymous = settings.QUIVER_MAX_ANONYMOUS_BODY_BYTES
+        if rule.max_bytes <= anonymous or path in self.self_authenticating or path.startswith("/internal/"):
+            return False
+        declared = headers.get("content-length", "")
+        if declared.isdigit():
+            return int(declared) > anonymous
+        return "chunked" in headers.get("transfer-encoding", "").lower()
 
     async def _bounded(self, scope: Scope, receive: Receive, send: Send, rule: BodyRule, path: str) -> None:
         received = 0

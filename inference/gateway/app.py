@@ -397,8 +397,11 @@ class GatewayApp:
         started = time.monotonic()
         arrived = time.time()
         try:
-            raw = await self._read_raw(request)  # first: the front door's cap answers 413 for an oversized body
+            # The key before the body: the front door lets this path's bodies up to QUIVER_MAX_JSON_BYTES on the
+            # word of any Authorization header, so junk credentials must not get a byte read (the cap still
+            # answers 413 for a good key's oversized body).
             key = await self.authenticate(request)
+            raw = await self._read_raw(request)
             body = self._parse(raw)
             upstream = hygiene.upstream_body(body, endpoint=endpoint, caps=_caps(key),
                                              salt=hygiene.cache_salt(key.tenant_id, settings.SECRET_KEY))

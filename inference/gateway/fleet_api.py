@@ -15,7 +15,6 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, viewsets
-from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -23,7 +22,7 @@ from rest_framework.response import Response
 from adapters_app.models import AdapterVersion
 from inference.gateway import fleet_services as svc
 from inference.gateway.models import FleetAuditRecord, Node, Placement, TenantResidencyQuota
-from inference.gateway.operator_api import IsStaffSession
+from inference.gateway.operator_api import OPERATOR_AUTHENTICATION, IsStaffSession
 from tenants.models import Tenant
 from tenants.viewsets import TenantScopedViewSet
 
@@ -95,7 +94,7 @@ def _node(name: str | None) -> Node | None:
 class OperatorViewSet(viewsets.GenericViewSet):
     """Staff sessions only."""
 
-    authentication_classes = [SessionAuthentication]
+    authentication_classes = OPERATOR_AUTHENTICATION
     permission_classes = [IsStaffSession]
     pagination_class = None
 

@@ -28,16 +28,26 @@ from inference.gateway.api import (
 )
 from inference.gateway.models import Node, Placement, UsageRecord
 from inference.gateway.node_samples import node_samples, slots_used
+from tenants.authentication import ApiKeyAuthentication, TenantPrincipal
+
+# A tenant's key is recognised here (not ignored), so it gets 403 ``staff_required`` rather than a misleading
+# "not authenticated"; a bad key is 401 and no credentials at all 401 with ``WWW-Authenticate``, as on tenant routes.
+OPERATOR_AUTHENTICATION = [ApiKeyAuthentication, SessionAuthentication]
 
 
 class IsStaffSession(permissions.BasePermission):
-    """Only logged-in staff (operators); tenants' keys and non-staff sessions get 403."""
+    """Only logged-in staff (operators); tenants' keys and non-staff sessions get 403 ``staff_required``."""
 
-    message = "Operator pages need a staff account."
+    message = "Operator pages need a staff account; log in to the console as staff."
+    code = "staff_required"
 
     def has_permission(self, request: Request, view: Any) -> bool:
         """True for an authenticated staff user."""
         user = request.user
+        if isinstance(user, TenantPrincipal):
+            self.message = ("Tenant API keys cannot call operator endpoints; they need a staff account's console "
+                            "session.")
+            return False
         return bool(user is not None and user.is_authenticated and getattr(user, "is_staff", False))
 
 
@@ -114,7 +124,7 @@ class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins);
     ``GET /api/v1/operator/nodes/{name}/samples``: its gauges over time."""
 
-    authentication_classes = [SessionAuthentication]
+    authentication_classes = OPERATOR_AUTHENTICATION
     permission_classes = [IsStaffSession]
     serializer_class = NodeOutputSerializer
     pagination_class = None
@@ -146,7 +156,7 @@ class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 class OperatorTrafficViewSet(viewsets.GenericViewSet):
     """``GET /api/v1/operator/traffic``: every tenant's traffic per adapter version (staff sessions)."""
 
-    authentication_classes = [SessionAuthentication]
+    authentication_classes = OPERATOR_AUTHENTICATION
     permission_classes = [IsStaffSession]
     serializer_class = TrafficRowSerializer
     pagination_class = None

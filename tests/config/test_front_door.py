@@ -106,16 +106,53 @@ def test_a_chunked_upload_past_the_cap_stops_being_read() -> None:
     assert body.pulled <= 1024 * 1024 + 64 * 1024 + CHUNK
 
 
+@pytest.mark.django_db
 @override_settings(QUIVER_MAX_JSON_BYTES=256 * 1024)
 def test_json_routes_have_their_own_smaller_cap() -> None:
+    _, key = api_key_create(TenantFactory(), name="k")
     body = Body(100)
-    status, data = _call("POST", "/v1/completions", body, {"authorization": "Bearer qv_x.y"})
+    status, data = _call("POST", "/v1/completions", body, {"authorization": f"Bearer {key}"})
     assert status == 413 and data["error"]["code"] == "request_too_large"
     assert body.pulled <= 256 * 1024 + CHUNK
     declared = Body(100)
     status, _ = _call("POST", "/v1/completions", declared, {"authorization": "Bearer qv_x.y",
                                                             "content-length": str(300 * 1024)})
     assert status == 413 and declared.pulled == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/v1/completions", "/api/v1/adapters", "/api/v1/tenants"])
+@pytest.mark.parametrize("credentials", [
+    {"authorization": "Bearer qv_x.y"},
+    {"authorization": "Basic eDp5"},
+    {"cookie": "sessionid=forged"},
+])
+def test_junk_credentials_do_not_lift_the_anonymous_cap(path: str, credentials: dict[str, str]) -> None:
+    # Any Authorization header used to buy QUIVER_MAX_JSON_BYTES (4 MiB) of body read before anything checked it.
+    chunked = Body(10)
+    status, data = _call("POST", path, chunked, {**credentials, "transfer-encoding": "chunked"})
+    code = data["error"]["code"] if path.startswith("/v1/") else data["code"]
+    assert status == 401 and chunked.pulled == 0
+    assert code in {"invalid_api_key", "invalid_auth_header", "not_authenticated"}
+    declared = Body(10)
+    status, _ = _call("POST", path, declared, {**credentials, "content-length": str(10 * CHUNK)})
+    assert status == 401 and declared.pulled == 0
+
+
+@pytest.mark.django_db
+def test_good_credentials_still_get_the_json_cap(make_session_client: Any) -> None:
+    _, key = api_key_create(TenantFactory(), name="k", scopes=["adapters:write"])
+    body = Body(3)  # 192 KiB: past the anonymous cap, within the JSON cap
+    status, data = _call("POST", "/api/v1/adapters", body, {"authorization": f"Bearer {key}",
+                                                            "content-length": str(3 * CHUNK),
+                                                            "content-type": "application/json"})
+    assert status == 400 and body.pulled == 3 * CHUNK, data  # DRF read it all and found no JSON in the x's
+    client, _, _ = make_session_client(role="owner")
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    body = Body(3)
+    status, _ = _call("POST", "/api/v1/adapters", body, {"cookie": cookie, "content-length": str(3 * CHUNK),
+                                                         "content-type": "application/json"})
+    assert status in {400, 403} and body.pulled == 3 * CHUNK  # 403 would be CSRF: read, then refused by Django
 
 
 def test_anonymous_bodies_elsewhere_are_small() -> None:

@@ -46,6 +46,14 @@ def test_staff_see_nodes_with_gauges_and_placements(base_model: Any) -> None:
 def test_tenants_and_anonymous_callers_are_refused(make_client: Any, make_session_client: Any) -> None:
     key_client, _, _ = make_client()
     session_client, _, _ = make_session_client(role="owner")
-    assert key_client.get("/api/v1/operator/nodes").status_code == 403
-    assert session_client.get("/api/v1/operator/nodes").status_code == 403
-    assert APIClient().get("/api/v1/operator/nodes").status_code == 403
+    by_key = key_client.get("/api/v1/operator/nodes")
+    assert by_key.status_code == 403 and by_key.json()["code"] == "staff_required"
+    assert "API keys cannot call operator endpoints" in by_key.json()["detail"]
+    by_session = session_client.get("/api/v1/operator/nodes")
+    assert by_session.status_code == 403 and by_session.json()["code"] == "staff_required"
+    anonymous = APIClient().get("/api/v1/operator/nodes")
+    assert anonymous.status_code == 401 and anonymous.json()["code"] == "not_authenticated"
+    assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+    junk = APIClient()
+    junk.credentials(HTTP_AUTHORIZATION="Bearer qv_nope.nope")
+    assert junk.get("/api/v1/operator/nodes").json()["code"] == "invalid_api_key"
