@@ -19,6 +19,8 @@ from django.test import override_settings
 
 from config.asgi import application
 from devtools.proc import free_port
+from inference.gateway import app as gateway
+from inference.gateway.app import GatewayApp
 from tenants.services import api_key_create
 from tests.asgi_call import asgi_call, http_scope
 from tests.factories import TenantFactory
@@ -40,6 +42,14 @@ class Body:
         self.left -= 1
         self.pulled += CHUNK
         return {"type": "http.request", "body": b"x" * CHUNK, "more_body": self.left > 0}
+
+
+@pytest.fixture(autouse=True)
+def _gateway_without_background(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each in-process call runs in a loop of its own that closes once the answer is sent. The real app starts its
+    # background loops (admission, usage sink, invalidation) on the first request; one caught inside a database call
+    # when the loop closes waits forever for the thread that closed it (the whole suite hung here in CI).
+    monkeypatch.setattr(gateway, "application", GatewayApp(background=False))
 
 
 def _call(method: str, path: str, body: Body, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
