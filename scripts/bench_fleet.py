@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                         help="QUIVER_PLACEMENT_MISS_COST for the reconciler: on this CPU node a reload costs about one "
                              "16-token request's worth (3 gave the hottest adapters' node 62%% of the requests; 0 is "
                              "the GPU default; docs/placement.md)")
+    parser.add_argument("--route-bound", type=float, default=None,
+                        help="QUIVER_ROUTING_LOAD_BOUND for the affinity gateway (default: the setting's default)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
@@ -349,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         for policy in POLICIES:
             procs.start(policy, [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
                                  urls[policy].rsplit(":", 1)[1], "--log-level", "warning", "--no-access-log"],
-                        {**env, "QUIVER_ROUTING_POLICY": policy})
+                        {**env, "QUIVER_ROUTING_POLICY": policy,
+                         **({"QUIVER_ROUTING_LOAD_BOUND": str(args.route_bound)} if args.route_bound else {})})
         procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=4",
                                "-Q", "celery,validation,placement", "-n", "bench@%h", "--loglevel=WARNING"], env)
         # Beat as in production: the usage drain gives the reconcile loop its request rates, and every 30 s it

@@ -255,6 +255,13 @@ QUIVER_NODE_SAMPLE_RETENTION_S = env.int("QUIVER_NODE_SAMPLE_RETENTION_S", defau
 QUIVER_ROUTING_POLICY = env.str("QUIVER_ROUTING_POLICY", default="affinity")
 if QUIVER_ROUTING_POLICY not in ("affinity", "round_robin"):
     raise ImproperlyConfigured(f"QUIVER_ROUTING_POLICY={QUIVER_ROUTING_POLICY!r}: use affinity or round_robin.")
+# Routing's bounded-load factor (inference.fleet.routing.RouteConfig.load_bound): a request leaves its adapter's home
+# for another holder once the home carries more than this x the candidates' mean load (+1). Raise it where a reload
+# costs more than queueing behind the home's requests (CPU nodes, small batches: scripts/bench_fleet).
+QUIVER_ROUTING_LOAD_BOUND = env.float("QUIVER_ROUTING_LOAD_BOUND", default=1.35)
+if not 1.0 <= QUIVER_ROUTING_LOAD_BOUND <= 1000.0:
+    raise ImproperlyConfigured(f"QUIVER_ROUTING_LOAD_BOUND={QUIVER_ROUTING_LOAD_BOUND!r}: use a number from 1 (spill "
+                               "at the mean load) to 1000 (never spill off the home for load).")
 # Placement's miss cost (inference.fleet.placement.PlacementConfig.miss_cost): the extra work, in requests, of a
 # request that needs an engine load. 0 suits GPUs serving long generations (a load is small beside one); on the CPU
 # dev node, where a 16-token request takes tens of ms and a control-plane warm a few hundred, ~3 (scripts/bench_fleet).

@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from inference.fleet.routing import RouteConfig
 from inference.gateway import hygiene, metrics
 from inference.gateway.admission import AdmissionGate
 from inference.gateway.bus import subscribe_forever
@@ -166,6 +167,7 @@ class GatewayApp:
         # Nodes whose engine refused a connection: node pk -> monotonic time until which this process skips them.
         self._down: dict[int, float] = {}
         self._turn = 0  # requests routed by this process (the round-robin baseline's position)
+        self._route_config = RouteConfig()
 
     # --- process plumbing
     def _ensure_started(self) -> None:
@@ -529,9 +531,13 @@ class GatewayApp:
                               headers=limit_headers)
 
     def _policy(self) -> dict[str, Any]:
-        """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY`` and, for round-robin, this process's turn."""
+        """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY``, for round-robin this process's turn, and the
+        thresholds (``QUIVER_ROUTING_LOAD_BOUND``)."""
         self._turn += 1
-        return {"policy": settings.QUIVER_ROUTING_POLICY, "turn": self._turn}
+        bound = settings.QUIVER_ROUTING_LOAD_BOUND
+        if self._route_config.load_bound != bound:
+            self._route_config = RouteConfig(load_bound=bound)
+        return {"policy": settings.QUIVER_ROUTING_POLICY, "turn": self._turn, "config": self._route_config}
 
     def _routable(self, fleet: FleetView) -> FleetView:
         """``fleet`` with fresh load figures (``AdmissionGate.fleet_view``), without the nodes this process found

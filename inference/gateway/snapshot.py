@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from inference.fleet.hrw import hrw_weight
-from inference.fleet.routing import Candidate, RouteDecision, route, route_round_robin
+from inference.fleet.routing import Candidate, RouteConfig, RouteDecision, route, route_round_robin
 from inference.fleet.tiers import FROM_DB_WORD, Tier
 
 RESIDENT_TIERS = frozenset({"warm", "hot"})
@@ -121,6 +121,9 @@ class FleetView:
         return next((p.error_code for p in self.placements.get(version_id, ()) if p.error_code), "")
 
 
+DEFAULT_ROUTE_CONFIG = RouteConfig()
+
+
 def _candidate(node: NodeView, tier: Tier, version_id: int | str) -> Candidate:
     return Candidate(node=node.name, tier=tier, gpu_slots=node.max_loras, gpu_used=node.gpu_used,
                      running=node.num_requests_running, waiting=node.num_requests_waiting,
@@ -128,7 +131,8 @@ def _candidate(node: NodeView, tier: Tier, version_id: int | str) -> Candidate:
                      hrw=hrw_weight(version_id, node.name))
 
 
-def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity", turn: int = 0) -> NodeView | None:
+def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity", turn: int = 0,
+                config: RouteConfig = DEFAULT_ROUTE_CONFIG) -> NodeView | None:
     """The node to send ``target`` to now, or None (no live node; for an adapter: none serves it yet).
 
     ``inference.fleet.routing.route`` over the live nodes that hold the version (``hot`` = GPU slot, ``warm`` = CPU
@@ -138,12 +142,13 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
     ``policy`` ``round_robin`` (``QUIVER_ROUTING_POLICY``, the benchmark's baseline) takes the ``turn``-th of all
     live nodes of the base model able to load the version's rank, whether or not they hold it, as a round-robin load
     balancer in front of engines that load on demand does (``inference.fleet.routing.route_round_robin``); the
-    gateway then warms the version there if needed (``FleetView.serves``).
+    gateway then warms the version there if needed (``FleetView.serves``). ``config`` carries the thresholds
+    (``QUIVER_ROUTING_LOAD_BOUND`` in the gateway).
     """
     def decide(candidates: list[Candidate], base_model: bool = False) -> RouteDecision | None:
         if policy == "round_robin":
-            return route_round_robin(candidates, turn=turn, base_model=base_model)
-        return route(candidates, base_model=base_model)
+            return route_round_robin(candidates, turn=turn, base_model=base_model, config=config)
+        return route(candidates, base_model=base_model, config=config)
 
     live = fleet.nodes_for_base(target.base_model_id)
     by_name = {n.name: n for n in live}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload, adapter_version_validate
+from inference.fleet.routing import RouteConfig
 from inference.gateway.directory import load_fleet, load_target
 from inference.gateway.models import Node, Placement
 from inference.gateway.nodes import node_register
@@ -110,6 +112,19 @@ def test_round_robin_spreads_over_every_node_and_affinity_keeps_to_the_holder(re
     assert picks == ["a", "b", "a", "b"]
     assert {node_choose(fleet, target, turn=t).name for t in range(4)} == {"a"}  # type: ignore[union-attr]
     assert (fleet.serves(pks["a"], ready_version.pk), fleet.serves(pks["b"], ready_version.pk)) == (True, False)
+
+
+def test_the_load_bound_decides_when_a_busy_home_spills_to_another_holder(ready_version: AdapterVersion) -> None:
+    """Both nodes hold the version, the plan's home ``a`` runs 10 requests and ``b`` none: the default bound (1.35 x
+    mean + 1 = 7.75) sends the request to ``b``; ``QUIVER_ROUTING_LOAD_BOUND`` 3 (bound 16) keeps it home."""
+    held = [{"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "warm"}]
+    _beat(_state("a", held, num_requests_running=10))
+    _beat(_state("b", held))
+    fleet = replace(load_fleet(), homes={ready_version.pk: ("a",)})
+    target = _target(ready_version)
+
+    assert node_choose(fleet, target).name == "b"  # type: ignore[union-attr]
+    assert node_choose(fleet, target, config=RouteConfig(load_bound=3.0)).name == "a"  # type: ignore[union-attr]
 
 
 def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
