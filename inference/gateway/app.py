@@ -58,7 +58,8 @@ POLL_S = 0.2
 MAX_REROUTES = 3
 # While a request waits for its adapter's warm, it asks for the warm again this often (seconds).
 REWARM_S = 2.0
-# A move to the version's home in the plan waits this long (seconds) before the request goes to a node that has it.
+# A request waiting for a warm on the plan's home goes to a node that came to serve the version meanwhile after this
+# long (seconds). A move while another node already serves it does not wait at all (GatewayApp._move).
 MOVE_WAIT_S = 5.0
 INFERENCE_SCOPE = "inference"
 VERIFIED_MAX = 10_000
@@ -168,6 +169,7 @@ class GatewayApp:
         self._down: dict[int, float] = {}
         self._turn = 0  # requests routed by this process (the round-robin baseline's position)
         self._route_config = RouteConfig()
+        self._moves: dict[tuple[int, int], float] = {}  # (version, new home) -> monotonic time until it may be re-asked
 
     # --- process plumbing
     def _ensure_started(self) -> None:
@@ -298,6 +300,15 @@ class GatewayApp:
         pinned_to = node.pk if node is not None else None
         if target.version_id is None:
             raise no_node
+        if pinned_to is not None and settings.QUIVER_ROUTING_POLICY != "round_robin":
+            holder = self._holder(fleet, target)
+            if holder is not None:
+                # Make before break: the plan moved the version to a node that does not hold it yet. Warm it there
+                # in the background and serve this request where it is now; later requests go to the new home once
+                # it serves the version. Waiting for the move cost the request a control-plane warm (up to
+                # MOVE_WAIT_S): bench_fleet's re-plans moved tail adapters every 30 s and set its p99 TTFT.
+                self._move(target.version_id, pinned_to)
+                return holder
         warm_node = await db_call(_warm_request, target.version_id, pinned_to)
         if warm_node is None:
             raise no_node
@@ -349,6 +360,24 @@ class GatewayApp:
             return holder
         raise GatewayError(503, f"Adapter `{target.requested}` is still loading; retry shortly.",
                            code="adapter_warm_timeout", type_="server_error")
+
+    def _move(self, version_id: int, node_pk: int) -> None:
+        """Ask, in the background, for ``version_id`` to be warmed on node ``node_pk`` (its new home), at most once per
+        ``REWARM_S`` per (version, node) in this process (``placement_request_warm`` also drops duplicates)."""
+        now = time.monotonic()
+        if self._moves.get((version_id, node_pk), 0.0) > now:
+            return
+        if len(self._moves) >= VERIFIED_MAX:
+            self._moves = {k: until for k, until in self._moves.items() if until > now}
+        self._moves[version_id, node_pk] = now + REWARM_S
+        self._spawn(self._move_warm(version_id, node_pk))
+
+    @staticmethod
+    async def _move_warm(version_id: int, node_pk: int) -> None:
+        try:
+            await db_call(_warm_request, version_id, node_pk)
+        except GatewayError as exc:  # the database is away: the next request (or the reconciler) asks again
+            logger.warning("gateway.move_warm_failed", extra={"version_id": version_id, "error": exc.message})
 
     def _holder(self, fleet: FleetView, target: TargetView) -> NodeView | None:
         """A node that serves ``target``'s version now, the plan aside (affinity's choice among the holders)."""

@@ -3,6 +3,7 @@ before the client sees an error; a request waiting for a warm asks for it again 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
@@ -174,16 +175,16 @@ def test_a_request_waiting_for_a_warm_asks_another_node_once_the_first_is_gone(
 
 
 @pytest.mark.django_db
-def test_a_move_to_the_plans_home_that_does_not_land_falls_back_to_the_holder(
+def test_a_move_to_the_plans_home_serves_from_the_holder_at_once_and_warms_the_home_behind(
         monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
-    """The plan moved the version to n2; its warm there never lands. After MOVE_WAIT_S the request goes to n1,
-    which still serves it, instead of waiting out the warm wait for a 503."""
-    from inference.gateway.snapshot import FleetView, PlacementView
+    """The plan moved the version to n2, which does not hold it; n1 still serves it. The request goes to n1 without
+    waiting for the warm, which is asked of n2 in the background once (a second request within REWARM_S does not
+    ask again)."""
+    from inference.gateway.snapshot import FleetView, PlacementView, TargetView
 
     first = replace(NODE, max_lora_rank=16)
     other = NodeView(pk=2, name="n2", engine_url="http://engine-2.invalid", base_model_id=1, max_lora_rank=16)
     settings.QUIVER_WARM_WAIT_S = 30.0
-    monkeypatch.setattr(gateway_app, "MOVE_WAIT_S", 0.5)
     asks: list[int | None] = []
     monkeypatch.setattr(gateway_app, "_warm_request", lambda version_id, node_id=None: asks.append(node_id) or 2)
     held = PlacementView(node_id=NODE.pk, version_id=7, tier="warm", served=True)
@@ -191,10 +192,19 @@ def test_a_move_to_the_plans_home_that_does_not_land_falls_back_to_the_holder(
     async def fleet_now(*_: Any) -> FleetView:
         return FleetView(nodes=(first, other), placements={7: (held,)}, read_at=0.0, homes={7: ("n2",)})
 
+    async def go() -> list[NodeView]:
+        app = GatewayApp(background=False)
+        monkeypatch.setattr(app.directory, "fleet", fleet_now)
+        target = TargetView(requested="bot", base_model_id=1, base_model_name="tiny-llama", served_name="t--bot--7",
+                            version_id=7, version_number=1, r=8)
+        chosen = [await app.node_for(target), await app.node_for(target)]
+        await asyncio.gather(*app._background)  # the move's warm, before this short-lived loop closes
+        return chosen
+
     started = time.monotonic()
-    assert _node_for(monkeypatch, fleet_now) == first
-    assert 0.5 <= time.monotonic() - started < 5.0
-    assert asks and asks[0] == other.pk  # it did ask for the move
+    assert async_to_sync(go)() == [first, first]
+    assert time.monotonic() - started < gateway_app.POLL_S  # no wait for the warm
+    assert asks == [other.pk]  # it did ask for the move, once
 
 
 @pytest.mark.django_db
