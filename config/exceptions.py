@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import InterfaceError, OperationalError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -80,6 +80,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # "retry" rather than 500. Workers and the gateway need no restart.
         logger.warning("api.database_unavailable %r", exc, extra={"error": repr(exc)})
         exc = DatabaseUnavailable()
+    elif isinstance(exc, DataError):
+        # PostgreSQL refuses a value the query holds (NUL in text, a number past its column); SQLite does not, so
+        # the demo answered 404 where production answered 500. A path segment no row can hold names nothing: 404.
+        kwargs = context.get("kwargs") or {}
+        if any("\x00" in str(v) for v in kwargs.values()):
+            exc = exceptions.NotFound()
+        else:
+            exc = QuiverError("A value in this request cannot be stored or looked up (a NUL character, or a number "
+                              "out of range); remove it and retry.", code="invalid_value")
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
     response = drf_exception_handler(exc, context)

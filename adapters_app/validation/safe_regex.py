@@ -22,6 +22,12 @@ MAX_PATTERNS = 256
 # characters by up to n; module paths come from the base model (n under ~60), so four keep a failing match near
 # n**4 / 24, about 5 * 10**5 steps. Unsloth's pattern has four ``.*?`` in one alternative.
 MAX_UNBOUNDED_REPEATS = 4
+# Bounded repeats backtrack too: ``.{0,16}`` eight times in a row passed the check above and took 0.36 s per module
+# path (x4.7 per extra one; a hostile upload held a validation worker for its whole time limit). So every variable
+# repeat on a path counts, by its choices (max - min + 1, at most SUBJECT_CHARS), and their product on any one path
+# may not pass what four unbounded repeats cost.
+SUBJECT_CHARS = 60
+MAX_BACKTRACK = SUBJECT_CHARS ** MAX_UNBOUNDED_REPEATS
 _REPEATS = {sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT, getattr(sre_constants, "POSSESSIVE_REPEAT", None)}
 _BACKREFS = {sre_constants.GROUPREF, sre_constants.GROUPREF_EXISTS}
 
@@ -62,6 +68,23 @@ def _unbounded(sub: Any) -> int:
     return count
 
 
+def _backtrack(sub: Any) -> int:
+    """Upper estimate of the ways a match of ``sub`` can split a subject: per path (alternatives: the max), the product
+    of each variable repeat's choices times its body's; a fixed count (``{3}``) adds none."""
+    total = 1
+    for op, av in sub:
+        if op in _REPEATS:
+            choices = min(av[1] - av[0] + 1, SUBJECT_CHARS) if av[1] != av[0] else 1
+            total *= choices * _backtrack(av[2])
+        elif op == sre_constants.BRANCH:
+            total *= max((_backtrack(child) for child in av[1]), default=1)
+        else:
+            for child in _children(op, av):
+                total *= _backtrack(child)
+        total = min(total, MAX_BACKTRACK + 1)  # only "over the budget" matters; keeps the product small
+    return total
+
+
 def _walk(sub: Any) -> str | None:
     for op, av in sub:
         if op in _BACKREFS:
@@ -91,4 +114,7 @@ def regex_problem(pattern: str) -> str | None:
     problem = _walk(parsed)
     if problem is None and _unbounded(parsed) > MAX_UNBOUNDED_REPEATS:
         problem = f"has more than {MAX_UNBOUNDED_REPEATS} unbounded repeats (*, +, {{n,}})"
+    if problem is None and _backtrack(parsed) > MAX_BACKTRACK:
+        problem = (f"has too many variable repeats in a row (each of *, +, ?, {{m,n}} multiplies the backtracking; "
+                   f"at most {MAX_UNBOUNDED_REPEATS} unbounded ones' worth): list the module names instead")
     return problem

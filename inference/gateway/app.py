@@ -62,6 +62,9 @@ REWARM_S = 2.0
 # long (seconds). A move while another node already serves it does not wait at all (GatewayApp._move).
 MOVE_WAIT_S = 5.0
 INFERENCE_SCOPE = "inference"
+# Longest `model` looked up: served names are `<tenant>--<adapter>--<pk>` (slugs of at most 40), base model names
+# are Hugging Face-style ids (at most 96 on the Hub).
+MODEL_MAX_CHARS = 256
 VERIFIED_MAX = 10_000
 
 
@@ -421,6 +424,11 @@ class GatewayApp:
         if not isinstance(model, str):
             raise GatewayError(400, f"Invalid 'model': expected a string (your adapter's name or the base model), "
                                f"got {type(model).__name__}.", code="invalid_type", param="model")
+        if len(model) > MODEL_MAX_CHARS or "\x00" in model:
+            # Checked before any lookup: unknown names are cached per tenant (and were echoed back whole), so a
+            # 4 MiB name per request grew the process by ~4 MB each; PostgreSQL refuses NUL in text (a 500).
+            raise GatewayError(400, f"Invalid 'model': at most {MODEL_MAX_CHARS} characters and no NUL; use your "
+                               "adapter's name or the base model's.", code="invalid_value", param="model")
         return body
 
     async def handle(self, request: Request, endpoint: str) -> Response:

@@ -308,7 +308,8 @@ class Directory:
     def __init__(self) -> None:
         self.bus_ok = False
         self.keys: TtlCache[KeyView | None] = TtlCache(load_key, self._ttl)
-        self.targets: TtlCache[TargetView | str] = TtlCache(load_target, self._ttl)
+        # Unknown names are cached too; `model` is at most 256 characters (MODEL_MAX_CHARS), so this bounds it to ~10 MB.
+        self.targets: TtlCache[TargetView | str] = TtlCache(load_target, self._ttl, max_entries=20_000)
         self._fleet: TtlCache[FleetView] = TtlCache(load_fleet, self._fleet_ttl)
 
     def _ttl(self) -> tuple[float, float]:

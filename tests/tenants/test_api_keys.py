@@ -167,3 +167,13 @@ def test_tenant_limits_are_readable_by_the_tenant_and_set_by_operators(make_clie
     assert resp.status_code == 200, resp.content
     tenant.refresh_from_db()
     assert (tenant.rpm_limit, tenant.tpm_limit) == (100, 5000)
+
+
+@pytest.mark.parametrize("method", ["get", "patch"])
+def test_a_nul_in_a_key_id_is_404_not_a_database_error(make_client, method: str) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL refuses NUL in text (DataError): the path names no key, so 404 like any unknown id (was 500)."""
+    client, _, _ = make_client()
+    resp = getattr(client, method)("/api/v1/api-keys/a%00b", format="json")
+    assert resp.status_code == 404 and resp.json()["code"] == "not_found"
+    resp = client.post("/api/v1/api-keys/a%00b/revoke")
+    assert resp.status_code == 404

@@ -84,6 +84,8 @@ def test_other_paths_pass_through_untouched() -> None:
     (b'{"model": 7, "prompt": "x"}', "invalid_type", "model"),
     (b'{"model": "", "prompt": "x"}', "missing_model", "model"),
     (b'{"prompt": "x"}', "missing_model", "model"),
+    (b'{"model": "tiny\\u0000llama", "prompt": "x"}', "invalid_value", "model"),  # PostgreSQL refuses NUL: was 500
+    (b'{"model": "' + b"m" * 257 + b'", "prompt": "x"}', "invalid_value", "model"),  # unknown names are cached
 ])
 def test_edge_bodies_on_the_real_app_are_400_naming_the_field(path: str, body: bytes, code: str, param: str | None,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
