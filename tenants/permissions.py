@@ -44,11 +44,27 @@ class HasScope(permissions.BasePermission):
         """True when the caller may use this method on this view (see the class docstring)."""
         access = access_for(request)
         method = request.method or "GET"
+        role = getattr(view, "role_map", DEFAULT_ROLE_MAP).get(method)
         if access.api_key is not None:
             needed = getattr(view, "scope_map", DEFAULT_SCOPE_MAP).get(method)
-            return needed is not None and needed in access.api_key.scopes
-        role = getattr(view, "role_map", DEFAULT_ROLE_MAP).get(method)
+            if needed is None or needed not in access.api_key.scopes:
+                return False
+            if role == Membership.Role.OWNER and not _creator_is_owner(access):
+                # A member may mint keys with adapters:write; those must not do what only owners may (delete an
+                # adapter), or the role check would be one key away.
+                self.message = ("This API key was created by a member; this call needs an owner's key or an owner's "
+                                "console session.")
+                return False
+            return True
         if role is None or not access.has_role(role):
             self.message = f"Your role in tenant '{access.tenant.slug}' is {access.role}; this needs {role or 'another'}."
             return False
         return True
+
+
+def _creator_is_owner(access: Any) -> bool:
+    """Whether the caller's key was minted by an operator (no creator) or by a user who is now an owner of its tenant."""
+    creator_id = access.api_key.created_by_id
+    if creator_id is None:
+        return True
+    return Membership.objects.filter(tenant=access.tenant, user_id=creator_id, role=Membership.Role.OWNER).exists()

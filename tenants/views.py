@@ -7,6 +7,9 @@ Members: owners add existing users by username, change roles and remove members;
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
@@ -17,7 +20,7 @@ from rest_framework.response import Response
 
 from config.exceptions import QuiverError
 from tenants import services
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Tenant
+from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 from tenants.serializers import (
     ApiKeyCreatedSerializer,
@@ -73,6 +76,14 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         extra = sorted(set(request.data) - set(LIMIT_FIELDS)) if isinstance(request.data, dict) else []
         if extra:
             raise serializers.ValidationError({extra[0]: f"Only limits can be changed: {list(LIMIT_FIELDS)}."})
+        access = self.principal
+        owner = access.has_role(Membership.Role.OWNER) if access.user is not None else (
+            access.api_key is not None and KEYS_MANAGE in access.api_key.scopes)
+        if not owner:
+            loosened = _loosened(key, data.validated_data)
+            if loosened:
+                raise QuiverError(f"Only an owner can raise or clear '{loosened}' on a key; you may only tighten it.",
+                                  code="limit_owner_only", status_code=403)
         services.limits_set(key, limits=data.validated_data)
         return Response(ApiKeyOutputSerializer(key).data)
 
@@ -83,6 +94,19 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         key = self.get_object()
         key = services.api_key_revoke(self.tenant, key_id=key.key_id)
         return Response(ApiKeyOutputSerializer(key).data)
+
+
+def _loosened(key: ApiKey, limits: Mapping[str, Any]) -> str | None:
+    """The first limit in ``limits`` that would let ``key`` do more than now (a set limit cleared or raised, or a
+    higher priority class), else None. Members may tighten their keys; what an owner set binds them."""
+    for name, new in limits.items():
+        old = getattr(key, name)
+        if name == "priority_class":
+            if PRIORITY_CLASSES.get(new or "normal", 0) < PRIORITY_CLASSES.get(old or "normal", 0):
+                return name
+        elif old is not None and (new is None or new > old):
+            return name
+    return None
 
 
 class TenantLimitsViewSet(TenantScopedViewSet):

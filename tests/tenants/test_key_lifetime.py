@@ -85,3 +85,33 @@ def test_keys_without_expiry_still_mint_keys_without_expiry(make_client: Any) ->
     resp = client.post("/api/v1/api-keys", {"name": "k", "scopes": ["inference"]}, format="json")
     assert resp.status_code == 201 and resp.json()["expires_at"] is None
     assert api_key_create(tenant, name="x")[0].expires_at is None
+
+
+def test_a_members_key_cannot_do_what_only_owners_may(make_session_client: Any) -> None:
+    """A member may mint an adapters:write key, but deleting an adapter is owner-only (attack: member session 403,
+    the member's key 204). The member's key gets 403 before any lookup; an owner's key with the same scopes passes
+    the check (404: no such adapter)."""
+    owner, _, secret = _member_key(make_session_client, scopes=["adapters:read", "adapters:write"])
+    refused = _key_client(secret).delete("/api/v1/adapters/nope")
+    assert refused.status_code == 403 and "owner" in refused.json()["detail"]
+    assert _key_client(secret).get("/api/v1/adapters").status_code == 200  # its other powers stay
+    made = owner.post("/api/v1/api-keys", {"name": "o", "scopes": ["adapters:read", "adapters:write"]}, format="json")
+    assert _key_client(made.json()["secret"]).delete("/api/v1/adapters/nope").status_code == 404
+
+
+def test_a_member_may_tighten_but_not_lift_what_an_owner_set_on_their_key(make_session_client: Any) -> None:
+    owner, user, secret = _member_key(make_session_client)
+    key_id = secret.split("_", 1)[1].split(".")[0]
+    set_ = owner.patch(f"/api/v1/api-keys/{key_id}", {"rpm_limit": 10, "priority_class": "low"}, format="json")
+    assert set_.status_code == 200, set_.content
+    member = APIClient()
+    member.force_login(user)
+    member.credentials(HTTP_X_QUIVER_TENANT=ApiKey.objects.get(key_id=key_id).tenant.slug)
+    for body in ({"rpm_limit": None}, {"rpm_limit": 11}, {"priority_class": "high"}):
+        resp = member.patch(f"/api/v1/api-keys/{key_id}", body, format="json")
+        assert resp.status_code == 403 and resp.json()["code"] == "limit_owner_only", body
+    assert member.patch(f"/api/v1/api-keys/{key_id}", {"rpm_limit": 5, "tpm_limit": 1000},
+                        format="json").status_code == 200
+    key = ApiKey.objects.get(key_id=key_id)
+    assert (key.rpm_limit, key.tpm_limit, key.priority_class) == (5, 1000, "low")
+    assert owner.patch(f"/api/v1/api-keys/{key_id}", {"rpm_limit": None}, format="json").status_code == 200
