@@ -492,80 +492,120 @@ class GatewayApp:
                 usage=usage, latency_ms=(time.monotonic() - started) * 1000, ttft_ms=ttft_ms, created_at=arrived))
 
         content = json.dumps(upstream).encode()
-        reroutes = 0
-        try:
-            while True:
-                try:
-                    response = await upstream_post(f"{node.engine_url}/v1/{endpoint}", content=content,
-                                                   node_key=node.key)
-                except UpstreamError as exc:
-                    # No response came. A refused connection reached no engine; a connection that broke before the
-                    # answer (a kept-alive one to an engine that died) counts too when the engine's health check
-                    # now gets no answer: the dead engine answers no one, so the request may go to another node.
-                    # This process skips the node until heartbeats would have aged it out of routing everywhere.
-                    refused = isinstance(exc, UpstreamRefused)
-                    if not refused and await engine_answers(node.engine_url):
-                        raise
-                    logger.warning("gateway.upstream_refused", extra={"node": node.name, "error": repr(exc)})
-                    self._down[node.pk] = time.monotonic() + settings.QUIVER_NODE_STALE_AFTER_S
-                    try:
-                        node = await self.node_for(target)
-                    except GatewayError:
-                        raise exc from None
-                    continue
-                if response.status_code == 404 and target.version_id is not None and reroutes < MAX_REROUTES:
-                    # The engine no longer serves the adapter (evicted, unloaded, engine restarted) while this
-                    # process's fleet view, up to a heartbeat plus the refresh interval old, still said it did.
-                    # Record what the engine said, then route again from a fresh view: another replica, or a warm.
-                    # More than once: with more adapters than CPU slots, a node can evict the adapter again between
-                    # its warm and this request's arrival (bench_fleet, 16 adapters over 8 slots).
-                    reroutes += 1
-                    await response.aclose()
-                    logger.info("gateway.adapter_not_served", extra={"node": node.name,
-                                                                     "version_id": target.version_id})
-                    await db_call(_not_served, node.pk, target.version_id)
-                    self.directory.invalidate("fleet")
-                    try:
-                        node = await self.node_for(target)
-                    except GatewayError as exc:
-                        record(exc.status, None)
-                        return error_response(exc)
-                    continue
-                break
-        except UpstreamError as exc:
-            logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
-            record(502, None)
-            return error_response(GatewayError(502, "The inference node did not answer; retry.",
-                                               code="upstream_unreachable", type_="server_error"))
-        except BaseException:  # cancelled (the client went away) before any answer: free the slot now
-            self.admission.release(slot)
-            raise
-        if response.status_code >= 400 or not stream:
+
+        async def proxy() -> Response:
+            nonlocal node
+            reroutes = 0
             try:
-                raw = await response.aread()
+                while True:
+                    try:
+                        response = await upstream_post(f"{node.engine_url}/v1/{endpoint}", content=content,
+                                                       node_key=node.key)
+                    except UpstreamError as exc:
+                        # No response came. A refused connection reached no engine; a connection that broke before the
+                        # answer (a kept-alive one to an engine that died) counts too when the engine's health check
+                        # now gets no answer: the dead engine answers no one, so the request may go to another node.
+                        # This process skips the node until heartbeats would have aged it out of routing everywhere.
+                        refused = isinstance(exc, UpstreamRefused)
+                        if not refused and await engine_answers(node.engine_url):
+                            raise
+                        logger.warning("gateway.upstream_refused", extra={"node": node.name, "error": repr(exc)})
+                        self._down[node.pk] = time.monotonic() + settings.QUIVER_NODE_STALE_AFTER_S
+                        try:
+                            node = await self.node_for(target)
+                        except GatewayError:
+                            raise exc from None
+                        continue
+                    if response.status_code == 404 and target.version_id is not None and reroutes < MAX_REROUTES:
+                        # The engine no longer serves the adapter (evicted, unloaded, engine restarted) while this
+                        # process's fleet view, up to a heartbeat plus the refresh interval old, still said it did.
+                        # Record what the engine said, then route again from a fresh view: another replica, or a warm.
+                        # More than once: with more adapters than CPU slots, a node can evict the adapter again between
+                        # its warm and this request's arrival (bench_fleet, 16 adapters over 8 slots).
+                        reroutes += 1
+                        await response.aclose()
+                        logger.info("gateway.adapter_not_served", extra={"node": node.name,
+                                                                         "version_id": target.version_id})
+                        await db_call(_not_served, node.pk, target.version_id)
+                        self.directory.invalidate("fleet")
+                        try:
+                            node = await self.node_for(target)
+                        except GatewayError as exc:
+                            record(exc.status, None)
+                            return error_response(exc)
+                        continue
+                    break
             except UpstreamError as exc:
-                logger.warning("gateway.upstream_failed", extra={"node": node.name, "error": repr(exc)})
+                logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
                 record(502, None)
-                return error_response(GatewayError(502, "The inference node stopped answering; retry.",
-                                                   code="upstream_failed", type_="server_error"))
-            except BaseException:
+                return error_response(GatewayError(502, "The inference node did not answer; retry.",
+                                                   code="upstream_unreachable", type_="server_error"))
+            except BaseException:  # cancelled (the client went away) before any answer: free the slot now
                 self.admission.release(slot)
                 raise
-            finally:
-                await response.aclose()
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                data = None
-            if response.status_code >= 400 or not isinstance(data, dict):
-                record(response.status_code if response.status_code >= 400 else 502, None)
-                return error_response(_engine_error(response.status_code, data, target))
-            data["model"] = target.requested
-            _strip_engine_fields(data)
-            self.admission.release(slot)
-            return _RecordedResponse(data, headers=limit_headers, record=lambda: record(200, data.get("usage")))
-        return relay_response(response, target=target, keep_usage=keep_usage, record=record, started=started,
-                              headers=limit_headers)
+            if response.status_code >= 400 or not stream:
+                try:
+                    raw = await response.aread()
+                except UpstreamError as exc:
+                    logger.warning("gateway.upstream_failed", extra={"node": node.name, "error": repr(exc)})
+                    record(502, None)
+                    return error_response(GatewayError(502, "The inference node stopped answering; retry.",
+                                                       code="upstream_failed", type_="server_error"))
+                except BaseException:
+                    self.admission.release(slot)
+                    raise
+                finally:
+                    await response.aclose()
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    data = None
+                if response.status_code >= 400 or not isinstance(data, dict):
+                    record(response.status_code if response.status_code >= 400 else 502, None)
+                    return error_response(_engine_error(response.status_code, data, target))
+                data["model"] = target.requested
+                _strip_engine_fields(data)
+                self.admission.release(slot)
+                return _RecordedResponse(data, headers=limit_headers, record=lambda: record(200, data.get("usage")))
+            return relay_response(response, target=target, keep_usage=keep_usage, record=record, started=started,
+                                  headers=limit_headers)
+
+        if stream:
+            return await proxy()
+        # A JSON answer is only sent at the end: a client that leaves before it must not keep the engine
+        # generating (and its concurrency slot held) for nothing. Its request is cut and metered 499.
+        return await self._unless_client_gone(request, proxy(), gone=lambda: record(499, None))
+
+    @staticmethod
+    async def _unless_client_gone(request: Request, work: Any, *, gone: Any) -> Response:
+        """Await ``work`` (the engine exchange of a non-streaming request) unless the client disconnects first: then
+        cancel it (closing the engine connection, so vLLM aborts the request), call ``gone()`` and answer 499.
+
+        One watcher task, which cancels this one: cheaper on the hot path than running ``work`` as a task of its own.
+        """
+        current = asyncio.current_task()
+        left: list[bool] = []
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            left.append(True)
+            if current is not None:
+                current.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not left or current is None:
+                raise
+            current.uncancel()
+        finally:
+            watcher.cancel()
+        logger.info("gateway.client_gone", extra={"path": request.url.path})
+        gone()
+        return error_response(GatewayError(499, "The client closed the request before the answer.",
+                                           code="client_closed_request", type_="invalid_request_error"))
 
     def _policy(self) -> dict[str, Any]:
         """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY``, for round-robin this process's turn, and the

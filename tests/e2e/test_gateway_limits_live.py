@@ -78,3 +78,31 @@ def test_a_client_that_walks_away_is_metered_499_with_the_tokens_sent(
     assert record.status_code == 499
     assert record.prompt_tokens > 0
     assert 5 <= record.completion_tokens < LONG["max_tokens"]
+
+
+def test_a_non_streaming_client_that_walks_away_frees_its_slot_and_is_metered_499(
+        live_node, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    """Without a stream the answer comes at the end; a client gone before it must not keep the engine generating and
+    its concurrency slot held (attack: 480 tokens generated for nobody, billed 200, the tenant 429'd meanwhile)."""
+    tenant = TenantFactory()
+    key, plaintext = api_key_create(tenant, name="app")
+    gw = gateway_processes[0]
+    _wait_served(gw, plaintext)
+    limits_set(key, limits={"concurrency_limit": 1})
+    time.sleep(1.0)  # the limit reaches the process (invalidation)
+    headers = {"Authorization": f"Bearer {plaintext}"}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{gw.url}/v1/completions", headers=headers, timeout=1.0, json={**LONG, "stream": False})
+    left = time.monotonic()
+    while (resp := httpx.post(f"{gw.url}/v1/completions", headers=headers, timeout=60,
+                              json={**LONG, "stream": False, "max_tokens": 1})).status_code != 200:
+        assert resp.status_code == 429, resp.text
+        assert time.monotonic() - left < 3.0, "the slot stayed held while the engine generated for nobody"
+        time.sleep(0.1)
+    records = UsageRecord.objects.filter(tenant=tenant, status_code=499)
+    deadline = time.monotonic() + 20
+    while not records.exists():
+        assert time.monotonic() < deadline, "the walked-away request was never metered"
+        usage_drain()
+        time.sleep(0.2)
+    assert records.get().stream is False
