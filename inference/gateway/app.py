@@ -129,7 +129,8 @@ def _not_served(node_id: int, version_id: int) -> None:
     placement_mark_not_served(node_id, version_id)
 
 
-# What a request without max_tokens may generate: vLLM's completions default, and a budget for chat.
+# What a request without max_tokens may generate: vLLM's completions default, and a budget for chat. Under a TPM
+# limit it is also sent as max_tokens, so the tokens reserved bound the tokens billed.
 DEFAULT_COMPLETION_RESERVE = {"completions": 16, "chat/completions": 256}
 
 
@@ -445,7 +446,12 @@ class GatewayApp:
             upstream = hygiene.upstream_body(body, endpoint=endpoint, caps=_caps(key),
                                              salt=hygiene.cache_salt(key.tenant_id, settings.SECRET_KEY))
             target = await self.resolve(key, body["model"])
-            admission = await self.limiter.admit(_scopes(key), reserve=_reservation(upstream, endpoint))
+            scopes = _scopes(key)
+            if hygiene.requested_tokens(upstream) is None and any(s.limits.tpm is not None for s in scopes):
+                # Under a TPM limit the reservation must bound what the engine generates: without max_tokens vLLM
+                # runs to the end of the context (a chat reserved 256 tokens and was billed 509, twice over 600).
+                upstream["max_tokens"] = DEFAULT_COMPLETION_RESERVE[endpoint]
+            admission = await self.limiter.admit(scopes, reserve=_reservation(upstream, endpoint))
         except GatewayError as exc:
             if exc.status == 429:
                 metrics.RATE_LIMITED.labels(exc.type).inc()

@@ -106,3 +106,22 @@ def test_a_non_streaming_client_that_walks_away_frees_its_slot_and_is_metered_49
         usage_drain()
         time.sleep(0.2)
     assert records.get().stream is False
+
+
+def test_under_a_tpm_limit_a_chat_without_max_tokens_generates_no_more_than_it_reserved(
+        live_node, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    """The reservation (prompt + 256 for a chat without max_tokens) must bound the tokens: vLLM alone runs to the
+    end of the context (attack: two such chats billed 509 tokens each against a 600 TPM limit)."""
+    tenant = TenantFactory()
+    key, plaintext = api_key_create(tenant, name="app")
+    gw = gateway_processes[0]
+    _wait_served(gw, plaintext)
+    chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {plaintext}"}
+    free = httpx.post(f"{gw.url}/v1/chat/completions", headers=headers, timeout=120, json=chat)
+    assert free.status_code == 200 and free.json()["usage"]["completion_tokens"] > 256  # no limit: as vLLM does
+    limits_set(key, limits={"tpm_limit": 5000})
+    time.sleep(1.0)  # the limit reaches the process (invalidation)
+    capped = httpx.post(f"{gw.url}/v1/chat/completions", headers=headers, timeout=120, json=chat)
+    assert capped.status_code == 200, capped.text
+    assert capped.json()["usage"]["completion_tokens"] <= 256
