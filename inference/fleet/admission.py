@@ -135,6 +135,9 @@ def start_spaced(*, since_start_s: float | None, spacing_s: float, tenant_in_fli
 def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationConfig, sent_since: int = 0) -> bool | None:
     """Whether a node is saturated: True, False, or None when its figures are missing or stale (unknown).
 
+    Saturated = waiting for capacity (``waiting_capacity`` where the engine exports it, else all waiting) plus
+    ``sent_since`` at ``queue_saturated`` or more, or KV use at ``kv_saturated`` or more (GIE's detector).
+
     Args:
         load: the node's last figures, or None.
         now_s: Unix time now.
@@ -144,8 +147,12 @@ def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationCon
     """
     if load is None or now_s - load.at_s > config.max_age_s:
         return None
+    # Requests the engine holds back for a LoRA slot (``deferred``) are not a lack of capacity: holding more in the
+    # gateway would not serve them sooner (shared/notes/admission.md §9.4; vLLM's waiting_by_reason). Engines
+    # that do not export the reasons count every waiting request.
+    waiting = load.num_requests_waiting if load.waiting_capacity is None else load.waiting_capacity
     # Never below zero: requests that ended while nothing waited free running slots, not a place in a queue.
-    return (max(0, load.num_requests_waiting + sent_since) >= config.queue_saturated
+    return (max(0, waiting + sent_since) >= config.queue_saturated
             or load.kv_cache_usage_perc >= config.kv_saturated)
 
 

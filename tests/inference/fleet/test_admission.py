@@ -27,6 +27,10 @@ CONFIG = SaturationConfig()  # GIE's defaults: queue 5, KV 0.8; stale after 0.25
     (NodeLoad(at_s=100.0, num_requests_waiting=3), 2, True),  # sends since the scrape count as waiting
     (NodeLoad(at_s=100.0, num_requests_waiting=3), 1, False),
     (NodeLoad(at_s=100.0, num_requests_waiting=5), -1, False),  # a request ended since: one waiting one moved up
+    # Waiting for a LoRA slot (deferred) is not a lack of capacity; only capacity waits count when reported.
+    (NodeLoad(at_s=100.0, num_requests_waiting=7, waiting_capacity=0, waiting_deferred=7), 0, False),
+    (NodeLoad(at_s=100.0, num_requests_waiting=7, waiting_capacity=5, waiting_deferred=2), 0, True),
+    (NodeLoad(at_s=100.0, num_requests_waiting=7, waiting_capacity=3, waiting_deferred=4), 2, True),
 ])
 def test_saturated_at_queue_5_or_kv_08_counting_unreported_sends(load: NodeLoad, sent: int, expected: bool) -> None:
     assert node_saturated(load, now_s=100.1, config=CONFIG, sent_since=sent) is expected
