@@ -117,10 +117,15 @@ class TenantLimitsViewSet(TenantScopedViewSet):
     tenant_field = "pk"
     role_map = {**{m: Membership.Role.VIEWER for m in ALL_METHODS}}
 
+    serializer_class = LimitsSerializer  # the schema's request and response shape
+
+    @extend_schema(responses=LimitsSerializer)
     def retrieve(self, request: Request) -> Response:
-        """``GET``: ``{"rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit"}`` (null = unlimited)."""
+        """``GET``: ``{"rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit", "priority_class"}`` (null =
+        unlimited / the default class)."""
         return Response({name: getattr(self.tenant, name) for name in LIMIT_FIELDS})
 
+    @extend_schema(request=LimitsSerializer, responses=LimitsSerializer)
     def partial_update(self, request: Request) -> Response:
         """``PATCH`` (staff only): set any of the limits."""
         user = self.principal.user

@@ -673,7 +673,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description ``GET``: ``{"rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit"}`` (null = unlimited). */
+        /**
+         * @description ``GET``: ``{"rpm_limit", "tpm_limit", "concurrency_limit", "max_tokens_limit", "priority_class"}`` (null =
+         *     unlimited / the default class).
+         */
         get: operations["tenant_limits_retrieve"];
         put?: never;
         post?: never;
@@ -901,6 +904,24 @@ export interface components {
             max_replicas: number | null;
             pinned_fleet: boolean;
             pinned_nodes: string[];
+        };
+        /**
+         * @description Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
+         *     the cap on one request's ``max_tokens``.
+         */
+        Limits: {
+            rpm_limit?: number | null;
+            tpm_limit?: number | null;
+            concurrency_limit?: number | null;
+            max_tokens_limit?: number | null;
+            /**
+             * @description high, normal or low: the order under saturation.
+             *
+             *     * `high` - high
+             *     * `normal` - normal
+             *     * `low` - low
+             */
+            priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["NullEnum"]) | null;
         };
         /** @description A tenant's gateway limits; null = unlimited (requests/min, tokens/min, in flight, one request's max_tokens). */
         LimitsOutput: {
@@ -2516,12 +2537,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description No response body */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": components["schemas"]["Limits"];
+                };
             };
         };
     };
@@ -2532,14 +2554,21 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedLimits"];
+                "multipart/form-data": components["schemas"]["PatchedLimits"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedLimits"];
+            };
+        };
         responses: {
-            /** @description No response body */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": components["schemas"]["Limits"];
+                };
             };
         };
     };
