@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -100,6 +101,20 @@ class Processes:
                 proc.kill()
 
 
+# What an operator's `manage.py` needs to act on the running demo (README "Using it").
+DEMO_ENV_KEYS = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CELERY_BROKER_URL", "CELERY_FILESYSTEM_DIR",
+                 "AWS_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_STORAGE_BUCKET_NAME",
+                 "QUIVER_NODE_SECRET", "DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_STALE_AFTER_S",
+                 "DJANGO_DEBUG")
+
+
+def _write_env(path: Path, env: dict[str, str]) -> None:
+    """The demo's control-plane environment as ``KEY='value'`` lines (owner-only: it holds the run's secrets), so
+    ``set -a; . .cache/demo-run/env; set +a`` lets ``manage.py`` act on the running demo."""
+    path.touch(mode=0o600)
+    path.write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items() if k in DEMO_ENV_KEYS))
+
+
 def _manage(env: dict[str, str], *args: str) -> str:
     out = subprocess.run(
         [PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True, text=True
@@ -165,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for d in ("broker", "broker-done", "broker-control", "metrics"):
             (args.workdir / d).mkdir()
+        _write_env(args.workdir / "env", env)
         # The gateway's metrics reach the internal listener's /metrics through prometheus-client's multiprocess files.
         web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(args.workdir / "metrics")}
         _say("migrating the SQLite database and registering the base model")
