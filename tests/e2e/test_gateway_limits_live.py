@@ -91,8 +91,11 @@ def test_a_non_streaming_client_that_walks_away_frees_its_slot_and_is_metered_49
     limits_set(key, limits={"concurrency_limit": 1})
     time.sleep(1.0)  # the limit reaches the process (invalidation)
     headers = {"Authorization": f"Bearer {plaintext}"}
+    # 500 tokens (the test engine's context is 512) take over a second even on a fast machine; the client leaves
+    # after 0.3 s, once the gateway has sent the request on.
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{gw.url}/v1/completions", headers=headers, timeout=1.0, json={**LONG, "stream": False})
+        httpx.post(f"{gw.url}/v1/completions", headers=headers, timeout=0.3,
+                   json={**LONG, "stream": False, "max_tokens": 500})
     left = time.monotonic()
     while (resp := httpx.post(f"{gw.url}/v1/completions", headers=headers, timeout=60,
                               json={**LONG, "stream": False, "max_tokens": 1})).status_code != 200:

@@ -113,7 +113,7 @@ def test_engine_killed_mid_stream(victim, node_agent, base_model, gateway_server
     # New requests go to the other node, whatever this gateway's cached fleet view still says.
     for _ in range(3):
         again = httpx.post(f"{gateway_server}/v1/completions", headers=headers, timeout=60,
-                           json={"model": "tiny-llama", "prompt": "the cat", "max_tokens": 4})
+                           json={"model": "tiny-llama", "prompt": "the cat", "max_tokens": 4, "ignore_eos": True})
         assert again.status_code == 200, again.text
 
     cut, *after = _usage(tenant, 4)
