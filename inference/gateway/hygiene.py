@@ -21,6 +21,11 @@ from typing import Any
 from inference.gateway.errors import GatewayError
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Content part types a message may hold (the served models take text only), by role; others: text.
+TEXT_PARTS = {"assistant": ("text", "refusal")}
+# OpenAI's (and vLLM's) non-text part types: refused with a hint that the model takes text only.
+MEDIA_PARTS = frozenset({"image_url", "input_image", "input_audio", "audio_url", "video_url", "file", "image_embeds",
+                         "audio_embeds", "video_embeds", "image_pil", "prompt_embeds"})
 # Accepted from OpenAI clients, meaningless here: dropped, not forwarded.
 IGNORED = frozenset({"metadata", "store", "service_tier", "user"})
 # Set by the platform or engine internals: a tenant may not send them.
@@ -100,10 +105,14 @@ def _num(lo: float, hi: float, *, open_low: bool = False) -> Callable[[str, Any]
 
 
 def _stop(f: str, v: Any) -> None:
-    if v is None or isinstance(v, str):
+    if v is None:
         return
-    if not isinstance(v, list) or len(v) > 4 or not all(isinstance(s, str) for s in v):
+    if not isinstance(v, str | list) or (isinstance(v, list) and (len(v) > 4 or not all(isinstance(s, str)
+                                                                                       for s in v))):
         raise _bad(f, "expected a string or a list of at most 4 strings.")
+    if v == "" or (isinstance(v, list) and "" in v):
+        # vLLM refuses it ("stop cannot contain an empty string"): an empty stop would end every completion at once.
+        raise _bad(f, "a stop sequence cannot be an empty string; leave 'stop' out (or send null) for none.")
 
 
 def _stream_options(f: str, v: Any) -> None:
@@ -155,6 +164,67 @@ def _prompt(f: str, v: Any) -> None:
         raise _bad(f, "expected a string, a non-empty list of strings, or token ids.")
 
 
+def _content_parts(where: str, role: str, parts: list[Any]) -> None:
+    """The parts of a list ``content``: ``{"type": "text", "text": str}``, and in an assistant message also
+    ``{"type": "refusal", "refusal": str}``. The served models take text only, so image, audio and file parts are
+    refused here rather than by the engine (a 400 without ``param``)."""
+    for j, part in enumerate(parts):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise _bad(at, f"expected a content part object like {{\"type\": \"text\", \"text\": \"...\"}}, "
+                       f"got {type(part).__name__}.")
+        kind = part.get("type")
+        allowed = TEXT_PARTS[role] if role in TEXT_PARTS else ("text",)
+        if kind is None:
+            raise GatewayError(400, f"Missing required parameter: '{at}.type'; use \"text\".",
+                               code="missing_required_parameter", param=f"{at}.type")
+        if kind not in allowed:
+            shown = f"{kind!r:.40}" if isinstance(kind, str) else type(kind).__name__
+            media = isinstance(kind, str) and kind in MEDIA_PARTS
+            raise _bad(f"{at}.type", f"got {shown}; "
+                       + ("this model takes text only, so send the content as text parts. " if media else "")
+                       + f"Allowed here: {', '.join(repr(a) for a in allowed)}.")
+        for key in part:
+            if key not in ("type", kind):
+                raise GatewayError(400, f"Unknown parameter: '{at}.{key:.40}'; a {kind!r} part holds 'type' and "
+                                   f"{kind!r} only.", code="unknown_parameter", param=f"{at}.{key:.40}")
+        value = part.get(kind)
+        if not isinstance(value, str):
+            if value is None:
+                raise GatewayError(400, f"Missing required parameter: '{at}.{kind}' (a string).",
+                                   code="missing_required_parameter", param=f"{at}.{kind}")
+            raise _bad(f"{at}.{kind}", f"expected a string, got {type(value).__name__}.")
+
+
+def _tool_calls(where: str, role: str, calls: Any) -> None:
+    """An assistant message's ``tool_calls``, in OpenAI's shape: ``[{"id": str, "type": "function", "function":
+    {"name": str, "arguments": str}}]`` (vLLM also takes ``arguments`` as an object)."""
+    if calls is None:
+        return
+    if role != "assistant":
+        raise GatewayError(400, f"Unknown parameter: '{where}'; only assistant messages carry 'tool_calls'.",
+                           code="unknown_parameter", param=where)
+    if not isinstance(calls, list):
+        raise _bad(where, f"expected a list of tool calls, got {type(calls).__name__}.")
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict):
+            raise _bad(at, "expected an object like {\"id\": \"call_1\", \"type\": \"function\", \"function\": "
+                       "{\"name\": \"...\", \"arguments\": \"{}\"}}.")
+        if not isinstance(call.get("id"), str) or not call["id"]:
+            raise _bad(f"{at}.id", "expected the call's id, a non-empty string (tool messages answer it by "
+                       "'tool_call_id').")
+        if call.get("type") != "function":
+            raise _bad(f"{at}.type", f"expected \"function\", got {call.get('type')!r:.40}.")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise _bad(f"{at}.function", "expected an object with 'name' and 'arguments'.")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise _bad(f"{at}.function.name", "expected the function's name, a non-empty string.")
+        if not isinstance(function.get("arguments"), str | dict):
+            raise _bad(f"{at}.function.arguments", "expected the arguments as a JSON string, e.g. \"{}\".")
+
+
 def _messages(f: str, v: Any) -> None:
     if not isinstance(v, list) or not v:
         raise _bad(f, "expected a non-empty list of {\"role\", \"content\"} objects.")
@@ -165,11 +235,13 @@ def _messages(f: str, v: Any) -> None:
         if m.get("role") not in ROLES:
             raise _bad(f"{where}.role", f"expected one of {sorted(ROLES)}, got {m.get('role')!r:.40}.")
         content = m.get("content")
-        if not (content is None or isinstance(content, str) or (isinstance(content, list)
-                                                               and all(isinstance(p, dict) for p in content))):
+        if not (content is None or isinstance(content, str | list)):
             raise _bad(f"{where}.content", "expected a string or a list of content parts.")
+        if isinstance(content, list):
+            _content_parts(f"{where}.content", m["role"], content)
         if content is None and m["role"] != "assistant":
             raise _bad(f"{where}.content", "is required for this role.")
+        _tool_calls(f"{where}.tool_calls", m["role"], m.get("tool_calls"))
 
 
 COMMON: dict[str, Callable[[str, Any], None]] = {
@@ -230,6 +302,7 @@ def upstream_body(body: Mapping[str, Any], *, endpoint: str, caps: Caps, salt: s
     if "stream_options" in out and not out.get("stream"):
         raise _bad("stream_options", "only allowed when 'stream' is true.")
     _apply_caps(out, caps)
+    _check_min_tokens(out)
     out["cache_salt"] = salt
     return out
 
@@ -256,6 +329,16 @@ def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
         value = out.get(field)
         if isinstance(value, int) and _is_int(value) and value > caps.logprobs:
             raise _bad(field, f"{value} is over the cap of {caps.logprobs}.")
+
+
+def _check_min_tokens(out: Mapping[str, Any]) -> None:
+    """``min_tokens`` within the completion length (vLLM refuses it otherwise, after the limits were charged)."""
+    min_tokens = out.get("min_tokens")
+    length_field = "max_completion_tokens" if "max_completion_tokens" in out else "max_tokens"
+    length = out.get(length_field)
+    if min_tokens is not None and length is not None and min_tokens > length:
+        raise _bad("min_tokens", f"{min_tokens} is over '{length_field}' ({length}); lower 'min_tokens' or raise "
+                   f"'{length_field}'.")
 
 
 def prompt_count(body: Mapping[str, Any]) -> int:

@@ -118,3 +118,68 @@ def test_a_prompt_list_reserves_its_completion_budget_per_prompt() -> None:
     assert prompt_count(_check({"prompt": [1, 2, 3], "max_tokens": 3})) == 1  # one prompt as token ids
     assert requested_tokens(_check({"prompt": [[1], [2]], "max_tokens": 5})) == 10
 
+
+
+CHAT_HI = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(("body", "endpoint", "param"), [
+    # Each of these passed here and came back from vLLM as a 400 with `param: null`.
+    ({"prompt": "x", "stop": ""}, "completions", "stop"),
+    ({"prompt": "x", "stop": ["END", ""]}, "completions", "stop"),
+    ({"prompt": "x", "stop": 5}, "completions", "stop"),
+    ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "completions", "min_tokens"),
+    ({"prompt": "x", "min_tokens": 65}, "completions", "min_tokens"),  # over the cap filled in as max_tokens
+    ({"messages": [CHAT_HI], "max_completion_tokens": 4, "min_tokens": 5}, "chat/completions", "min_tokens"),
+    ({"messages": [CHAT_HI, {"role": "user", "content": [{"text": "x"}]}]}, "chat/completions",
+     "messages[1].content[0].type"),
+    ({"messages": [{"role": "user", "content": ["x"]}]}, "chat/completions", "messages[0].content[0]"),
+    ({"messages": [CHAT_HI, CHAT_HI, {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}, "chat/completions",
+     "messages[2].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_audio"}]}]},
+     "chat/completions", "messages[0].content[1].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]}, "chat/completions",
+     "messages[0].content[0].type"),  # refusals are the assistant's
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "chat/completions",
+     "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "chat/completions",
+     "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "image_url": "u"}]}]},
+     "chat/completions", "messages[0].content[0].image_url"),
+    ({"messages": [{"role": "assistant", "tool_calls": "call it"}]}, "chat/completions", "messages[0].tool_calls"),
+    ({"messages": [{"role": "assistant", "tool_calls": [5]}]}, "chat/completions", "messages[0].tool_calls[0]"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": "{}"}}]}]}, "chat/completions", "messages[0].tool_calls[0].id"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "custom", "function": {
+        "name": "f", "arguments": "{}"}}]}]}, "chat/completions", "messages[0].tool_calls[0].type"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function"}]}]}, "chat/completions",
+     "messages[0].tool_calls[0].function"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "arguments": "{}"}}]}]}, "chat/completions", "messages[0].tool_calls[0].function.name"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "f", "arguments": 5}}]}]}, "chat/completions", "messages[0].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "chat/completions",
+     "messages[0].tool_calls"),
+])
+def test_what_the_engine_refused_is_a_400_naming_the_field(body: dict[str, Any], endpoint: str, param: str) -> None:
+    error = _refused(body, endpoint)
+    assert error.param == param
+    assert f"'{param}'" in error.message  # the message names the field too
+
+
+def test_valid_openai_chat_bodies_with_parts_tool_calls_and_stops_pass() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}
+    messages = [
+        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "42"}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}, {"type": "text", "text": "ok"}]},
+        {"role": "assistant", "content": "x", "tool_calls": [{**call, "function": {"name": "f", "arguments": {}}}]},
+        {"role": "user", "content": []},
+    ]
+    out = _check({"messages": messages, "stop": ["\n\n", "END"], "min_tokens": 2, "max_completion_tokens": 8},
+                 "chat/completions")
+    assert out["messages"] == messages and out["stop"] == ["\n\n", "END"]
+    assert _check({"prompt": "x", "stop": [], "min_tokens": 64})["max_tokens"] == 64  # up to the length is fine
