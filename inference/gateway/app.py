@@ -450,8 +450,13 @@ class GatewayApp:
             if hygiene.requested_tokens(upstream) is None and any(s.limits.tpm is not None for s in scopes):
                 # Under a TPM limit the reservation must bound what the engine generates: without max_tokens vLLM
                 # runs to the end of the context (a chat reserved 256 tokens and was billed 509, twice over 600).
-                upstream["max_tokens"] = DEFAULT_COMPLETION_RESERVE[endpoint]
-            admission = await self.limiter.admit(scopes, reserve=_reservation(upstream, endpoint))
+                # At least min_tokens, which vLLM refuses above max_tokens.
+                upstream["max_tokens"] = max(DEFAULT_COMPLETION_RESERVE[endpoint], upstream.get("min_tokens") or 0)
+            # After hygiene and the model's lookup: a malformed body or unknown model gets its 400/404 before a
+            # request too large for a TPM limit gets its (non-retryable) 429.
+            admission = await self.limiter.admit(
+                scopes, reserve=_reservation(upstream, endpoint), prompt_tokens=estimate_prompt_tokens(upstream),
+                length_field="max_completion_tokens" if "max_completion_tokens" in upstream else "max_tokens")
         except GatewayError as exc:
             if exc.status == 429:
                 metrics.RATE_LIMITED.labels(exc.type).inc()

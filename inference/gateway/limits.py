@@ -143,21 +143,34 @@ class RateLimiter:
         return [f"quiver:rl:{scope.name}:rpm:{window}", f"quiver:rl:{scope.name}:tpm:{window}",
                 f"quiver:rl:{scope.name}:conc", f"quiver:rl:{scope.name}:pace"]
 
-    async def admit(self, scopes: Sequence[Scope], *, reserve: int) -> Admission | None:
+    async def admit(self, scopes: Sequence[Scope], *, reserve: int, length_field: str = "max_tokens",
+                    prompt_tokens: int | None = None) -> Admission | None:
         """Admit one request reserving ``reserve`` tokens, or raise 429. None when nothing is limited.
 
+        Args:
+            scopes: the parties whose limits apply (tenant, key).
+            reserve: tokens to hold: the estimated prompt plus the completion budget.
+            length_field: the body's completion-length field, named when one request exceeds a TPM limit.
+            prompt_tokens: the prompt's estimate within ``reserve``, for that message.
+
         Raises:
-            GatewayError: 429 ``rate_limit_exceeded`` with ``Retry-After``/``retry-after-ms`` and the
-                ``x-ratelimit-*`` headers; ``x-should-retry: false`` when one request is bigger than a TPM limit.
+            GatewayError: 429 ``rate_limit_exceeded`` with ``Retry-After``/``retry-after-ms`` (and, for the
+                per-minute windows, the ``x-ratelimit-*`` headers); one request bigger than a TPM limit is 429
+                with ``x-should-retry: false`` and no ``Retry-After``: no wait makes it fit.
         """
         limited = [s for s in scopes if any(v is not None for v in (s.limits.rpm, s.limits.tpm, s.limits.concurrency))]
         if not limited or not settings.QUIVER_GATEWAY_REDIS_URL:
             return None
         for scope in limited:
             if scope.limits.tpm is not None and reserve > scope.limits.tpm:
+                split = "" if prompt_tokens is None else (
+                    f" (the prompt, about {prompt_tokens}, plus up to {reserve - prompt_tokens} completion tokens)")
                 raise GatewayError(429, f"Request too large for {scope.label} on tokens per min (TPM): Limit "
-                                   f"{scope.limits.tpm}, Requested {reserve}. Lower 'max_tokens' or the prompt.",
-                                   code="rate_limit_exceeded", type_="tokens", headers={"x-should-retry": "false"})
+                                   f"{scope.limits.tpm}, Requested {reserve}{split}. Lower '{length_field}' or "
+                                   f"shorten the prompt so the request fits in {scope.limits.tpm} tokens; it cannot "
+                                   "succeed as sent, so retrying it will not help.",
+                                   code="rate_limit_exceeded", type_="tokens", param=length_field,
+                                   headers={"x-should-retry": "false"})
         now = time.time()
         window = int(now // WINDOW_S)
         reset = WINDOW_S - (now % WINDOW_S)

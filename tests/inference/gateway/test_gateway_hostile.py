@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 
 from inference.gateway.app import GatewayApp
 from inference.gateway.errors import GatewayError
-from tenants.services import api_key_create
+from tenants.services import api_key_create, limits_set
 from tests.factories import TenantFactory
 
 
@@ -57,3 +57,33 @@ def test_a_non_ascii_secret_behind_a_real_key_id_is_a_401(base_model: Any) -> No
         return statuses
 
     assert async_to_sync(go)() == [404, 401, 401]
+
+
+@pytest.mark.django_db
+def test_a_malformed_body_gets_its_400_before_a_too_large_requests_429(base_model: Any) -> None:
+    tenant = TenantFactory()
+    limits_set(tenant, limits={"tpm_limit": 100})
+    _, key = api_key_create(tenant, name="app")
+    app = GatewayApp(background=False)
+
+    async def go() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver",
+                                     headers={"Authorization": f"Bearer {key}"}) as http:
+            return [await http.post(path, json={"model": "tiny-llama", "max_tokens": 1000, **body}) for path, body in (
+                ("/v1/completions", {"prompt": "x", "stop": ""}),
+                ("/v1/completions", {"prompt": "x", "min_tokens": 1001}),
+                ("/v1/completions", {"prompt": "x"}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                          "max_completion_tokens": 1000}),
+            )] + [await http.post("/v1/completions", json={"model": "tiny-llama", "prompt": "x", "min_tokens": 150})]
+
+    stop, min_tokens, big, big_chat, at_least = async_to_sync(go)()
+    assert (stop.status_code, stop.json()["error"]["param"]) == (400, "stop"), stop.text
+    assert (min_tokens.status_code, min_tokens.json()["error"]["param"]) == (400, "min_tokens"), min_tokens.text
+    assert big.status_code == 429 and big.headers["x-should-retry"] == "false" and "retry-after" not in big.headers
+    assert "Limit 100" in big.json()["error"]["message"] and "'max_tokens'" in big.json()["error"]["message"]
+    assert big_chat.status_code == 429 and "'max_completion_tokens'" in big_chat.json()["error"]["message"]
+    # Without max_tokens under a TPM limit the gateway sets it (16 on completions), but never below min_tokens
+    # (vLLM refuses min_tokens over max_tokens), and reserves that much.
+    assert at_least.status_code == 429 and "Requested 151 (" in at_least.json()["error"]["message"], at_least.text

@@ -94,3 +94,16 @@ def test_rpm_pace_parameters() -> None:
     assert rpm_pace(60000, burst_s=1, burst_min=20) == (1, 999)  # OpenAI's example: 1,000 a second
     with pytest.raises(ValueError, match="rpm"):
         rpm_pace(0, burst_s=1, burst_min=20)
+
+
+def test_one_request_over_the_tpm_limit_names_its_length_field_and_the_limit(settings) -> None:  # type: ignore[no-untyped-def]
+    async def run() -> None:
+        with pytest.raises(GatewayError) as err:
+            await RateLimiter().admit([_scope(tpm=100)], reserve=1003, prompt_tokens=3,
+                                      length_field="max_completion_tokens")
+        refused = err.value
+        assert (refused.status, refused.type, refused.param) == (429, "tokens", "max_completion_tokens")
+        assert "Limit 100, Requested 1003" in refused.message and "'max_completion_tokens'" in refused.message
+        assert refused.headers == {"x-should-retry": "false"}  # no Retry-After: no wait makes it fit
+
+    asyncio.run(run())
