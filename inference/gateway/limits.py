@@ -139,9 +139,12 @@ class RateLimiter:
         return self._redis
 
     @staticmethod
-    def _keys(scope: Scope, window: int) -> list[str]:
+    def _keys(scope: Scope, window: int, pace: tuple[int, int] = (UNLIMITED, UNLIMITED)) -> list[str]:
+        # The pace TAT is kept per (interval, tolerance): a TAT built at an old limit's interval (6 rpm: 10 s a
+        # request) kept refusing for up to a minute after the limit was raised. A new limit starts a fresh pace;
+        # the fixed window still counts the minute's requests against it.
         return [f"quiver:rl:{scope.name}:rpm:{window}", f"quiver:rl:{scope.name}:tpm:{window}",
-                f"quiver:rl:{scope.name}:conc", f"quiver:rl:{scope.name}:pace"]
+                f"quiver:rl:{scope.name}:conc", f"quiver:rl:{scope.name}:pace:{pace[0]}:{pace[1]}"]
 
     async def admit(self, scopes: Sequence[Scope], *, reserve: int, length_field: str = "max_tokens",
                     prompt_tokens: int | None = None) -> Admission | None:
@@ -176,11 +179,12 @@ class RateLimiter:
         reset = WINDOW_S - (now % WINDOW_S)
         lease = uuid.uuid4().hex
         lease_s = settings.QUIVER_PROXY_TIMEOUT_S + settings.QUIVER_WARM_WAIT_S
-        keys = [k for s in limited for k in self._keys(s, window)]
+        keys: list[str] = []
         args: list[Any] = [int(now * 1000), reserve, lease, int((now + lease_s) * 1000), WINDOW_S * 2]
         for s in limited:
             pace = (UNLIMITED, UNLIMITED) if not s.limits.rpm else rpm_pace(
                 s.limits.rpm, burst_s=settings.QUIVER_LIMIT_BURST_S, burst_min=settings.QUIVER_LIMIT_BURST_MIN)
+            keys += self._keys(s, window, pace)
             args += [_lim(s.limits.rpm), _lim(s.limits.tpm), _lim(s.limits.concurrency), *pace]
         self._client()
         try:

@@ -96,6 +96,21 @@ def test_rpm_pace_parameters() -> None:
         rpm_pace(0, burst_s=1, burst_min=20)
 
 
+def test_raising_an_rpm_limit_is_not_held_back_by_the_old_limits_pace(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.QUIVER_LIMIT_BURST_S, settings.QUIVER_LIMIT_BURST_MIN = 1.0, 20
+
+    async def run() -> None:
+        limiter, slow = RateLimiter(), _scope(rpm=6)
+        for _ in range(6):
+            await limiter.admit([slow], reserve=1)
+        with pytest.raises(GatewayError):
+            await limiter.admit([slow], reserve=1)
+        raised = Scope(slow.name, slow.label, Limits(rpm=600))  # the operator raised it: the next request passes
+        assert (await limiter.admit([raised], reserve=1)).headers["x-ratelimit-remaining-requests"] == "593"
+
+    asyncio.run(run())
+
+
 def test_one_request_over_the_tpm_limit_names_its_length_field_and_the_limit(settings) -> None:  # type: ignore[no-untyped-def]
     async def run() -> None:
         with pytest.raises(GatewayError) as err:
