@@ -223,10 +223,13 @@ class RateLimiter:
                        f"the minute (Used {used} this minute). Please try again in {_duration(wait)}.")
             type_ = "requests"
         elif kind == "concurrency":
+            # Not the per-minute window: no x-ratelimit-*-requests headers (OpenAI clients read them as RPM), only
+            # when to retry. A slot frees when one of the scope's requests ends, which the gateway cannot foresee.
             wait = 1.0
             message = (f"Concurrency limit reached for {scope.label}: Limit {limit} requests in flight. "
                        "Please try again when one finishes.")
-            type_ = "requests"
+            return GatewayError(429, message, code="rate_limit_exceeded", type_="requests",
+                                headers={"Retry-After": "1", "retry-after-ms": str(int(wait * 1000))})
         else:
             wait = reset
             what = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"

@@ -25,6 +25,9 @@ def test_concurrency_admits_up_to_the_limit_and_a_release_frees_a_slot() -> None
         with pytest.raises(GatewayError) as err:
             await limiter.admit([scope], reserve=10)
         assert err.value.status == 429 and err.value.headers["Retry-After"] == "1"
+        # Not the per-minute window: no x-ratelimit-* headers describing something else.
+        assert err.value.headers == {"Retry-After": "1", "retry-after-ms": "1000"}
+        assert "Concurrency limit" in err.value.message and "Limit 2" in err.value.message
         await limiter.settle(first, actual_tokens=3)
         assert await limiter.admit([scope], reserve=10) is not None
 
