@@ -260,32 +260,49 @@ class AdapterCache:
             out.append((entry, size, (entry.path / COMPLETE_MARKER).stat().st_mtime))
         return out
 
-    def evict_to_budget(self, keep: set[tuple[str, int]]) -> list[StagedEntry]:
-        """Delete least recently used versions until the cache fits ``max_bytes`` (LRU).
+    def over_budget(self, keep: set[tuple[str, int]]) -> list[StagedEntry]:
+        """The least recently used versions to delete for the cache to fit ``max_bytes`` (LRU); deletes nothing.
 
         Args:
-            keep: ``(lora_name, lora_int_id)`` the engine serves now (it reloads them from these paths): never
-                deleted, even when they alone exceed the budget.
+            keep: ``(lora_name, lora_int_id)`` never chosen, even when they alone exceed the budget.
 
         Returns:
-            The versions deleted, oldest first.
+            The versions to delete, oldest first (empty when the cache fits or has no budget).
         """
         if self.max_bytes is None:
             return []
         entries = sorted(self.usage(), key=lambda item: item[2])
         total = sum(size for _, size, _ in entries)
-        evicted: list[StagedEntry] = []
+        chosen: list[StagedEntry] = []
         for entry, size, _ in entries:
             if total <= self.max_bytes:
                 break
             if (entry.lora_name, entry.lora_int_id) in keep:
                 continue
+            total -= size
+            chosen.append(entry)
+        return chosen
+
+    def delete(self, entries: list[StagedEntry]) -> None:
+        """Delete these versions' folders (and a name's folder once its last version is gone)."""
+        for entry in entries:
             shutil.rmtree(entry.path, ignore_errors=True)
             with contextlib.suppress(OSError):
-                entry.path.parent.rmdir()  # the name's folder, once its last version is gone
-            total -= size
-            evicted.append(entry)
-        if evicted:
-            logger.info("cache.evicted", extra={"versions": len(evicted), "bytes_left": total,
-                                                "max_bytes": self.max_bytes})
+                entry.path.parent.rmdir()
+        if entries:
+            logger.info("cache.evicted", extra={"versions": len(entries), "max_bytes": self.max_bytes})
+
+    def evict_to_budget(self, keep: set[tuple[str, int]]) -> list[StagedEntry]:
+        """Delete least recently used versions until the cache fits ``max_bytes`` (LRU): :meth:`over_budget`, then
+        :meth:`delete`.
+
+        Args:
+            keep: ``(lora_name, lora_int_id)`` the engine reloads from these paths: never deleted, even when they
+                alone exceed the budget.
+
+        Returns:
+            The versions deleted, oldest first.
+        """
+        evicted = self.over_budget(keep)
+        self.delete(evicted)
         return evicted

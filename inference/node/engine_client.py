@@ -81,6 +81,11 @@ class EngineHTTPClient:
         """`POST /quiver/v1/remove_lora`; 404 `lora_not_found` raises EngineError."""
         return await self._json("POST", "/quiver/v1/remove_lora", {"lora_name": lora_name})
 
+    async def evict_lora(self, lora_name: str) -> dict[str, Any]:
+        """`POST /quiver/v1/evict_lora` (out of the CPU cache, name still served); 404 `lora_not_found` raises
+        EngineError."""
+        return await self._json("POST", "/quiver/v1/evict_lora", {"lora_name": lora_name})
+
     async def pin_lora(self, lora_name: str) -> dict[str, Any]:
         """`POST /quiver/v1/pin_lora`; 404 `lora_not_found` / 409 `pin_failed` raise EngineError."""
         return await self._json("POST", "/quiver/v1/pin_lora", {"lora_name": lora_name})

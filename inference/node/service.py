@@ -59,7 +59,8 @@ class LoadResult:
             the engine's own lists (vLLM's `add_lora` activates into a GPU slot, so usually `hot`).
         effect: the effect probe's verdict (`NodeAgent.probe_effect`): `changed`, `no_effect`, `unknown` (the
             probe failed) or `unchecked` (probe off).
-        evicted: names the agent removed from the engine to make room (its eviction policy's choice).
+        evicted: names the agent dropped from the engine's CPU cache to make room (its eviction policy's choice);
+            they stay served by name, and their next request reloads them from disk.
     """
 
     lora_name: str
@@ -286,8 +287,9 @@ class NodeAgent:
         return out
 
     async def _make_room(self, lora_int_id: int) -> tuple[str, ...]:
-        """Remove the adapters ``choose_victims`` picks when the engine's CPU cache is full and ``lora_int_id``
-        is not in it. Without the worker's lists (no extension), vLLM's LRU decides, as before.
+        """Drop from the engine's CPU cache the adapters ``choose_victims`` picks when it is full and ``lora_int_id``
+        is not in it (``evict_lora``: their names stay served, reloaded from disk on their next request, as after
+        vLLM's own LRU eviction). Without the worker's lists (no extension), vLLM's LRU decides, as before.
 
         Residents come from the engine's own figures (``inference.node.worker_ext``): recency = seconds since its
         last batch, frequency = scheduler steps that used it, reload cost = ``RELOAD_FIXED_MS`` + bytes from disk.
@@ -354,11 +356,11 @@ class NodeAgent:
             if name is None:
                 continue  # not removable by name; vLLM's LRU takes it
             try:
-                await self.engine.remove_lora(name)
+                # Out of the cache, name kept: a gateway that still routes here gets a reload from disk, not a 404.
+                await self.engine.evict_lora(name)
             except EngineError as exc:
                 if exc.code != "lora_not_found":
                     raise
-            self.effects.pop(name, None)
             self._loaded_at.pop(victim, None)
             self._steps_at_load.pop(victim, None)
             removed.append(name)
@@ -404,7 +406,11 @@ class NodeAgent:
         return "changed" if delta > PROBE_TOLERANCE else "no_effect"
 
     async def _enforce_budget(self, keep: set[tuple[str, int]]) -> None:
-        """Trim the disk cache to its byte budget (LRU), keeping whatever the engine serves (it reloads from disk)."""
+        """Trim the disk cache to its byte budget (LRU), keeping what the engine holds in its CPU cache.
+
+        A version served by name but out of the engine's cache (evicted to make room: the engine would reload it
+        from these files) may go: its name is removed from the engine first, so its next request is a 404 the
+        gateway re-routes, never a load from a deleted path."""
         if self.cache.max_bytes is None:
             return
         try:
@@ -412,8 +418,21 @@ class NodeAgent:
         except EngineError as exc:
             logger.warning("agent.budget_skipped", extra={"error": exc.detail})
             return  # without the engine's list, deleting could pull files from under a served adapter
-        keep |= {(lora["lora_name"], int(lora["lora_int_id"])) for lora in served}
-        await asyncio.to_thread(self.cache.evict_to_budget, keep)
+        keep |= {(lora["lora_name"], int(lora["lora_int_id"])) for lora in served if lora.get("in_engine", True)}
+        by_name = {lora["lora_name"]: int(lora["lora_int_id"]) for lora in served}
+        victims = await asyncio.to_thread(self.cache.over_budget, keep)
+        for entry in victims:
+            if by_name.get(entry.lora_name) != entry.lora_int_id:
+                continue
+            async with self._locks[entry.lora_name]:
+                try:
+                    await self.engine.remove_lora(entry.lora_name)
+                except EngineError as exc:
+                    if exc.code != "lora_not_found":
+                        logger.warning("agent.budget_skipped", extra={"error": exc.detail})
+                        return
+                self.effects.pop(entry.lora_name, None)
+        await asyncio.to_thread(self.cache.delete, victims)
 
     async def _add(self, lora_name: str, lora_int_id: int, lora_path: str, pin: bool) -> dict[str, Any]:
         try:

@@ -175,6 +175,27 @@ def test_remove_lora_frees_the_engine_slot_and_the_name(
     assert (again.status_code, again.json()["code"]) == (404, "lora_not_found")
 
 
+def test_evict_lora_frees_the_slot_and_keeps_the_name(
+    engine_http: httpx.Client, tiny_adapters: dict[str, Path]
+) -> None:
+    """The agent's eviction: out of the CPU cache (tier disk), but a request by name reloads it instead of a 404."""
+    assert _add(engine_http, "acme--ev", 78, tiny_adapters["qv-r8"], pin=True).status_code == 200
+
+    evicted = engine_http.post("/quiver/v1/evict_lora", json={"lora_name": "acme--ev"})
+
+    assert evicted.status_code == 200 and evicted.json() == {"lora_name": "acme--ev", "lora_int_id": 78,
+                                                              "tier": "disk"}
+    listing = engine_http.get("/quiver/v1/loras").json()
+    assert [(x["lora_name"], x["tier"], x["pinned"]) for x in listing["loras"]] == [("acme--ev", "disk", False)]
+    assert (listing["engine_lora_int_ids"], listing["residency"]["cpu"]) == ([], [])
+    completion = engine_http.post("/v1/completions", json={"model": "acme--ev", "prompt": "the", "max_tokens": 2})
+    assert completion.status_code == 200, completion.text
+    assert engine_http.get("/quiver/v1/loras").json()["residency"]["cpu"] == [78]  # reloaded from disk
+    missing = engine_http.post("/quiver/v1/evict_lora", json={"lora_name": "acme--nope"})
+    assert (missing.status_code, missing.json()["code"]) == (404, "lora_not_found")
+    assert engine_http.post("/quiver/v1/remove_lora", json={"lora_name": "acme--ev"}).status_code == 200
+
+
 def test_pin_lora(engine_http: httpx.Client, tiny_adapters: dict[str, Path]) -> None:
     assert _add(engine_http, "acme--pin", 88, tiny_adapters["qv-r8"]).status_code == 200
 
