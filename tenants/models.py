@@ -10,8 +10,10 @@ from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
+# Single hyphens only: served names join slugs with `--` (`<tenant>--<adapter>--<pk>`), so a `--` inside one made
+# them ambiguous. Checked on new names only (validators run on create); existing rows keep working.
 slug_validator = RegexValidator(
-    r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$",
+    r"^(?=[a-z0-9-]{1,40}$)[a-z0-9]+(?:-[a-z0-9]+)*$",
     "Use 1-40 lowercase letters, digits or single hyphens, starting and ending with a letter or digit.",
 )
 

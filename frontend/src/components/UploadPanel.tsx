@@ -65,7 +65,7 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
       : progress?.phase === 'verifying'
         ? 'Uploaded; the server is checking sizes and sha256…'
         : null
-  const validName = /^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$/.test(adapter)
+  const validName = /^(?=[a-z0-9-]{1,40}$)[a-z0-9]+(?:-[a-z0-9]+)*$/.test(adapter)
 
   return (
     <Paper withBorder p="md" radius="md">
