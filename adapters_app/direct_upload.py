@@ -52,6 +52,7 @@ from adapters_app.services import (
     adapter_version_record,
 )
 from adapters_app.validation import UploadRejected, check_upload_names, iter_archive
+from config.echo import clip
 from config.exceptions import QuiverError
 from tenants.models import Tenant, slug_validator
 from workers.enqueue import enqueue_on_commit
@@ -98,9 +99,9 @@ def _check_declaration(files: Sequence[Mapping[str, Any]]) -> bool:
     for entry in files:
         name = entry.get("name")
         if not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool) or entry["size"] <= 0:
-            raise _bad(f"File {name!r}: size must be its length in bytes, above 0.", "invalid", "files")
+            raise _bad(f"File {clip(name)!r}: size must be its length in bytes, above 0.", "invalid", "files")
         if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
-            raise _bad(f"File {name!r}: sha256 must be 64 lowercase hex digits (sha256sum's output).",
+            raise _bad(f"File {clip(name)!r}: sha256 must be 64 lowercase hex digits (sha256sum's output).",
                        "invalid", "files")
     names = [str(e.get("name") or "") for e in files]
     archive = len(files) == 1 and names[0].lower().endswith(ARCHIVE_SUFFIXES)
@@ -114,7 +115,7 @@ def _check_declaration(files: Sequence[Mapping[str, Any]]) -> bool:
     extra = [n for n in names if not archive and n not in SERVED_FILES]
     if extra:
         raise _bad(f"Only {' and '.join(SERVED_FILES)} are stored (the files the engine reads); leave out "
-                   f"{', '.join(extra)}.", "upload_unserved_file", "files")
+                   f"{clip(', '.join(extra))}.", "upload_unserved_file", "files")
     total = sum(e["size"] for e in files)
     if total > settings.QUIVER_MAX_UPLOAD_BYTES:
         raise _bad(f"Upload of {total} bytes exceeds QUIVER_MAX_UPLOAD_BYTES={settings.QUIVER_MAX_UPLOAD_BYTES}; "
@@ -125,7 +126,7 @@ def _check_declaration(files: Sequence[Mapping[str, Any]]) -> bool:
 def _check_target(tenant: Tenant, adapter_name: str, base_model_name: str | None) -> None:
     """The adapter exists (or can be created with ``base_model_name``) and may take one more version."""
     if len(adapter_name) > 40 or not re.match(slug_validator.regex, adapter_name):
-        raise _bad(f"Invalid name '{adapter_name}': {slug_validator.message}", "invalid", "name")
+        raise _bad(f"Invalid name '{clip(adapter_name)}': {slug_validator.message}", "invalid", "name")
     adapter = Adapter.objects.select_related("base_model").filter(tenant=tenant, name=adapter_name).first()
     if adapter is None:
         if not base_model_name:
@@ -133,7 +134,7 @@ def _check_target(tenant: Tenant, adapter_name: str, base_model_name: str | None
                               "upload.", code="adapter_not_found", status_code=404)
         if not BaseModel.objects.filter(base_model_name=base_model_name).exists():
             known = list(BaseModel.objects.values_list("base_model_name", flat=True))
-            raise _bad(f"Unknown base_model '{base_model_name}'. Registered base models: {known}.",
+            raise _bad(f"Unknown base_model '{clip(base_model_name)}'. Registered base models: {known}.",
                        "base_model_not_found", "base_model")
         return
     if base_model_name and adapter.base_model.base_model_name != base_model_name:
@@ -203,7 +204,7 @@ def _file(upload: Upload, name: str) -> dict[str, Any]:
     entry = next((f for f in upload.files if f["name"] == name), None)
     if entry is None:
         declared = [f["name"] for f in upload.files]
-        raise QuiverError(f"This upload has no file '{name}'; it declared {declared}.", code="upload_file_not_found",
+        raise QuiverError(f"This upload has no file '{clip(name)}'; it declared {declared}.", code="upload_file_not_found",
                           status_code=404)
     return entry
 

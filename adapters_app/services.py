@@ -35,6 +35,7 @@ from adapters_app.validation import (
     iter_archive,
     validate_adapter_dir,
 )
+from config.echo import clip
 from config.exceptions import QuiverError
 from tenants.models import Tenant
 from workers.enqueue import enqueue_on_commit
@@ -90,7 +91,7 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
     if base is None:
         known = list(BaseModel.objects.values_list("base_model_name", flat=True))
         raise QuiverError(
-            f"Unknown base_model '{base_model_name}'. Registered base models: {known}.", code="base_model_not_found",
+            f"Unknown base_model '{clip(base_model_name)}'. Registered base models: {known}.", code="base_model_not_found",
             fields={"base_model": [f"Use one of {known}."]},
         )
     if BaseModel.objects.filter(base_model_name=name).exists():
@@ -102,7 +103,7 @@ def adapter_create(tenant: Tenant, *, name: str, base_model_name: str, descripti
     except DjangoValidationError as exc:
         fields = exc.message_dict
         first = next(iter(fields))
-        raise QuiverError(f"Invalid {first} '{name}': {fields[first][0]}", code="invalid", fields=fields) from exc
+        raise QuiverError(f"Invalid {first} '{clip(name)}': {fields[first][0]}", code="invalid", fields=fields) from exc
     try:
         with transaction.atomic():
             # The tenant row lock makes count-then-insert race-free (two requests cannot both take the last slot).

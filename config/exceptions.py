@@ -16,7 +16,10 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from config.echo import clip
+
 logger = logging.getLogger(__name__)
+DETAIL_MAX_CHARS = 1000
 
 
 class QuiverError(exceptions.APIException):
@@ -111,6 +114,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
         codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
         body = {"detail": str(detail), "code": _first_code(codes)}
+    # A net under the messages that quote inputs (config.echo.clip): DRF's own ones quote them whole too
+    # ('"<value>" is not a valid choice.').
+    body["detail"] = clip(body["detail"], DETAIL_MAX_CHARS)
     response.data = body
     if isinstance(exc, DatabaseUnavailable):
         response["Retry-After"] = "5"

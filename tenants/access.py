@@ -14,6 +14,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
 
+from config.echo import clip
 from tenants.authentication import TenantPrincipal
 from tenants.models import ApiKey, Membership, Tenant
 
@@ -66,7 +67,7 @@ def _session_access(request: Request, user: User) -> Access:
             tenant = Tenant.objects.filter(slug=wanted).first()
             if tenant is not None:
                 return Access(tenant=tenant, user=user, role=Membership.Role.VIEWER)
-        raise QuiverError(f"No tenant '{wanted}' among yours; pick one listed by GET /api/v1/auth/me.",
+        raise QuiverError(f"No tenant '{clip(wanted)}' among yours; pick one listed by GET /api/v1/auth/me.",
                           code="tenant_not_found", status_code=404)
     memberships = list(Membership.objects.select_related("tenant").filter(user=user)[:2])
     if len(memberships) == 1:

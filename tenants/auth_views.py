@@ -20,6 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.echo import clip
 from config.exceptions import QuiverError
 from tenants import services
 from tenants.access import SESSION_TENANT_KEY, tenant_choices
@@ -147,6 +148,6 @@ class TenantPickView(_SessionView):
         slug = data.validated_data["tenant"]
         user = cast(User, request.user)
         if slug not in {t.slug for t, _ in tenant_choices(user)}:
-            raise QuiverError(f"No tenant '{slug}' among yours.", code="tenant_not_found", status_code=404)
+            raise QuiverError(f"No tenant '{clip(slug)}' among yours.", code="tenant_not_found", status_code=404)
         request.session[SESSION_TENANT_KEY] = slug
         return Response(me_body(request, user))

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from config.echo import clip
 from tenants.models import LIMIT_FIELDS, ApiKey, LoginFailure, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 
@@ -78,7 +79,7 @@ def api_key_create(
     """
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:
-        raise ValidationError({"scopes": f"Unknown scope(s) {unknown}; allowed: {list(ALL_SCOPES)}."})
+        raise ValidationError({"scopes": f"Unknown scope(s) {clip(unknown)}; allowed: {list(ALL_SCOPES)}."})
     if granted_by is not None and not set(scopes) <= set(granted_by.scopes):
         extra = sorted(set(scopes) - set(granted_by.scopes))
         raise ValidationError({"scopes": f"This key cannot grant {extra}; ask for at most {sorted(granted_by.scopes)}."})
@@ -292,7 +293,7 @@ def limits_set(obj: Tenant | ApiKey, *, limits: Mapping[str, int | None]) -> Ten
     """
     unknown = sorted(set(limits) - set(LIMIT_FIELDS))
     if unknown:
-        raise ValidationError({unknown[0]: f"Unknown limit; allowed: {list(LIMIT_FIELDS)}."})
+        raise ValidationError({clip(unknown[0]): f"Unknown limit; allowed: {list(LIMIT_FIELDS)}."})
     for name, value in limits.items():
         setattr(obj, name, value)
     # Only the fields set: a row named under older rules (a slug with `--`) still takes its limits.

@@ -18,6 +18,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.echo import clip
 from config.exceptions import QuiverError
 from tenants import services
 from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Membership, Tenant
@@ -75,7 +76,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data.is_valid(raise_exception=True)
         extra = sorted(set(request.data) - set(LIMIT_FIELDS)) if isinstance(request.data, dict) else []
         if extra:
-            raise serializers.ValidationError({extra[0]: f"Only limits can be changed: {list(LIMIT_FIELDS)}."})
+            raise serializers.ValidationError({clip(extra[0]): f"Only limits can be changed: {list(LIMIT_FIELDS)}."})
         access = self.principal
         owner = access.has_role(Membership.Role.OWNER) if access.user is not None else (
             access.api_key is not None and KEYS_MANAGE in access.api_key.scopes)
@@ -177,7 +178,7 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data.is_valid(raise_exception=True)
         user = get_user_model().objects.filter(username=data.validated_data["username"]).first()
         if user is None:
-            raise QuiverError(f"No user '{data.validated_data['username']}'; an operator creates accounts.",
+            raise QuiverError(f"No user '{clip(data.validated_data['username'])}'; an operator creates accounts.",
                               code="user_not_found", fields={"username": ["Unknown user."]})
         if Membership.objects.filter(tenant=self.tenant, user=user).exists():
             raise QuiverError("Already a member; change the role instead.", code="member_exists", status_code=409)

@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from config.echo import clip
 from inference.fleet.routing import RouteConfig
 from inference.gateway import hygiene, metrics
 from inference.gateway.admission import AdmissionGate
@@ -210,9 +211,9 @@ class GatewayApp:
         self._ensure_started()
         endpoint = ROUTES.get(scope["path"])
         if endpoint is None:
-            response = error_response(GatewayError(404, f"Unknown route {scope['path']}.", code="not_found"))
+            response = error_response(GatewayError(404, f"Unknown route {clip(scope['path'])}.", code="not_found"))
         elif scope["method"] != "POST":
-            response = error_response(GatewayError(405, f"Use POST for {scope['path']}.", code="method_not_allowed",
+            response = error_response(GatewayError(405, f"Use POST for {clip(scope['path'])}.", code="method_not_allowed",
                                                    headers={"Allow": "POST"}))
         else:
             response = await self.handle(Request(scope, receive), endpoint)
@@ -781,7 +782,7 @@ def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
             json.dumps({name: value}, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             field = name if name.encode("utf-8", "replace") == name.encode("utf-8", "surrogatepass") else "body"
-            raise GatewayError(400, f"Invalid '{field}': it holds an unpaired UTF-16 surrogate (a \\ud800-\\udfff "
+            raise GatewayError(400, f"Invalid '{clip(field)}': it holds an unpaired UTF-16 surrogate (a \\ud800-\\udfff "
                                "escape without its pair), which is not text; send valid Unicode.",
                                code="invalid_value", param=field) from None
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.http import JsonResponse
 
+from config.echo import clip
+
 
 class GatewayError(Exception):
     """An error to answer in OpenAI's shape.
@@ -25,7 +27,8 @@ class GatewayError(Exception):
         self.message = message
         self.code = code
         self.type = type_
-        self.param = param
+        # A field name can be a caller's JSON key: never echo one whole.
+        self.param = None if param is None else clip(param)
 
     def body(self) -> dict[str, dict[str, str | None]]:
         """``{"error": {"message", "type", "param", "code"}}``."""

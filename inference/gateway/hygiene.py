@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from config.echo import clip
 from inference.gateway.errors import GatewayError
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -89,7 +90,7 @@ def _int(lo: int | None = None, hi: int | None = None, nullable: bool = True) ->
         if not _is_int(v):
             raise _bad(f, f"expected an integer, got {type(v).__name__} {v!r:.40}.")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise _bad(f, f"{v} is outside [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}].")
+            raise _bad(f, f"{clip(v)} is outside [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}].")
     return check
 
 
@@ -122,7 +123,7 @@ def _stream_options(f: str, v: Any) -> None:
         raise _bad(f, f"expected an object like {{\"include_usage\": true}}, got {type(v).__name__} {v!r:.40}.")
     for k, val in v.items():
         if k not in ("include_usage", "continuous_usage_stats"):
-            raise _bad(f"{f}.{k}", "unknown option; allowed: include_usage.")
+            raise _bad(f"{f}.{clip(k, 40)}", "unknown option; allowed: include_usage.")
         _bool(f"{f}.{k}", val)
 
 
@@ -290,8 +291,8 @@ def upstream_body(body: Mapping[str, Any], *, endpoint: str, caps: Caps, salt: s
                                param=field)
         check = spec.get(field)
         if check is None:
-            raise GatewayError(400, f"Unrecognized request argument supplied: {field}.", code="unknown_parameter",
-                               param=field)
+            raise GatewayError(400, f"Unrecognized request argument supplied: {clip(field)}.",
+                               code="unknown_parameter", param=field)
         check(field, value)
         if value is not None:
             out[field] = value
@@ -314,21 +315,21 @@ def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
         if asked is None:
             out[length_field] = caps.max_tokens
         elif asked > caps.max_tokens:
-            raise _bad(length_field, f"{asked} is over this key's cap of {caps.max_tokens} tokens.")
+            raise _bad(length_field, f"{clip(asked)} is over this key's cap of {caps.max_tokens} tokens.")
     n = out.get("n", 1)
     if n > caps.n:
-        raise _bad("n", f"{n} is over the cap of {caps.n} choices.")
+        raise _bad("n", f"{clip(n)} is over the cap of {caps.n} choices.")
     prompts = prompt_count(out)
     if prompts * n > caps.n:  # each prompt of a list gets n choices: the same engine work as n × prompts
-        raise _bad("prompt", f"{prompts} prompts × n {n} = {prompts * n} choices, over the cap of {caps.n} choices "
+        raise _bad("prompt", f"{prompts} prompts × n {clip(n)} = {clip(prompts * n)} choices, over the cap of {caps.n} choices "
                    "a request; send the prompts in separate requests.")
     best_of = out.get("best_of")
     if best_of is not None and not n <= best_of <= caps.n:
-        raise _bad("best_of", f"must lie between n ({n}) and the cap of {caps.n}.")
+        raise _bad("best_of", f"must lie between n ({clip(n)}) and the cap of {caps.n}.")
     for field in ("logprobs", "top_logprobs"):
         value = out.get(field)
         if isinstance(value, int) and _is_int(value) and value > caps.logprobs:
-            raise _bad(field, f"{value} is over the cap of {caps.logprobs}.")
+            raise _bad(field, f"{clip(value)} is over the cap of {caps.logprobs}.")
 
 
 def _check_min_tokens(out: Mapping[str, Any]) -> None:

@@ -270,3 +270,12 @@ def test_the_start_up_warm_up_of_s3_calls_makes_no_network_call(monkeypatch: pyt
     storage.warm_up()
     with pytest.raises(AssertionError, match="sent a request"):
         storage.multipart_parts("warm-up", "warm-up")  # the guard would catch a real call
+
+
+def test_direct_upload_errors_quote_at_most_100_characters_of_a_value(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client()
+    unknown = "m" * 150  # the serializer lets up to 200 characters through
+    files = [{"name": n, "size": 1, "sha256": "0" * 64} for n in ("adapter_config.json", "adapter_model.safetensors")]
+    resp = client.post(_base(), {"files": files, "base_model": unknown}, format="json")
+    detail = resp.json()["detail"]
+    assert resp.status_code == 400 and "m" * 100 + "…" in detail and unknown not in detail, detail

@@ -194,3 +194,13 @@ def test_only_the_files_the_engine_reads_are_stored(make_client, base_model, tin
     assert resp.status_code == 201
     assert sorted(f["name"] for f in resp.json()["files"]) == ["adapter_config.json", "adapter_model.safetensors"]
     assert len(_objects_under(tenant.pk)) == 2
+
+
+def test_a_100_kb_base_model_is_not_echoed_whole(make_client, base_model, tiny_adapters) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = make_client()
+    huge = "m" * 100_000
+    resp = client.post("/api/v1/adapters/fresh/versions", {"files": _files(tiny_adapters["qv-r8"]), "base_model": huge},
+                       format="multipart")
+    body = resp.json()
+    assert resp.status_code == 400 and body["code"] == "base_model_not_found"
+    assert f"'{'m' * 100}…'" in body["detail"] and len(resp.content) < 2_000

@@ -183,3 +183,11 @@ def test_valid_openai_chat_bodies_with_parts_tool_calls_and_stops_pass() -> None
                  "chat/completions")
     assert out["messages"] == messages and out["stop"] == ["\n\n", "END"]
     assert _check({"prompt": "x", "stop": [], "min_tokens": 64})["max_tokens"] == 64  # up to the length is fine
+
+
+def test_a_100_kb_field_name_or_number_is_not_echoed_whole() -> None:
+    huge_key = "k" * 100_000
+    error = _refused({"prompt": "x", huge_key: 1})
+    assert error.code == "unknown_parameter" and "k" * 100 + "…" in error.message
+    assert len(error.message) < 300 and len(error.param or "") <= 101
+    assert len(_refused({"prompt": "x", "n": 10**4000}).message) < 300
