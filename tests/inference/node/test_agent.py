@@ -584,3 +584,29 @@ def test_a_reload_of_the_same_weights_reuses_the_effect_verdict(
     assert [r.status_code for r in (first, second, other)] == [200, 200, 200], (first.text, second.text, other.text)
     assert (first.json()["effect"], second.json()["effect"]) == ("changed", "changed")
     assert probed == ["acme--again", "acme--other"]  # other weights are probed
+
+
+def test_the_disk_budget_stops_serving_an_evicted_name_before_deleting_its_files(
+    settings: NodeSettings, upload: Upload, tiny_adapters: dict[str, Path], clean_vllm_engine: RunningEngine
+) -> None:
+    """An adapter evicted to make room stays served by name (the engine would reload it from disk); when the disk
+    budget then deletes its files, its name goes first, so the engine answers 404 (the gateway re-routes) instead of
+    failing to load from a deleted path."""
+    files = upload(tiny_adapters["qv-r8"])
+    size = sum(int(f["size"]) for f in files)
+    capacity = clean_vllm_engine.max_cpu_loras
+    budget = size * capacity + size // 2  # the engine's cache fits; one more version on disk does not
+    with TestClient(create_app(replace(settings, eviction_policy="lru", cache_max_bytes=budget))) as client:
+        client.headers["Authorization"] = f"Bearer {settings.node_key}"
+        load = _loader(client, "disk", 130, files)
+        assert all(load(i)["evicted"] == [] for i in range(capacity))
+
+        assert load(capacity)["evicted"] == ["acme--disk0"]
+
+        served = {a["lora_name"] for a in _state_adapters(client) if a["served"]}
+        staged = {e.lora_name for e in client.app.state.agent.cache.staged()}  # type: ignore[attr-defined]
+    assert "acme--disk0" not in served and "acme--disk0" not in staged
+    assert served == staged == {f"acme--disk{i}" for i in range(1, capacity + 1)}
+    gone = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
+                      json={"model": "acme--disk0", "prompt": "the", "max_tokens": 2}, timeout=120)
+    assert gone.status_code == 404
