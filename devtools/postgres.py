@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from devtools.proc import ServiceStartError, free_port, stop_process, wait_until
+from devtools.proc import ServiceStartError, die_with_parent, free_port, stop_process, wait_until
 
 PG_BIN = Path(os.environ.get("QUIVER_PG_BIN", "/usr/lib/postgresql/15/bin"))
 READY_TIMEOUT_S = 30.0
@@ -157,7 +157,7 @@ def _postmaster(data_dir: Path, user: str | None, log_path: Path, port: int) -> 
     for setting in _FAST_SETTINGS:
         cmd += ["-c", setting]
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, user=user, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        return subprocess.Popen(die_with_parent(cmd, "INT"), user=user, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd="/", start_new_session=True)
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 # SeaweedFS serves gRPC on every HTTP port + 10000 (notes/services.md), so its HTTP ports must leave room for that.
 GRPC_OFFSET = 10_000
@@ -21,6 +23,19 @@ _LOW, _HIGH = 20_000, 45_000  # below the usual ephemeral range (32768+ on Linux
 
 class ServiceStartError(RuntimeError):
     """A backing service did not become ready; the message carries the tail of its log."""
+
+
+def die_with_parent(cmd: Sequence[str], signame: str = "TERM") -> list[str]:
+    """``cmd`` prefixed so that Linux sends it ``SIG<signame>`` when this process dies (``setpriv --pdeathsig``,
+    util-linux; ``prctl(PR_SET_PDEATHSIG)`` survives the ``exec``).
+
+    The services run in sessions of their own (a terminal's Ctrl-C must reach the command under test first), so a
+    SIGKILL to the demo's or the tests' process group did not reach them: PostgreSQL, Redis and SeaweedFS kept their
+    ports and data folders until stopped by hand. The signal is tied to the thread that started the child: start
+    services from one that lives as long as they do (the main thread here). Returns ``cmd`` unchanged where
+    ``setpriv`` is missing (not Linux)."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", signame, "--", *cmd] if setpriv else list(cmd)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

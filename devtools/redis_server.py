@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from devtools.proc import ServiceStartError, free_port, stop_process, wait_until
+from devtools.proc import ServiceStartError, die_with_parent, free_port, stop_process, wait_until
 
 READY_TIMEOUT_S = 15.0
 _ATTEMPTS = 3
@@ -104,7 +104,7 @@ def start_redis(data_dir: Path, *, timeout_s: float = READY_TIMEOUT_S, port: int
         port = fixed or free_port()
         cmd = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
                "--dir", str(data_dir), "--logfile", str(log_path), "--daemonize", "no"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(die_with_parent(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         service = RedisService(port, data_dir, proc)
         try:

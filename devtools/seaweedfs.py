@@ -21,7 +21,7 @@ from types import TracebackType
 import boto3
 from botocore.config import Config
 
-from devtools.proc import ServiceStartError, free_ports_with_grpc, stop_process, wait_until
+from devtools.proc import ServiceStartError, die_with_parent, free_ports_with_grpc, stop_process, wait_until
 
 READY_TIMEOUT_S = 60.0
 _ATTEMPTS = 3  # ports are picked before weed binds them; another process may win the race
@@ -160,7 +160,7 @@ def _start_once(data_dir: Path, bucket: str, access_key: str, secret_key: str, c
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         # New session: a terminal Ctrl-C reaches the command under test, and we stop weed ourselves afterwards.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(die_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
     service = S3Service(f"http://127.0.0.1:{s3}", access_key, secret_key, bucket, data_dir, proc)
     client = service.client()

@@ -150,3 +150,29 @@ def test_cli_forwards_signals_to_the_command(tmp_path: Path, sig: signal.Signals
         if wrapper.poll() is None:
             wrapper.kill()
             wrapper.wait()
+
+
+def test_a_service_dies_with_the_process_that_started_it_even_on_sigkill(tmp_path: Path) -> None:
+    """Redis runs in a session of its own; SIGKILL its parent (as an impatient user or CI's timeout would) and it
+    must still go, not keep its port and data folder."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from devtools.redis_server import start_redis\n"
+        "service = start_redis(Path(sys.argv[1]))\n"
+        "print(service.process.pid, service.port, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "redis")], stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parents[2], text=True)
+    assert parent.stdout is not None
+    pid, port = (int(x) for x in parent.stdout.readline().split())
+    assert pid_alive(pid) and _ping(port)
+
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid), "redis outlived the process that started it"
