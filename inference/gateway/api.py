@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
 import redis
+from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from django.utils import timezone
@@ -35,6 +37,25 @@ def drain_quietly() -> None:
     except redis.RedisError as exc:  # the stream waits for the next beat tick; answer from what is stored
         logger.warning("usage.drain_failed", extra={"error": str(exc)})
 
+
+
+CSV_BATCH_LINES = 2000
+
+
+async def _in_batches(lines: Iterator[str]) -> AsyncIterator[str]:
+    """Serve a sync line iterator to the ASGI server in batches, each read in the request's thread (its database
+    cursor lives there). Given the sync iterator itself, Django's ASGI handler first reads it whole into a list
+    (``StreamingHttpResponse.__aiter__``), so a large export was held in memory before its first byte went out."""
+    def take() -> str:
+        batch = []
+        for line in lines:
+            batch.append(line)
+            if len(batch) >= CSV_BATCH_LINES:
+                break
+        return "".join(batch)
+
+    while chunk := await sync_to_async(take, thread_sensitive=True)():
+        yield chunk
 
 class UsageQuerySerializer(serializers.Serializer):
     """Query of ``GET /api/v1/usage``: optional ``since`` and ``until`` (ISO 8601; ``until`` exclusive), and
@@ -175,7 +196,7 @@ class UsageViewSet(TenantScopedViewSet):
         drain_quietly()  # what the gateway metered a moment ago is in the answer, not a beat tick later
         since, until = query.validated_data.get("since"), query.validated_data.get("until")
         if query.validated_data.get("export") == "csv":
-            response = StreamingHttpResponse(usage_csv(self.get_queryset(), since=since, until=until),
+            response = StreamingHttpResponse(_in_batches(usage_csv(self.get_queryset(), since=since, until=until)),
                                              content_type="text/csv")
             response["Content-Disposition"] = 'attachment; filename="usage.csv"'
             return response
