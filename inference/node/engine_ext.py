@@ -148,6 +148,14 @@ async def add_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _served(models: Any, lora_name: str) -> Any:
+    """The `LoRARequest` served as `lora_name`; raises ExtensionError 404 `lora_not_found` when none is."""
+    existing = models.lora_requests.get(lora_name)
+    if existing is None:
+        raise ExtensionError(404, "lora_not_found", f"'{lora_name}' is not loaded")
+    return existing
+
+
 async def _pin(state: Any, lora_name: str, lora_int_id: int) -> None:
     try:
         ok = await state.engine_client.pin_lora(lora_int_id)
@@ -174,9 +182,7 @@ async def pin_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     lora_name = _require_str(body, "lora_name")
     models = state.openai_serving_models
     async with models.lora_resolver_lock[lora_name]:
-        existing = models.lora_requests.get(lora_name)
-        if existing is None:
-            raise ExtensionError(404, "lora_not_found", f"'{lora_name}' is not loaded")
+        existing = _served(models, lora_name)
         # pin_lora only works on an adapter in the CPU cache; re-add in case LRU evicted it.
         await state.engine_client.add_lora(existing)
         await _pin(state, lora_name, existing.lora_int_id)
@@ -232,9 +238,7 @@ async def evict_lora(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     lora_name = _require_str(body, "lora_name")
     models = state.openai_serving_models
     async with models.lora_resolver_lock[lora_name]:
-        existing = models.lora_requests.get(lora_name)
-        if existing is None:
-            raise ExtensionError(404, "lora_not_found", f"'{lora_name}' is not loaded")
+        existing = _served(models, lora_name)
         _pinned(state).discard(existing.lora_int_id)
         await state.engine_client.remove_lora(existing.lora_int_id)
     logger.info("engine_ext.evict_lora", extra={"lora_name": lora_name, "lora_int_id": existing.lora_int_id})
