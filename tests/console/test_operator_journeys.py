@@ -65,8 +65,13 @@ def test_operator_evicts_and_pins_and_the_residency_map_follows_the_engine(
     page.get_by_role("button", name="Confirm pin").click()
     expect(cell).to_have_attribute("aria-label", re.compile(r": (gpu|cpu), pinned$"), timeout=60_000)
     screenshot(page, "operator-residency-after")
-    placement = Placement.objects.get(node=live_node, adapter_version__adapter__name="capitals")
-    assert placement.pinned and placement.tier in ("hot", "warm")
+    # The cell may show the pin task's answer while a heartbeat sent before the pin is still being written (it
+    # reports the row unpinned for a moment): wait for the row, as for the engine's own figures below.
+    def pinned_row() -> bool:
+        row = Placement.objects.get(node=live_node, adapter_version__adapter__name="capitals")
+        return row.pinned and row.tier in ("hot", "warm")
+
+    _wait(pinned_row, 30, "the pinned placement row")
     # The engine itself reports the pin, in the next heartbeat (the cell may show the pin task's answer first).
     _wait(lambda: Node.objects.get(pk=live_node.pk).state.get("residency", {}).get("pinned", 0) >= 1, 30,
           "the engine's own pin in a heartbeat")
