@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from demo.api_client import upload_adapter, wait_validated
@@ -139,11 +140,15 @@ def test_evict_now_takes_effect_within_a_heartbeat_and_the_next_request_reloads(
     assert version.pk not in _engine_lists(node_agent)["residency"]["cpu"]
     assert took <= 30.0, f"evict took {took:.1f} s"  # a task, not the next reconcile; slack for a loaded CI box
 
-    # The control plane hears it from the node's next heartbeat (the one in flight may predate the drop).
+    # The control plane hears it from the node's next heartbeat (the one in flight may predate the drop). Only a
+    # heartbeat recorded after the drop counts: the last one before it may predate the warm and not list it either.
+    dropped_at = timezone.now()
     beats: set[Any] = set()
 
     def heartbeat_says_gone() -> bool:
         node = Node.objects.get(pk=live_node.pk)
+        if node.last_heartbeat_at <= dropped_at:
+            return False
         beats.add(node.last_heartbeat_at)
         return not any(a["lora_int_id"] == version.pk and a.get("served") for a in node.state["adapters"])
 
