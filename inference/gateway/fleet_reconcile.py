@@ -52,12 +52,19 @@ def fleet_reconcile() -> int:
     counts = dict(UsageRecord.objects.filter(created_at__gte=since, adapter_version__isnull=False)
                   .values_list("adapter_version").annotate(n=Count("id")).values_list("adapter_version", "n"))
     intents = {i.adapter_version_id: i for i in VersionIntent.objects.all()}
+    # ``held``: the live nodes that answer for the version, in an engine or served by name from disk (tier
+    # ``staged``, ``served``: the agent dropped it from the CPU cache, and a request there reloads it); where its
+    # requests go, so the plan keeps it there and a fleet pin covers them. ``loaded``: those whose engine holds it
+    # now (``hot``/``warm``); only these need no pre-warm.
     held: dict[int, set[str]] = defaultdict(set)
+    loaded: dict[int, set[str]] = defaultdict(set)
     fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
-    for version_id, node_name in Placement.objects.filter(
+    for version_id, node_name, tier in Placement.objects.filter(
             Q(tier__in=RESIDENT) | Q(served=True), node__healthy=True, node__last_heartbeat_at__gte=fresh,
-    ).values_list("adapter_version_id", "node__name"):  # a dead node's rows hold nothing
+    ).values_list("adapter_version_id", "node__name", "tier"):  # a dead node's rows hold nothing
         held[version_id].add(node_name)
+        if tier in RESIDENT:
+            loaded[version_id].add(node_name)
     no_gpu_room = _tenants_without_gpu_room()
     previous = plan_all()  # the last pass's plan (Redis): placement's hysteresis; {} after a restart or without Redis
     by_base: dict[int, list[AdapterVersion]] = defaultdict(list)
@@ -85,19 +92,19 @@ def fleet_reconcile() -> int:
         node_by_name = {n.name: n for n in live}
         for d in demands:
             for name in plan.get(d.version_id, ()):
-                if name in held[d.version_id] and name not in d.pinned_nodes:
+                if name in loaded[d.version_id] and name not in d.pinned_nodes:
                     continue
-                if name not in d.pinned_nodes and not _prewarm(d, name, plan, fits, held, intents):
+                if name not in d.pinned_nodes and not _prewarm(d, name, plan, fits, loaded, intents):
                     continue
                 if name in d.pinned_nodes:
                     Placement.objects.get_or_create(node=node_by_name[name], adapter_version=versions[d.version_id])
                     Placement.objects.filter(node=node_by_name[name], adapter_version_id=d.version_id).update(
                         pinned=True)
-                    if name in held[d.version_id]:
+                    if name in loaded[d.version_id]:
                         continue
                 elif versions[d.version_id].tenant_id in no_gpu_room:
                     continue  # a load lands in a GPU slot; this tenant has none left (its requests still load it)
-                placement_request_warm(versions[d.version_id], node=node_by_name[name])
+                placement_request_warm(versions[d.version_id], node=node_by_name[name], even_if_served=True)
                 asked += 1
     plan_publish(plans)
     evicted = fleet_trim(plans=plans, intents=intents, counts=counts)
@@ -106,18 +113,18 @@ def fleet_reconcile() -> int:
 
 
 def _prewarm(d: Demand, name: str, plan: dict[int, tuple[str, ...]], fits: frozenset[tuple[int, str]],
-             held: dict[int, set[str]], intents: dict[int, VersionIntent]) -> bool:
+             loaded: dict[int, set[str]], intents: dict[int, VersionIntent]) -> bool:
     """Whether to load unpinned ``d`` onto ``name`` ahead of its requests: a replica of a replicated version, or the
     only one of a version an operator set replicas for (an intent off the defaults: a row that a read or a pin
-    created does not count) that no live node holds; in both cases within the node's CPU
-    slots (``slotted``). Anything else loads on its next request: a version past the slots would evict a hotter
-    one, and pre-warming single replicas on noisy rates cost ~20 engine loads per 1,000 requests in the simulator's
-    acceptance case (122 → 142)."""
+    created does not count) that no live node's engine holds (``loaded``: a copy served from disk is not held); in
+    both cases within the node's CPU slots (``slotted``). Anything else loads on its next request: a version past
+    the slots would evict a hotter one, and pre-warming single replicas on noisy rates cost ~20 engine loads per
+    1,000 requests in the simulator's acceptance case (122 → 142)."""
     if (d.version_id, name) not in fits:
         return False
     intent = intents.get(d.version_id)
     floor = intent is not None and (intent.min_replicas > 1 or intent.max_replicas is not None)
-    return len(plan.get(d.version_id, ())) >= 2 or (floor and not held[d.version_id])
+    return len(plan.get(d.version_id, ())) >= 2 or (floor and not loaded[d.version_id])
 
 
 def _hot_bytes(state: dict[str, Any] | None) -> int:

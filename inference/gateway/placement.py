@@ -169,8 +169,12 @@ def placement_evict(placement: Placement) -> Placement:
     return placement
 
 
-def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
+def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_served: bool = False) -> Placement:
     """Ask a worker to warm ``version`` on ``node`` unless it is resident or a warm is already in flight.
+
+    A row whose name the engine still serves from disk (tier ``staged``, ``served``: its CPU cache dropped the
+    weights) is skipped too, since a request there reloads it itself, unless ``even_if_served``: the reconciler's
+    pre-warm, which wants the version back in the engine (``hot``/``warm``) before its requests come.
 
     The enqueue happens on commit; a warm older than ``QUIVER_WARM_WAIT_S`` counts as lost and is re-sent. A version
     a node's effect probe refused (``no_effect``) is not loaded again: the placement is left ``errored`` with that
@@ -181,14 +185,14 @@ def placement_request_warm(version: AdapterVersion, *, node: Node) -> Placement:
     """
     for attempt in range(3):
         try:
-            return _request_warm_once(version, node=node)
+            return _request_warm_once(version, node=node, even_if_served=even_if_served)
         except OperationalError as exc:
             if attempt == 2 or not isinstance(exc.__cause__, DeadlockDetected):
                 raise
     raise AssertionError("unreachable")
 
 
-def _request_warm_once(version: AdapterVersion, *, node: Node) -> Placement:
+def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: bool) -> Placement:
     with transaction.atomic():
         placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
         if adapter_version_no_effect_refused(version):
@@ -199,7 +203,7 @@ def _request_warm_once(version: AdapterVersion, *, node: Node) -> Placement:
             return placement
         stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
         in_flight = placement.warming_since is not None and placement.warming_since > stale
-        if placement.tier in RESIDENT or placement.served or in_flight:
+        if placement.tier in RESIDENT or (placement.served and not even_if_served) or in_flight:
             return placement
         placement.warming_since = timezone.now()
         placement.save(update_fields=["warming_since", "updated_at"])

@@ -173,3 +173,43 @@ def test_a_version_held_on_both_nodes_stays_on_the_home_of_the_last_pass(
     plan_forget()
     assert plan_all()[version.pk] == (second,)
 
+
+
+def test_a_replica_evicted_to_disk_is_warmed_again_and_a_resident_one_is_not(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
+    """Node agents drop adapters from the engine's CPU cache and keep their names served (tier ``staged``, served):
+    that node no longer holds the replica the plan wants resident, so the pass warms it there again; the replica
+    still in an engine is left alone."""
+    version = setup["version"]
+    n0, n1 = setup["nodes"]
+    Placement.objects.create(node=n0, adapter_version=version, tier="warm", served=True)
+    Placement.objects.create(node=n1, adapter_version=version, tier="staged", served=True)
+    VersionIntent.objects.create(adapter_version=version, min_replicas=2)
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert fleet_reconcile() == 1
+    assert len(callbacks) == 1
+    assert set(Placement.objects.filter(adapter_version=version, warming_since__isnull=False)
+               .values_list("node__name", flat=True)) == {"n1"}
+    with django_capture_on_commit_callbacks() as again:
+        fleet_reconcile()  # the warm is in flight: nothing new is enqueued
+    assert again == []
+
+
+@pytest.mark.parametrize("intent", [{"pinned_nodes": ["n0"]}, {"max_replicas": 1}], ids=["pinned", "floor"])
+def test_a_single_wanted_copy_served_from_disk_is_warmed_again(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any, intent: dict[str, Any]) -> None:
+    """A pin, or the one replica an operator set replicas for, that the node's engine dropped to disk: loaded again
+    (with its pin), and nothing more once it is back in the engine."""
+    version = setup["version"]
+    n0, _ = setup["nodes"]
+    Placement.objects.create(node=n0, adapter_version=version, tier="staged", served=True)
+    VersionIntent.objects.create(adapter_version=version, **intent)
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert fleet_reconcile() == 1
+    assert len(callbacks) == 1
+    row = Placement.objects.get(adapter_version=version, node=n0)
+    assert row.warming_since is not None and row.pinned == ("pinned_nodes" in intent)
+    Placement.objects.filter(pk=row.pk).update(tier="warm", warming_since=None)
+    with django_capture_on_commit_callbacks() as converged:
+        assert fleet_reconcile() == 0
+    assert converged == []

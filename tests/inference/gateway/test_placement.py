@@ -137,6 +137,24 @@ def test_warm_request_is_enqueued_once(ready_version: AdapterVersion, django_cap
     assert Placement.objects.get(node=node, adapter_version=ready_version).warming_since is not None
 
 
+def test_a_request_warm_skips_a_name_served_from_disk_unless_asked_to_load_it(
+        ready_version: AdapterVersion, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
+    """A request to a name the engine serves from disk reloads it itself; the reconciler's pre-warm loads it."""
+    node = _beat(_state("a", [{"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk,
+                               "tier": "staged", "served": True}]))
+    with django_capture_on_commit_callbacks() as skipped:
+        placement_request_warm(ready_version, node=node)
+    assert skipped == []
+    with django_capture_on_commit_callbacks() as loaded:
+        placement_request_warm(ready_version, node=node, even_if_served=True)
+        placement_request_warm(ready_version, node=node, even_if_served=True)  # in flight: once
+    assert len(loaded) == 1
+    Placement.objects.filter(node=node, adapter_version=ready_version).update(tier="warm", warming_since=None)
+    with django_capture_on_commit_callbacks() as resident:
+        placement_request_warm(ready_version, node=node, even_if_served=True)
+    assert resident == []
+
+
 def test_a_warm_asked_of_a_node_gone_stale_goes_to_a_live_one(ready_version: AdapterVersion, settings,  # type: ignore[no-untyped-def]
                                                                 django_capture_on_commit_callbacks) -> None:
     from inference.gateway.app import _warm_request
