@@ -97,6 +97,18 @@ def decayed_hits(hits: float, at_s: float, now_s: float, half_life_s: float) -> 
     return hits * math.pow(2.0, -(now_s - at_s) / half_life_s)
 
 
+# Reload cost from disk for the cost-aware policy: the engine's fixed add_lora cost measured on the CPU node
+# (22 ms, docs/placement.md) plus the bytes at 1 GB/s (devtools/simulate/costs.py's disk figure).
+RELOAD_FIXED_MS = 22.0
+DISK_BYTES_PER_MS = 1e6
+
+
+def disk_reload_ms(size_bytes: int) -> float:
+    """What reading an adapter of ``size_bytes`` from a node's disk into the engine costs, ms
+    (``RELOAD_FIXED_MS`` + the bytes at ``DISK_BYTES_PER_MS``)."""
+    return RELOAD_FIXED_MS + size_bytes / DISK_BYTES_PER_MS
+
+
 def gpu_slot_bytes(size_bytes: int, r: int, max_lora_rank: int) -> int:
     """Bytes a version takes in one GPU slot: its size padded from rank ``r`` to ``max_lora_rank``.
 

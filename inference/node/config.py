@@ -128,7 +128,7 @@ class NodeSettings:
             load_redis_url=env.get("QUIVER_LOAD_REDIS_URL") or env.get("REDIS_URL") or "",
             load_publish_s=_positive_float(env, "QUIVER_LOAD_PUBLISH_MS", 100.0) / 1000,
             scheduling_policy=_policy(env),
-            eviction_policy=_eviction_policy(env),
+            eviction_policy=eviction_policy_from_env(env),
             effect_probe=env.get("QUIVER_EFFECT_PROBE", "1").strip().lower() not in ("0", "false", "no", "off"),
             eviction_grace_s=_positive_float(env, "QUIVER_EVICTION_GRACE_MS", 5000.0, zero_ok=True) / 1000,
         )
@@ -184,7 +184,12 @@ def _cache_budget(env: Mapping[str, str]) -> int | None:
 EVICTION_POLICIES = ("lru", "lfu", "cost")
 
 
-def _eviction_policy(env: Mapping[str, str]) -> str:
+def eviction_policy_from_env(env: Mapping[str, str]) -> str:
+    """``QUIVER_EVICTION_POLICY`` (default ``lfu``), read by the agent and by the engine's worker extension.
+
+    Raises:
+        ConfigError: not one of ``EVICTION_POLICIES``.
+    """
     value = (env.get("QUIVER_EVICTION_POLICY") or "lfu").strip().lower()
     if value not in EVICTION_POLICIES:
         raise ConfigError(f"QUIVER_EVICTION_POLICY={value!r}; use one of {', '.join(EVICTION_POLICIES)}")

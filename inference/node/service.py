@@ -26,6 +26,7 @@ from inference.fleet.eviction import (
     Resident,
     choose_victims,
     decayed_hits,
+    disk_reload_ms,
 )
 from inference.node.cache import AdapterCache, CacheError, FileSpec
 from inference.node.config import NodeSettings
@@ -91,12 +92,8 @@ PROBE_PROMPT = "The quick brown fox jumps over the lazy dog and"
 PROBE_TOKENS = 4
 # An adapter that adds exact zeros leaves fp32 logprobs bit-identical; batching noise stays far below this.
 PROBE_TOLERANCE = 1e-4
-# Reload cost from disk for the cost-aware policy: the engine's fixed add_lora cost measured on the CPU node
-# (22 ms, docs/placement.md) plus the bytes at 1 GB/s (devtools/simulate/costs.py's disk figure).
-RELOAD_FIXED_MS = 22.0
 # An adapter used this recently (seconds since its last batch) may still have a request decoding.
 GRACE_BUSY_S = 1.0
-DISK_BYTES_PER_MS = 1e6
 # An adapter the plan puts elsewhere is ranked undesired once idle here this long (seconds; a few requests' time).
 ELSEWHERE_IDLE_S = 5.0
 # The plan hint counts while the last answer is at most this many heartbeats old.
@@ -292,7 +289,7 @@ class NodeAgent:
         vLLM's own LRU eviction). Without the worker's lists (no extension), vLLM's LRU decides, as before.
 
         Residents come from the engine's own figures (``inference.node.worker_ext``): recency = seconds since its
-        last batch, frequency = scheduler steps that used it, reload cost = ``RELOAD_FIXED_MS`` + bytes from disk.
+        last batch, frequency = scheduler steps that used it, reload cost = ``disk_reload_ms``.
         Adapters added here less than ``eviction_grace_s`` ago and not used since are left out while another
         unpinned one can go. Adapters the control plane's plan puts on other nodes only and idle here go before
         the policy's ranking (``_planned_elsewhere``).
@@ -319,7 +316,7 @@ class NodeAgent:
         # Undesired (first to go): an id no name serves (garbage), or one the plan moved to other nodes.
         residents = [Resident(version_id=i, tenant_id=0, size_bytes=sizes.get(i, 0), pinned=i in pinned,
                               last_used_s=-idle.get(i, 1e12), hits=hits.get(i, 0.0), hits_at_s=clock,
-                              reload_ms=RELOAD_FIXED_MS + sizes.get(i, 0) / DISK_BYTES_PER_MS,
+                              reload_ms=disk_reload_ms(sizes.get(i, 0)),
                               desired=i in names and i not in elsewhere)
                      for i in cpu]
         # An adapter whose own load or effect probe is in progress here is not a victim: removing its name while its

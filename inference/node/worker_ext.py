@@ -7,13 +7,29 @@ own RPC: ``await engine_client.collective_rpc("quiver_lora_residency")``. The li
 ``_registered_adapters`` = the ``max_cpu_loras`` CPU cache, ``pinned_items`` of the latter = pins
 (shared/notes/fleet.md §1, §7.1). Engine metrics only show adapters with requests in flight (vllm#45325), so this is
 the one source that tells an idle GPU-resident adapter from one that was dropped to disk.
+
+It also makes the node's eviction policy (``QUIVER_EVICTION_POLICY``, ``inference.fleet.eviction``) choose the
+victim of every load that finds the CPU cache full, the engine's own in-request reloads included
+(``_evict_by_policy``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from typing import Any
+
+from inference.fleet.eviction import (
+    AllPinnedError,
+    EvictionConfig,
+    EvictionPolicy,
+    Resident,
+    choose_victims,
+    decayed_hits,
+    disk_reload_ms,
+)
+from inference.node.config import eviction_policy_from_env
 
 # Per process (the worker): engine loads (disk -> CPU copy, ``WorkerLoRAManager._load_adapter``) per lora_int_id,
 # and per id the scheduler steps that used it and the monotonic time of the last one (``_apply_adapters``, called
@@ -21,6 +37,16 @@ from typing import Any
 LOADS: Counter[int] = Counter()
 STEPS: Counter[int] = Counter()
 LAST_USED: dict[int, float] = {}
+# Per id: (scheduler steps decayed to the time beside them, that time). Kept after an adapter leaves the cache, so a
+# reload does not start from zero (nor from its all-time count); past HITS_KEPT records the longest-unseen go.
+HITS: dict[int, tuple[float, float]] = {}
+HITS_KEPT = 65536
+# The ids of the batch being applied, then of the last batch applied: never victims of an eviction (their requests
+# are running; vLLM's LRU spares them the same way, having just touched them).
+IN_USE: set[int] = set()
+# Evictions made by Quiver's policy here, and those left to vLLM's LRU (every unpinned resident in use).
+EVICTIONS: Counter[str] = Counter()
+EVICTION = EvictionConfig(policy=EvictionPolicy(eviction_policy_from_env(os.environ)))
 
 
 def _count_engine_activity() -> bool:
@@ -44,16 +70,98 @@ def _count_engine_activity() -> bool:
         return model
 
     def counted_apply(self: Any, lora_requests: Any) -> None:
+        ids = {int(request.lora_int_id) for request in lora_requests if request}
+        IN_USE.clear()
+        IN_USE.update(ids)
         apply(self, lora_requests)
         now = time.monotonic()
-        for request in lora_requests:
-            if request:
-                STEPS[int(request.lora_int_id)] += 1
-                LAST_USED[int(request.lora_int_id)] = now
+        for i in ids:
+            STEPS[i] += 1
+            LAST_USED[i] = now
+        note_steps(ids, now)
 
     counted_load._quiver_counted = True  # type: ignore[attr-defined]
     base._load_adapter = counted_load  # type: ignore[method-assign]
     lru._apply_adapters = counted_apply  # type: ignore[method-assign]
+    return True
+
+
+def note_steps(ids: set[int], now: float, half_life_s: float | None = None) -> None:
+    """Add one scheduler step to each id's decayed count in :data:`HITS` (LFU with decay, as the agent and the
+    simulator count: ``inference.fleet.eviction.decayed_hits``, halving every ``half_life_s``, default the
+    policy's 600 s)."""
+    half_life = EVICTION.half_life_s if half_life_s is None else half_life_s
+    for i in ids:
+        value, at = HITS.get(i, (0.0, now))
+        HITS[i] = (decayed_hits(value, at, now, half_life) + 1.0, now)
+    if len(HITS) > HITS_KEPT:
+        for i in sorted(HITS, key=lambda k: HITS[k][1])[: len(HITS) - HITS_KEPT]:
+            del HITS[i]
+
+
+def policy_victim(registered: Any, *, in_use: set[int], now: float, config: EvictionConfig = EVICTION) -> int | None:
+    """The adapter Quiver's policy drops from a full CPU cache, or None to leave the choice to vLLM's LRU.
+
+    Args:
+        registered: the manager's ``_registered_adapters`` (vLLM's ``LoRALRUCache``: ``.cache`` in LRU order,
+            oldest first; ``.pinned_items``).
+        in_use: ids never chosen (the running batch's).
+        now: ``time.monotonic()``.
+        config: the policy (``QUIVER_EVICTION_POLICY`` of the engine's environment).
+
+    Returns:
+        A ``lora_int_id`` from ``registered`` (``inference.fleet.eviction.choose_victims`` over recency
+        :data:`LAST_USED`, frequency :data:`HITS` and reload cost ``disk_reload_ms``; ties go to the LRU-oldest), or
+        None when every resident is pinned or in use.
+    """
+    residents = []
+    for i in registered.cache:
+        lora_id = int(i)
+        if lora_id in in_use:
+            continue
+        hits, hits_at = HITS.get(lora_id, (0.0, now))
+        size = _adapter_bytes(registered.cache[i])
+        residents.append(Resident(version_id=lora_id, tenant_id=0, size_bytes=size,
+                                  pinned=i in registered.pinned_items, last_used_s=LAST_USED.get(lora_id, 0.0),
+                                  hits=hits, hits_at_s=hits_at, reload_ms=disk_reload_ms(size)))
+    if not residents:
+        return None
+    try:
+        victims = choose_victims(residents, slots=len(residents), budget_bytes=None, incoming_bytes=0, now_s=now,
+                                 config=config)
+    except AllPinnedError:
+        return None
+    return victims[0] if victims else None
+
+
+def _evict_by_policy() -> bool:
+    """Make vLLM's ``LRUCacheLoRAModelManager.remove_oldest_adapter`` (called when a load finds the CPU cache full,
+    ``LRUCacheWorkerLoRAManager.add_adapter``) drop :func:`policy_victim`'s choice (class level, once per process).
+
+    Every load goes through it, also the ones the agent does not start: an evicted adapter keeps its name served
+    and its next request reloads it inside the engine (``engine_ext.evict_lora``), where vLLM's LRU alone would pick
+    the victim and drop a hot adapter for one request of a cold one. False without vLLM."""
+    try:
+        from vllm.lora import model_manager
+    except ImportError:
+        return False
+    lru = model_manager.LRUCacheLoRAModelManager
+    if getattr(lru.remove_oldest_adapter, "_quiver_policy", False):
+        return True
+    remove_oldest = lru.remove_oldest_adapter
+
+    def remove_by_policy(self: Any) -> bool:
+        registered = self._registered_adapters
+        victim = policy_victim(registered, in_use=IN_USE, now=time.monotonic())
+        if victim is None:
+            EVICTIONS["lru"] += 1
+            return bool(remove_oldest(self))  # vLLM's LRU (raises when every adapter is pinned)
+        registered.pop(victim)  # LoRALRUCache._on_remove frees its GPU slot too, as remove_oldest does
+        EVICTIONS[EVICTION.policy.value] += 1
+        return True
+
+    remove_by_policy._quiver_policy = True  # type: ignore[attr-defined]
+    lru.remove_oldest_adapter = remove_by_policy  # type: ignore[method-assign]
     return True
 
 
@@ -156,7 +264,8 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         ``loads_total``), ``steps`` (scheduler steps that used each registered id) and ``idle_s`` (seconds since
         each registered id was last in a batch or loaded), the order being the engine's own LRU
         order (``lru``, oldest first); ``moves`` the engine's disk→CPU reads and CPU→GPU copies since the first
-        read (``count_loads``).
+        read (``count_loads``); ``eviction`` the engine's policy and its evictions (``{"lfu": n, "lru": n}``:
+        by the policy, or left to vLLM's LRU when every unpinned resident was in use).
     """
     manager = worker_lora_manager._adapter_manager
     registered = manager._registered_adapters
@@ -177,6 +286,7 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         "steps": {int(i): STEPS.get(int(i), 0) for i in registered},
         "idle_s": {int(i): round(now - LAST_USED[int(i)], 3) for i in registered if int(i) in LAST_USED},
         "moves": dict(count_loads(worker_lora_manager)),
+        "eviction": {"policy": EVICTION.policy.value, "evictions": dict(EVICTIONS)},
     }
 
 
@@ -194,3 +304,4 @@ class QuiverWorkerExtension:
 
 _count_engine_activity()  # imported in the worker when vLLM resolves --worker-extension-cls, before any load
 _pin_in_cpu_cache_only()
+_evict_by_policy()

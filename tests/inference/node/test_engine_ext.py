@@ -262,3 +262,29 @@ def test_residency_is_the_engines_own_gpu_and_cpu_lists(
     final = engine_http.get("/quiver/v1/loras").json()["residency"]
     assert sorted(final["gpu"]) == sorted(model.gpu) == [901, 902]  # the pinned one gave up its slot
     assert 900 in final["cpu"] and final["pinned"] == [900]  # and kept its CPU copy
+
+
+def test_a_reload_in_a_request_evicts_by_the_nodes_policy(
+    engine_http: httpx.Client, tiny_adapters: dict[str, Path]
+) -> None:
+    """An evicted adapter's next request reloads it inside the engine (no agent call): the victim that makes room is
+    the policy's (LFU, the default), not vLLM's LRU-oldest (``inference.node.worker_ext._evict_by_policy``)."""
+    assert _add(engine_http, "acme--late", 850, tiny_adapters["qv-r8"]).status_code == 200
+    assert engine_http.post("/quiver/v1/evict_lora", json={"lora_name": "acme--late"}).status_code == 200
+    fill = {"acme--hot": 851, "acme--c1": 852, "acme--c2": 853, "acme--c3": 854}
+    for name, lora_id in fill.items():
+        assert _add(engine_http, name, lora_id, tiny_adapters["qv-r8"]).status_code == 200
+    for name, uses in (("acme--hot", 6), ("acme--c1", 1), ("acme--c2", 1), ("acme--c3", 1)):  # hot is LRU-oldest
+        for _ in range(uses):
+            done = engine_http.post("/v1/completions", json={"model": name, "prompt": "the", "max_tokens": 4})
+            assert done.status_code == 200, done.text
+    before = engine_http.get("/quiver/v1/loras").json()["residency"]
+    assert before["cpu"] == [851, 852, 853, 854] and before["lru"][0] == 851
+
+    done = engine_http.post("/v1/completions", json={"model": "acme--late", "prompt": "the", "max_tokens": 2})
+
+    assert done.status_code == 200, done.text
+    after = engine_http.get("/quiver/v1/loras").json()["residency"]
+    assert after["cpu"] == [850, 851, 853, 854]  # c1 (fewest steps, oldest of the three) left; hot stayed
+    assert after["eviction"]["policy"] == "lfu"
+    assert after["eviction"]["evictions"].get("lfu", 0) >= 1

@@ -1,0 +1,107 @@
+"""The worker extension's eviction: Quiver's policy picks the victim when a load finds vLLM's CPU cache full.
+
+Runs on vLLM's own cache class (``vllm.lora.model_manager.AdapterLRUCache``) and its own
+``LRUCacheLoRAModelManager.remove_oldest_adapter`` as ``inference.node.worker_ext`` patches it; the engine-level
+check is ``tests/inference/node/test_engine_ext.py::test_a_reload_in_a_request_evicts_by_the_nodes_policy``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+from vllm.lora.model_manager import AdapterLRUCache, LRUCacheLoRAModelManager
+
+from inference.fleet.eviction import EvictionConfig, EvictionPolicy
+from inference.node import worker_ext
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counters() -> Iterator[None]:
+    saved = (dict(worker_ext.HITS), dict(worker_ext.LAST_USED), set(worker_ext.IN_USE))
+    worker_ext.HITS.clear()
+    worker_ext.LAST_USED.clear()
+    worker_ext.IN_USE.clear()
+    yield
+    worker_ext.HITS.clear()
+    worker_ext.HITS.update(saved[0])
+    worker_ext.LAST_USED.clear()
+    worker_ext.LAST_USED.update(saved[1])
+    worker_ext.IN_USE.clear()
+    worker_ext.IN_USE.update(saved[2])
+
+
+def _cache(ids: list[int], removed: list[int]) -> AdapterLRUCache[object]:
+    """vLLM's CPU cache holding ``ids`` (first = LRU-oldest); ``removed`` collects what it deactivates."""
+    cache: AdapterLRUCache[object] = AdapterLRUCache(len(ids), removed.append)
+    for i in ids:
+        cache.put(i, SimpleNamespace(loras={}))
+    return cache
+
+
+def _use(lora_id: int, times: int, at: float) -> None:
+    for _ in range(times):
+        worker_ext.note_steps({lora_id}, at)
+    worker_ext.LAST_USED[lora_id] = at
+
+
+def test_lfu_drops_the_least_used_adapter_where_vllms_lru_drops_the_oldest() -> None:
+    now = time.monotonic()
+    _use(1, 50, now - 10)  # the hot one, oldest in LRU order
+    for i in (2, 3, 4):
+        _use(i, 1, now - 1)
+    removed: list[int] = []
+    manager = SimpleNamespace(_registered_adapters=_cache([1, 2, 3, 4], removed))
+
+    assert LRUCacheLoRAModelManager.remove_oldest_adapter(manager) is True  # the patched method, as vLLM calls it
+
+    assert removed == [2]  # fewest steps; among equals the LRU-oldest. vLLM's LRU would have dropped 1
+    assert sorted(manager._registered_adapters.cache) == [1, 3, 4]
+
+
+def test_the_running_batch_and_pins_are_never_victims() -> None:
+    now = time.monotonic()
+    for i, uses in ((1, 9), (2, 1), (3, 1), (4, 5)):
+        _use(i, uses, now)
+    removed: list[int] = []
+    cache = _cache([1, 2, 3, 4], removed)
+    cache.pin(2)
+
+    victim = worker_ext.policy_victim(cache, in_use={3}, now=now)
+
+    assert victim == 4  # 2 is pinned, 3 is running: 4 has fewer steps than 1
+    assert worker_ext.policy_victim(cache, in_use={1, 3, 4}, now=now) is None  # only a pin left: vLLM decides
+
+
+def test_lru_policy_follows_the_last_batch_not_the_caches_insertion_order() -> None:
+    now = time.monotonic()
+    _use(1, 1, now - 1)
+    _use(2, 1, now - 5)
+    _use(3, 1, now - 3)
+    cache = _cache([1, 2, 3], [])
+
+    lru = EvictionConfig(policy=EvictionPolicy.LRU)
+    assert worker_ext.policy_victim(cache, in_use=set(), now=now, config=lru) == 2
+
+
+def test_counts_decay_so_traffic_that_moved_away_stops_holding_a_slot() -> None:
+    now = time.monotonic()
+    _use(1, 40, now - 3600)  # busy an hour ago: 40 steps halve six times (600 s half-life) to under 1
+    _use(2, 2, now - 1)
+    cache = _cache([1, 2], [])
+
+    assert worker_ext.policy_victim(cache, in_use=set(), now=now) == 1
+
+
+def test_when_every_unpinned_adapter_is_in_use_vllms_lru_decides() -> None:
+    removed: list[int] = []
+    cache = _cache([1, 2], removed)
+    cache.pin(1)
+    worker_ext.IN_USE.update({2})
+    before = worker_ext.EVICTIONS["lru"]
+
+    assert LRUCacheLoRAModelManager.remove_oldest_adapter(SimpleNamespace(_registered_adapters=cache)) is True
+
+    assert removed == [2] and worker_ext.EVICTIONS["lru"] == before + 1
