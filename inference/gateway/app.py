@@ -38,7 +38,7 @@ from inference.gateway.admission import AdmissionGate
 from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError
-from inference.gateway.limits import RateLimiter, estimate_prompt_tokens
+from inference.gateway.limits import RateLimiter, estimate_prompt_tokens, limits_mode_log
 from inference.gateway.limits import Scope as LimitScope
 from inference.gateway.metering import usage_row
 from inference.gateway.snapshot import FleetView, KeyView, NodeView, TargetView, node_choose
@@ -224,6 +224,7 @@ class GatewayApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self._ensure_started()
+                limits_mode_log()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()

@@ -1,4 +1,4 @@
-"""Per-tenant and per-key limits, atomic in Redis across every gateway process.
+"""Per-tenant and per-key limits, atomic in Redis across every gateway process (in process without Redis).
 
 Requests per minute and tokens per minute use fixed one-minute windows (AIBrix's limiter, shared/notes/admission.md
 §5); requests are also paced over the minute (GCRA, ``inference.fleet.admission.rpm_pace``: bursts of about a second's
@@ -7,13 +7,17 @@ slots after ``lease_s``. One Lua script checks every scope (tenant, key) and onl
 check-then-act race, nothing to roll back. A request reserves its prompt (estimated) plus ``max_tokens`` × ``n`` on
 admission; :meth:`RateLimiter.settle` replaces the reservation with the real count at the end.
 
-Without ``QUIVER_GATEWAY_REDIS_URL`` (the single-process SQLite demo) limits are not enforced.
+Without ``QUIVER_GATEWAY_REDIS_URL`` (the embedded demo, ``./scripts/demo``: SQLite and a ``filesystem://`` broker)
+the same limits are kept in this process (:class:`LocalStore`, ``ADMIT_LUA`` in Python): exact for the demo's one
+gateway process, per process where several run; the gateway logs ``gateway.limits_per_process_without_redis`` at
+start. Each request's ``max_tokens`` cap is enforced by ``hygiene`` either way.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -72,6 +76,107 @@ end
 return out
 """
 
+
+class LocalStore:
+    """``ADMIT_LUA`` and the settle pipeline over this process's memory: the same keys, values, expiries and answers.
+
+    One per process (``LOCAL_STORE``), so a new event loop's ``RateLimiter`` keeps counting; a lock makes each call
+    atomic, as the script is in Redis. Expired windows and leases are dropped at most once a minute.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[float, float]] = {}  # key -> (value, expiry ms): counters and pace TATs
+        self._leases: dict[str, dict[str, float]] = {}  # concurrency key -> lease id -> expiry ms
+        self._swept = 0.0
+
+    def _get(self, key: str, now: float) -> float:
+        value, expiry = self._values.get(key, (0, 0.0))
+        return value if expiry > now else 0
+
+    def _live_leases(self, key: str, now: float) -> dict[str, float]:
+        leases = {lease: exp for lease, exp in self._leases.get(key, {}).items() if exp > now}
+        self._leases[key] = leases
+        return leases
+
+    def keys(self) -> list[str]:
+        """The keys held now (windows, pace TATs, concurrency sets)."""
+        with self._lock:
+            return [*self._values, *self._leases]
+
+    def sweep(self, *, now_ms: float) -> None:
+        """Drop every window, TAT and lease expired at ``now_ms``."""
+        with self._lock:
+            self._sweep(now_ms)
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        self._values = {k: v for k, v in self._values.items() if v[1] > now}
+        for key in list(self._leases):
+            if not self._live_leases(key, now):
+                del self._leases[key]
+
+    def admit(self, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        """``ADMIT_LUA`` with the same ``keys`` and ``args``; the same answer."""
+        now, reserve, lease, lease_exp, ttl_ms = args[0], args[1], args[2], args[3], args[4] * 1000
+        with self._lock:
+            if now - self._swept > WINDOW_S * 1000:
+                self._sweep(now)
+            tats: dict[int, float] = {}
+            for i in range(len(keys) // 4):
+                rpm_key, tpm_key, conc_key, pace_key = keys[4 * i:4 * i + 4]
+                rl, tl, cl, iv, tol = args[5 + 5 * i:10 + 5 * i]
+                used_r, used_t = self._get(rpm_key, now), self._get(tpm_key, now)
+                if rl >= 0 and used_r + 1 > rl:
+                    return [0, i + 1, "requests", used_r, rl, -1]
+                if iv >= 0:
+                    tat = max(self._get(pace_key, now), now)
+                    if tat - now > tol:
+                        return [0, i + 1, "pace", used_r, rl, tat - tol - now]
+                    tats[i] = tat + iv
+                if tl >= 0 and used_t + reserve > tl:
+                    return [0, i + 1, "tokens", used_t, tl, -1]
+                in_flight = len(self._live_leases(conc_key, now)) if cl >= 0 else 0
+                if cl >= 0 and in_flight + 1 > cl:
+                    return [0, i + 1, "concurrency", in_flight, cl, -1]
+            out: list[Any] = [1]
+            for i in range(len(keys) // 4):
+                rpm_key, tpm_key, conc_key, pace_key = keys[4 * i:4 * i + 4]
+                used = []
+                for key, step in ((rpm_key, 1), (tpm_key, reserve)):
+                    value = self._get(key, now) + step
+                    self._values[key] = (value, now + ttl_ms)
+                    used.append(value)
+                if args[7 + 5 * i] >= 0:
+                    self._leases.setdefault(conc_key, {})[lease] = lease_exp
+                if i in tats:
+                    self._values[pace_key] = (tats[i], tats[i] + 1000)
+                out += used
+            return out
+
+    def settle(self, tpm_keys: Sequence[str], delta: int, conc_keys: Sequence[str], lease: str) -> None:
+        """The settle pipeline: ``delta`` onto each window still held (its expiry kept; one gone stays gone), the
+        lease off each set."""
+        with self._lock:
+            for key in tpm_keys:
+                if delta and key in self._values:
+                    value, expiry = self._values[key]
+                    self._values[key] = (value + delta, expiry)
+            for key in conc_keys:
+                self._leases.get(key, {}).pop(lease, None)
+
+
+LOCAL_STORE = LocalStore()
+
+
+def limits_mode_log() -> None:
+    """At gateway start: without ``QUIVER_GATEWAY_REDIS_URL``, say once that limits hold per process only."""
+    if not settings.QUIVER_GATEWAY_REDIS_URL:
+        logger.warning("gateway.limits_per_process_without_redis", extra={
+            "detail": "QUIVER_GATEWAY_REDIS_URL is unset: RPM, TPM and concurrency limits are counted in this "
+                      "process only; with several gateway processes each admits up to the whole limit"})
+
+
 @dataclass(frozen=True)
 class Scope:
     """One limited party: ``name`` like ``tenant:7`` or ``key:12``, for messages ``label`` (``tenant acme``)."""
@@ -91,6 +196,7 @@ class Admission:
     lease: str
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+    local: bool = False  # admitted by the in-process store (no Redis): settled there too
 
 
 def _duration(seconds: float) -> str:
@@ -125,7 +231,8 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
 
 
 class RateLimiter:
-    """Admits, settles and releases requests against their scopes' limits in Redis (one client per process)."""
+    """Admits, settles and releases requests against their scopes' limits in Redis (one client per process), or in
+    ``LOCAL_STORE`` without ``QUIVER_GATEWAY_REDIS_URL``."""
 
     def __init__(self) -> None:
         self._redis: aioredis.Redis | None = None
@@ -162,7 +269,7 @@ class RateLimiter:
                 with ``x-should-retry: false`` and no ``Retry-After``: no wait makes it fit.
         """
         limited = [s for s in scopes if any(v is not None for v in (s.limits.rpm, s.limits.tpm, s.limits.concurrency))]
-        if not limited or not settings.QUIVER_GATEWAY_REDIS_URL:
+        if not limited:
             return None
         for scope in limited:
             if scope.limits.tpm is not None and reserve > scope.limits.tpm:
@@ -186,20 +293,24 @@ class RateLimiter:
                 s.limits.rpm, burst_s=settings.QUIVER_LIMIT_BURST_S, burst_min=settings.QUIVER_LIMIT_BURST_MIN)
             keys += self._keys(s, window, pace)
             args += [_lim(s.limits.rpm), _lim(s.limits.tpm), _lim(s.limits.concurrency), *pace]
-        self._client()
-        try:
-            answer = await self._script(keys=keys, args=args)
-        except Exception as exc:  # noqa: BLE001 - Redis away: serve (fail open) rather than refuse everyone
-            logger.warning("gateway.limiter_unavailable", extra={"error": repr(exc)})
-            self._redis = None
-            return None
+        local = not settings.QUIVER_GATEWAY_REDIS_URL
+        if local:
+            answer = LOCAL_STORE.admit(keys, args)
+        else:
+            self._client()
+            try:
+                answer = await self._script(keys=keys, args=args)
+            except Exception as exc:  # noqa: BLE001 - Redis away: serve (fail open) rather than refuse everyone
+                logger.warning("gateway.limiter_unavailable", extra={"error": repr(exc)})
+                self._redis = None
+                return None
         if int(answer[0]) == 0:
             scope = limited[int(answer[1]) - 1]
             kind = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
             wait = int(answer[5]) / 1000 if kind == "pace" else None
             raise self._refusal(scope, kind, int(answer[3]), int(answer[4]), reserve, reset, wait)
         headers = self._headers(limited, [int(x) for x in answer[1:]], reset)
-        return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers)
+        return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers, local=local)
 
     @staticmethod
     def _headers(scopes: Sequence[Scope], used: list[int], reset: float) -> dict[str, str]:
@@ -248,6 +359,15 @@ class RateLimiter:
             return
         admission.settled = True
         delta = actual_tokens - admission.reserved
+        if admission.local:
+            tpm_keys, conc_keys = [], []
+            for scope in admission.scopes:
+                _, tpm_key, conc_key, _ = self._keys(scope, admission.window)
+                tpm_keys.append(tpm_key)
+                if scope.limits.concurrency is not None:
+                    conc_keys.append(conc_key)
+            LOCAL_STORE.settle(tpm_keys, delta, conc_keys, admission.lease)
+            return
         try:
             pipe = self._client().pipeline(transaction=False)
             for scope in admission.scopes:

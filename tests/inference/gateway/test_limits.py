@@ -1,16 +1,30 @@
-"""The Redis limiter on a real Redis: each limit admits exactly up to its value, settles and releases correctly."""
+"""The limiter on a real Redis and, without ``QUIVER_GATEWAY_REDIS_URL``, in process (the same semantics per
+process): each limit admits exactly up to its value, settles and releases correctly; a gateway process without
+Redis enforces its tenants' limits and says at start that they are per process."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from inference.fleet.admission import rpm_pace
 from inference.gateway.errors import GatewayError
 from inference.gateway.limits import RateLimiter, Scope, _duration, estimate_prompt_tokens
 from inference.gateway.snapshot import Limits
+
+
+@pytest.fixture(autouse=True, params=["redis", "in_process"])
+def store(request: pytest.FixtureRequest, settings: Any) -> str:
+    """Every test runs against Redis and against the in-process store (no ``QUIVER_GATEWAY_REDIS_URL``)."""
+    if request.param == "in_process":
+        settings.QUIVER_GATEWAY_REDIS_URL = ""
+    return str(request.param)
 
 
 def _scope(**limits: int) -> Scope:
@@ -125,3 +139,71 @@ def test_one_request_over_the_tpm_limit_names_its_length_field_and_the_limit(set
         assert refused.headers == {"x-should-retry": "false"}  # no Retry-After: no wait makes it fit
 
     asyncio.run(run())
+
+
+def test_in_process_leases_expire_and_old_windows_are_dropped(store: str, settings: Any) -> None:
+    """A request that never settles (its task died) frees its slot after the lease, as Redis's sorted set does; the
+    in-process store keeps no window past its expiry, so a long-running gateway does not grow."""
+    if store != "in_process":
+        pytest.skip("in-process store only")
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.05, 0.0
+
+    async def run() -> None:
+        limiter, scope = RateLimiter(), _scope(concurrency=1, rpm=1000, tpm=10**6)
+        await limiter.admit([scope], reserve=10)  # never settled
+        with pytest.raises(GatewayError):
+            await limiter.admit([scope], reserve=10)
+        await asyncio.sleep(0.1)
+        held = await limiter.admit([scope], reserve=10)
+        assert held is not None and held.headers["x-ratelimit-remaining-requests"] == "998"
+
+    asyncio.run(run())
+    from inference.gateway.limits import LOCAL_STORE
+
+    LOCAL_STORE.sweep(now_ms=(time.time() + 10 * 60) * 1000)  # past every window (2 min) and lease (6 min)
+    assert not any(scope_name.startswith("quiver:rl:test:") for scope_name in LOCAL_STORE.keys())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gateway_without_redis_enforces_limits_per_process_and_says_so(
+        store: str, base_model: Any, tmp_path: Path) -> None:
+    """The embedded demo's gateway (no ``QUIVER_GATEWAY_REDIS_URL``): a tenant's RPM limit refuses the request
+    over it with OpenAI's 429 and headers, a key's concurrency and TPM limits apply, and the start-up log says once
+    that limits are per process."""
+    if store != "in_process":
+        pytest.skip("one gateway process without Redis")
+    from tenants.services import api_key_create, limits_set
+    from tests.factories import TenantFactory
+    from tests.fixtures.stack import django_process_env, start_uvicorn
+
+    tenant = TenantFactory()
+    limits_set(tenant, limits={"rpm_limit": 2})
+    _, plaintext = api_key_create(tenant, name="app")
+    other = TenantFactory()
+    key, plaintext2 = api_key_create(other, name="app")
+    limits_set(key, limits={"tpm_limit": 100})
+    name = f"quiver-gw-noredis-{uuid.uuid4().hex[:8]}"
+    url, child = start_uvicorn(name, "config.asgi:application",
+                               django_process_env(name, QUIVER_GATEWAY_REDIS_URL=""), tmp_path)
+    try:
+        while time.time() % 60 > 45:  # inside one fixed one-minute window
+            time.sleep(0.5)
+
+        def post(secret: str, max_tokens: int = 1) -> httpx.Response:
+            return httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {secret}"},
+                              json={"model": "tiny-llama", "prompt": "x", "max_tokens": max_tokens}, timeout=10)
+
+        # Admitted requests find no node (503); the one over the limit is 429.
+        answers = [post(plaintext) for _ in range(3)]
+        assert [a.status_code for a in answers] == [503, 503, 429], [a.text for a in answers]
+        refused = answers[-1]
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded" and "Limit 2" in refused.json()["error"]["message"]
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0" and int(refused.headers["retry-after"]) >= 1
+        big = post(plaintext2, max_tokens=1000)
+        assert big.status_code == 429 and big.headers["x-should-retry"] == "false", big.text
+        assert post(plaintext2, max_tokens=60).status_code == 503  # admitted, then refunded (no node)
+        assert post(plaintext2, max_tokens=60).status_code == 503  # the refund made room for it
+    finally:
+        child.stop()
+    log = child.log.read_text()
+    assert log.count("gateway.limits_per_process_without_redis") == 1, log
