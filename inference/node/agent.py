@@ -10,6 +10,8 @@ Routes (a fixed contract with the control plane):
   "load_ms", "effect", "evicted"}`
 - `POST /v1/adapters/unload` `{"lora_name", "purge"}` -> `{"lora_name", "tier": "staged"}` (`"cold"` with purge)
 - `POST /v1/adapters/pin` `{"lora_name"}` -> `{"lora_name", "lora_int_id", "tier": "warm", "pinned": true}`
+- `POST /v1/eviction_policy` `{"policy": "lru" | "lfu" | "cost"}` -> `{"policy"}`: this node's victim order, here and
+  in the engine, until the agent restarts (`NodeAgent.set_eviction_policy`)
 - `GET /v1/state` -> see `NodeAgent.state`
 - `GET /metrics` (no auth) -> Prometheus gauges of residency per tier and of the engine load the agent publishes
   for admission (`inference.node.residency_metrics`)
@@ -78,6 +80,12 @@ class NameIn(BaseModel):
     """Body of pin."""
 
     lora_name: str = Field(min_length=1, max_length=200)
+
+
+class PolicyIn(BaseModel):
+    """Body of eviction_policy."""
+
+    policy: str = Field(min_length=1, max_length=20)
 
 
 class UnloadIn(NameIn):
@@ -224,6 +232,10 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
     @app.post("/v1/adapters/pin", dependencies=auth)
     async def pin(body: NameIn, request: Request) -> dict[str, Any]:
         return await agent_of(request).pin(body.lora_name)
+
+    @app.post("/v1/eviction_policy", dependencies=auth)
+    async def eviction_policy(body: PolicyIn, request: Request) -> dict[str, Any]:
+        return await agent_of(request).set_eviction_policy(body.policy)
 
     @app.get("/v1/state", dependencies=auth)
     async def state(request: Request) -> dict[str, Any]:

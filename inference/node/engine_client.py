@@ -90,6 +90,11 @@ class EngineHTTPClient:
         """`POST /quiver/v1/pin_lora`; 404 `lora_not_found` / 409 `pin_failed` raise EngineError."""
         return await self._json("POST", "/quiver/v1/pin_lora", {"lora_name": lora_name})
 
+    async def set_eviction_policy(self, policy: str) -> dict[str, Any]:
+        """`POST /quiver/v1/eviction_policy`; 400 `invalid_policy` / 503 `worker_extension_missing` raise
+        EngineError."""
+        return await self._json("POST", "/quiver/v1/eviction_policy", {"policy": policy})
+
     async def loras_report(self) -> dict[str, Any]:
         """`GET /quiver/v1/loras` in full: `{"loras": [...], "engine_lora_int_ids", "residency"}`.
 

@@ -12,6 +12,7 @@ register.py`), this class serves, inside the API server process:
 - `POST /quiver/v1/remove_lora` `{"lora_name"}` (stop serving the name)
 - `POST /quiver/v1/evict_lora` `{"lora_name"}` (out of the CPU cache; the name stays served, reloaded from disk)
 - `POST /quiver/v1/pin_lora` `{"lora_name"}`
+- `POST /quiver/v1/eviction_policy` `{"policy": "lru" | "lfu" | "cost"}` (the victim of loads into a full CPU cache)
 - `GET  /quiver/v1/loras`
 
 It calls `app.state.engine_client` (`add_lora`, `remove_lora`, `pin_lora`, `list_loras`) and records
@@ -302,7 +303,38 @@ async def list_loras(state: Any) -> dict[str, Any]:
     return {"loras": loras, "engine_lora_int_ids": sorted(listed), "residency": residency}
 
 
-_POST_ROUTES = {"add_lora": add_lora, "remove_lora": remove_lora, "evict_lora": evict_lora, "pin_lora": pin_lora}
+EVICTION_POLICIES = ("lru", "lfu", "cost")
+
+
+async def eviction_policy(state: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Set the policy that picks the victim of a load into a full CPU cache, in every worker
+    (``inference.node.worker_ext``): the node agent sends its own ``QUIVER_EVICTION_POLICY`` so agent and engine
+    rank alike, also after an engine restart.
+
+    Args:
+        state: the API server's `app.state`.
+        body: `{"policy": "lru" | "lfu" | "cost"}`.
+
+    Returns:
+        `{"policy": str}`.
+
+    Raises:
+        ExtensionError: 400 `invalid_policy`; 503 `worker_extension_missing` (engine started without
+            ``--worker-extension-cls``).
+    """
+    policy = _require_str(body, "policy")
+    if policy not in EVICTION_POLICIES:
+        raise ExtensionError(400, "invalid_policy", f"policy must be one of {', '.join(EVICTION_POLICIES)}")
+    try:
+        answers = await state.engine_client.collective_rpc("quiver_set_eviction_policy", args=(policy,))
+    except Exception as exc:  # extension not mounted (AttributeError in the worker) or engine trouble
+        raise ExtensionError(503, "worker_extension_missing", f"the workers could not set it: {exc}") from exc
+    logger.info("engine_ext.eviction_policy", extra={"policy": policy, "workers": len(answers or ())})
+    return {"policy": policy}
+
+
+_POST_ROUTES = {"add_lora": add_lora, "remove_lora": remove_lora, "evict_lora": evict_lora, "pin_lora": pin_lora,
+                "eviction_policy": eviction_policy}
 
 
 def _configured_token_digests() -> list[bytes]:

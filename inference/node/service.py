@@ -491,6 +491,41 @@ class NodeAgent:
             "pinned": True,
         }
 
+    async def set_eviction_policy(self, policy: str) -> dict[str, str]:
+        """Rank this node's victims by ``policy`` from now on, here and in the engine's workers (until the agent
+        restarts: then ``QUIVER_EVICTION_POLICY`` again). The counts the policies rank by are kept.
+
+        Raises:
+            AgentError: 400 `invalid_policy`; the engine's error (503 `worker_extension_missing`, unreachable).
+        """
+        try:
+            config = EvictionConfig(policy=EvictionPolicy(policy), half_life_s=self.eviction.half_life_s)
+        except ValueError as exc:
+            raise AgentError(400, "invalid_policy",
+                             f"policy must be one of {', '.join(p.value for p in EvictionPolicy)}") from exc
+        try:
+            await self.engine.set_eviction_policy(config.policy.value)
+        except EngineError as exc:
+            raise AgentError(exc.status, exc.code, exc.detail) from exc
+        self.eviction = config
+        logger.info("agent.eviction_policy", extra={"policy": config.policy.value})
+        return {"policy": config.policy.value}
+
+    async def _sync_engine_policy(self, engine_residency: dict[str, Any] | None) -> None:
+        """Send the agent's policy to an engine that ranks by another (its own environment's, or its default after
+        a restart), so that a reload inside the engine picks the victim the agent would."""
+        engine_policy = ((engine_residency or {}).get("eviction") or {}).get("policy")
+        if engine_policy is None or engine_policy == self.eviction.policy.value:
+            return
+        try:
+            await self.engine.set_eviction_policy(self.eviction.policy.value)
+        except EngineError as exc:
+            logger.warning("agent.eviction_policy_not_set", extra={"error": exc.detail})
+            return
+        engine_residency["eviction"]["policy"] = self.eviction.policy.value  # type: ignore[index]
+        logger.info("agent.eviction_policy_sent", extra={"policy": self.eviction.policy.value,
+                                                          "engine_had": engine_policy})
+
     async def _metrics(self) -> EngineMetrics | None:
         try:
             return parse_engine_metrics(await self.engine.metrics_text())
@@ -522,6 +557,7 @@ class NodeAgent:
                 report = await self.engine.loras_report()
                 served = list(report.get("loras", []))
                 engine_residency = report.get("residency")
+                await self._sync_engine_policy(engine_residency)
             except EngineError as exc:
                 logger.warning("agent.list_loras_failed", extra={"error": exc.detail})
                 healthy = False

@@ -99,7 +99,7 @@ def note_steps(ids: set[int], now: float, half_life_s: float | None = None) -> N
             del HITS[i]
 
 
-def policy_victim(registered: Any, *, in_use: set[int], now: float, config: EvictionConfig = EVICTION) -> int | None:
+def policy_victim(registered: Any, *, in_use: set[int], now: float, config: EvictionConfig | None = None) -> int | None:
     """The adapter Quiver's policy drops from a full CPU cache, or None to leave the choice to vLLM's LRU.
 
     Args:
@@ -107,7 +107,8 @@ def policy_victim(registered: Any, *, in_use: set[int], now: float, config: Evic
             oldest first; ``.pinned_items``).
         in_use: ids never chosen (the running batch's).
         now: ``time.monotonic()``.
-        config: the policy (``QUIVER_EVICTION_POLICY`` of the engine's environment).
+        config: the policy; default :data:`EVICTION` (``QUIVER_EVICTION_POLICY`` of the engine's environment, or
+            what the agent set since: ``QuiverWorkerExtension.quiver_set_eviction_policy``).
 
     Returns:
         A ``lora_int_id`` from ``registered`` (``inference.fleet.eviction.choose_victims`` over recency
@@ -128,7 +129,7 @@ def policy_victim(registered: Any, *, in_use: set[int], now: float, config: Evic
         return None
     try:
         victims = choose_victims(residents, slots=len(residents), budget_bytes=None, incoming_bytes=0, now_s=now,
-                                 config=config)
+                                 config=config or EVICTION)
     except AllPinnedError:
         return None
     return victims[0] if victims else None
@@ -292,6 +293,16 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
 
 class QuiverWorkerExtension:
     """Mixed into vLLM's worker; its methods are reachable through ``collective_rpc`` by name."""
+
+    def quiver_set_eviction_policy(self, policy: str) -> dict[str, str]:
+        """Set this worker's eviction policy (``lru`` | ``lfu`` | ``cost``); the counts it ranks by are kept.
+
+        Raises:
+            ValueError: an unknown policy name.
+        """
+        global EVICTION
+        EVICTION = EvictionConfig(policy=EvictionPolicy(policy), half_life_s=EVICTION.half_life_s)
+        return {"policy": EVICTION.policy.value}
 
     def quiver_lora_residency(self) -> dict[str, Any]:
         """This worker's residency (see ``lora_residency``); ``{"enabled": False}`` when LoRA is off."""

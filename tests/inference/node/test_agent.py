@@ -302,6 +302,7 @@ def test_every_route_but_healthz_needs_the_node_key(agent: TestClient) -> None:
         ("POST", "/v1/adapters/load"),
         ("POST", "/v1/adapters/unload"),
         ("POST", "/v1/adapters/pin"),
+        ("POST", "/v1/eviction_policy"),
     ):
         for headers in (no_key, wrong):
             response = agent.request(method, path, headers=headers, json={})
@@ -610,3 +611,35 @@ def test_the_disk_budget_stops_serving_an_evicted_name_before_deleting_its_files
     gone = httpx.post(clean_vllm_engine.url + "/v1/completions", headers=clean_vllm_engine.headers,
                       json={"model": "acme--disk0", "prompt": "the", "max_tokens": 2}, timeout=120)
     assert gone.status_code == 404
+
+
+def _engine_policy(engine: RunningEngine) -> str:
+    listing = httpx.get(engine.url + "/quiver/v1/loras", headers=engine.headers, timeout=30).json()
+    return str(listing["residency"]["eviction"]["policy"])
+
+
+def test_the_agent_sets_the_engines_eviction_policy(
+    settings: NodeSettings, clean_vllm_engine: RunningEngine
+) -> None:
+    """One setting for the node: the agent sends its policy to an engine that ranks by another (the engine's own
+    environment's, or the default after a restart), and an operator can switch both at run time."""
+    assert _engine_policy(clean_vllm_engine) == "lfu"  # the engine's environment sets none: the default
+    try:
+        with TestClient(create_app(replace(settings, eviction_policy="lru"))) as client:
+            client.headers["Authorization"] = f"Bearer {settings.node_key}"
+            assert client.get("/v1/state").json()["residency"]["source"] == "engine"
+            assert _engine_policy(clean_vllm_engine) == "lru"  # sent with the first state read
+
+            switched = client.post("/v1/eviction_policy", json={"policy": "cost"})
+            assert switched.status_code == 200 and switched.json() == {"policy": "cost"}
+            assert _engine_policy(clean_vllm_engine) == "cost"
+            client.get("/v1/state")
+            assert _engine_policy(clean_vllm_engine) == "cost"  # the switch holds; the environment's value does not return
+
+            refused = client.post("/v1/eviction_policy", json={"policy": "fifo"})
+            assert (refused.status_code, refused.json()["code"]) == (400, "invalid_policy")
+            assert "lru, lfu, cost" in refused.json()["detail"]
+            assert _engine_policy(clean_vllm_engine) == "cost"
+    finally:
+        httpx.post(clean_vllm_engine.url + "/quiver/v1/eviction_policy", json={"policy": "lfu"},
+                   headers=clean_vllm_engine.headers, timeout=30).raise_for_status()

@@ -288,3 +288,16 @@ def test_a_reload_in_a_request_evicts_by_the_nodes_policy(
     assert after["cpu"] == [850, 851, 853, 854]  # c1 (fewest steps, oldest of the three) left; hot stayed
     assert after["eviction"]["policy"] == "lfu"
     assert after["eviction"]["evictions"].get("lfu", 0) >= 1
+
+
+def test_eviction_policy_route_sets_the_workers_policy(engine_http: httpx.Client) -> None:
+    try:
+        set_lru = engine_http.post("/quiver/v1/eviction_policy", json={"policy": "lru"})
+        assert set_lru.status_code == 200 and set_lru.json() == {"policy": "lru"}
+        assert engine_http.get("/quiver/v1/loras").json()["residency"]["eviction"]["policy"] == "lru"
+        for body in ({"policy": "fifo"}, {"policy": 3}, {}):
+            refused = engine_http.post("/quiver/v1/eviction_policy", json=body)
+            assert refused.status_code == 400, body
+        assert engine_http.get("/quiver/v1/loras").json()["residency"]["eviction"]["policy"] == "lru"
+    finally:
+        assert engine_http.post("/quiver/v1/eviction_policy", json={"policy": "lfu"}).status_code == 200
