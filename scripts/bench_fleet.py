@@ -22,6 +22,10 @@ caches the other one left. Before the first round both gateways replay the warm-
 (40 s): the figures are the steady state, after the reconciler has planned from request rates once (its first plan
 is made at upload, without any; a first affinity round measured from there ran at half its later rounds' rate).
 
+Each policy runs with its own eviction on the same nodes, set on every agent (and through it in the engines' workers)
+before each of its replays: Quiver's (``--eviction``, LFU by default) for affinity, vLLM's own LRU for round-robin
+(``--baseline-eviction``, as in front of stock engines; ``same`` compares routing alone).
+
 Printed side by side per policy: throughput (requests/s, tokens/s), TTFT p50/p99 (first streamed token, ms), the
 engines' own load counts (``disk→cpu`` = adapters read into the CPU cache, ``cpu→gpu`` = moved into a GPU slot,
 counted in each engine's worker by ``inference.node.worker_ext``), per node, and the ratios.
@@ -276,6 +280,13 @@ def _plan_summary() -> str:
     return "; ".join(f"{n}: {', '.join(sorted(v))}" for n, v in sorted(by_node.items())) or "none yet"
 
 
+def _set_eviction(agents: dict[str, tuple[str, str]], policy: str) -> None:
+    """Set every node's eviction policy (agent and engine: the agent's ``POST /v1/eviction_policy``)."""
+    for url, key in agents.values():
+        httpx.post(url + "/v1/eviction_policy", json={"policy": policy}, headers={"Authorization": f"Bearer {key}"},
+                   timeout=30).raise_for_status()
+
+
 def _half_of_the_cores(i: int) -> str:
     """Engine ``i`` (1 or 2)'s share of this process's cores, as ``VLLM_CPU_OMP_THREADS_BIND`` wants it ("0", "2,3").
 
@@ -311,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                              "the GPU default; docs/placement.md)")
     parser.add_argument("--route-bound", type=float, default=None,
                         help="QUIVER_ROUTING_LOAD_BOUND for the affinity gateway (default: the setting's default)")
+    parser.add_argument("--eviction", choices=("lru", "lfu", "cost"), default="lfu",
+                        help="Quiver's eviction policy on the nodes during affinity's replays (QUIVER_EVICTION_POLICY)")
+    parser.add_argument("--baseline-eviction", choices=("lru", "lfu", "cost", "same"), default="lru",
+                        help="the nodes' eviction policy during round-robin's replays: lru = vLLM's own LRU, as "
+                             "round-robin in front of stock vLLM engines; same = --eviction (routing alone compared)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
@@ -360,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING",
                              "-s", str(args.workdir / "celerybeat-schedule")], env)
         engines: dict[str, tuple[str, str]] = {}
+        agents: dict[str, tuple[str, str]] = {}
+        eviction = {"affinity": args.eviction,
+                    "round_robin": args.eviction if args.baseline_eviction == "same" else args.baseline_eviction}
         for i in (1, 2):
             node, agent_url, engine_port = f"node-{i}", f"http://127.0.0.1:{free_port()}", free_port()
             creds = dict(line.split("=", 1) for line in manage(
@@ -368,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port,
                                           api_key=creds["QUIVER_NODE_KEY"])
             engines[node] = (engine.url, creds["QUIVER_NODE_KEY"])
+            agents[node] = (agent_url, creds["QUIVER_NODE_KEY"])
             node_env = {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")}
             engine_vars = engine_env(engine, node_env)
             if args.engine_cores == "split":
@@ -409,12 +429,14 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         settle_until = time.monotonic() + args.settle_s
         while warmup and time.monotonic() < settle_until:  # unmeasured, both policies in turn
             for policy in POLICIES:
+                _set_eviction(agents, eviction[policy])
                 replay(policy, urls[policy], api_key, warmup, concurrency=args.concurrency,
                        max_tokens=args.max_tokens, engines=engines)
         if args.settle_s:
             say(f"settled for {args.settle_s:g} s; reconciler's plan: {_plan_summary()}")
         for round_no in range(args.rounds):
             for policy in (POLICIES if round_no % 2 == 0 else POLICIES[::-1]):
+                _set_eviction(agents, eviction[policy])
                 if warmup:
                     replay(policy, urls[policy], api_key, warmup, concurrency=args.concurrency,
                            max_tokens=args.max_tokens, engines=engines)
@@ -431,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
               f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy (after {args.warmup} unmeasured), concurrency "
               f"{args.concurrency}, {args.max_tokens} tokens each; engine cores {args.engine_cores}; placement miss cost "
-              f"{args.miss_cost:g}; cores {os.cpu_count()}, "
+              f"{args.miss_cost:g}; eviction affinity {eviction['affinity']}, round-robin {eviction['round_robin']}; "
+              f"cores {os.cpu_count()}, "
               f"load avg {load1:.1f}/{load5:.1f}")
         print("\n".join(table(results)))
         if args.json:
