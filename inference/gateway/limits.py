@@ -166,6 +166,21 @@ class LocalStore:
                 self._leases.get(key, {}).pop(lease, None)
 
 
+# Settle: the delta onto each token window that still exists (INCRBY keeps its expiry; on a window that expired
+# during a long stream it would create a key with none, left in Redis for good), the lease off each set.
+# KEYS: the token windows, then the concurrency sets; ARGV: number of windows, delta, lease.
+SETTLE_LUA = """
+local windows, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, #KEYS do
+  if i <= windows then
+    if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], delta) end
+  else
+    redis.call('ZREM', KEYS[i], ARGV[3])
+  end
+end
+return 0
+"""
+
 LOCAL_STORE = LocalStore()
 
 
@@ -237,12 +252,14 @@ class RateLimiter:
     def __init__(self) -> None:
         self._redis: aioredis.Redis | None = None
         self._script: Any = None
+        self._settle_script: Any = None
 
     def _client(self) -> Any:
         if self._redis is None:
             self._redis = aioredis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL, socket_timeout=2,
                                                   socket_connect_timeout=2)
             self._script = self._redis.register_script(ADMIT_LUA)
+            self._settle_script = self._redis.register_script(SETTLE_LUA)
         return self._redis
 
     @staticmethod
@@ -369,14 +386,14 @@ class RateLimiter:
             LOCAL_STORE.settle(tpm_keys, delta, conc_keys, admission.lease)
             return
         try:
-            pipe = self._client().pipeline(transaction=False)
+            tpm_keys, conc_keys = [], []
             for scope in admission.scopes:
                 _, tpm_key, conc_key, _ = self._keys(scope, admission.window)
-                if delta:
-                    pipe.incrby(tpm_key, delta)
+                tpm_keys.append(tpm_key)
                 if scope.limits.concurrency is not None:
-                    pipe.zrem(conc_key, admission.lease)
-            await pipe.execute()
+                    conc_keys.append(conc_key)
+            self._client()
+            await self._settle_script(keys=[*tpm_keys, *conc_keys], args=[len(tpm_keys), delta, admission.lease])
         except Exception as exc:  # noqa: BLE001 - a lost settle only skews one window; the lease expires by itself
             logger.warning("gateway.limit_settle_failed", extra={"error": repr(exc)})
 

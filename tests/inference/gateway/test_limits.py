@@ -207,3 +207,28 @@ def test_a_gateway_without_redis_enforces_limits_per_process_and_says_so(
         child.stop()
     log = child.log.read_text()
     assert log.count("gateway.limits_per_process_without_redis") == 1, log
+
+
+def test_a_settle_after_the_window_expired_leaves_no_key_behind(store: str, settings: Any) -> None:
+    """A stream longer than the token window's life settles into nothing: no key without an expiry is left (INCRBY
+    on a gone key would create one that Redis keeps for good)."""
+    if store != "redis":
+        pytest.skip("the in-process store is checked in test_in_process_leases_expire_and_old_windows_are_dropped")
+    import redis
+
+    async def run() -> None:
+        limiter, scope = RateLimiter(), _scope(tpm=1000, concurrency=3)
+        held = await limiter.admit([scope], reserve=100)
+        _, tpm_key, conc_key, _ = limiter._keys(scope, held.window)
+        sync = redis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL)
+        assert sync.ttl(tpm_key) > 0 and sync.zcard(conc_key) == 1
+        sync.delete(tpm_key)  # the window expired while the stream ran
+        await limiter.settle(held, actual_tokens=250)
+        assert not sync.exists(tpm_key)
+        assert sync.zcard(conc_key) == 0  # the lease is freed all the same
+
+        live = await limiter.admit([scope], reserve=100)  # a window still alive takes the delta, expiry kept
+        await limiter.settle(live, actual_tokens=40)
+        assert int(sync.get(tpm_key)) == 40 and sync.ttl(tpm_key) > 0
+
+    asyncio.run(run())
