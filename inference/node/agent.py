@@ -1,8 +1,9 @@
 """The node agent: an ASGI app next to one vLLM engine, driven by the control plane.
 
 Run: `uvicorn inference.node.agent:app --host 0.0.0.0 --port 8100` with the env described in
-`inference.node.config.NodeSettings`. Every route except `/healthz` needs
-`Authorization: Bearer <QUIVER_NODE_KEY>`. Errors are `{"detail": str, "code": str}`.
+`inference.node.config.NodeSettings`. Every route except `/healthz` and `/metrics` needs
+`Authorization: Bearer <QUIVER_NODE_KEY>`, checked before the body is read (`BodyGuard`); bodies over
+`MAX_BODY_BYTES` are 413 `request_too_large`. Errors are `{"detail": str, "code": str}`.
 
 Routes (a fixed contract with the control plane):
 - `POST /v1/adapters/load` `{"lora_name", "lora_int_id", "files": [{"name", "s3_key", "sha256", "size"}], "pin",
@@ -38,8 +39,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inference.node import residency_metrics
 from inference.node.cache import AdapterCache, FileSpec
@@ -54,6 +56,10 @@ logger = logging.getLogger(__name__)
 # add_lora reads the adapter from disk inside the engine; large adapters take seconds.
 ENGINE_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
 HEARTBEAT_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
+# The largest body a route takes is a load's (two file entries, well under 4 KiB); anything past this is refused 413.
+MAX_BODY_BYTES = 1 << 20
+# Served without the node key (liveness and Prometheus' scrape).
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 class FileIn(BaseModel):
@@ -122,6 +128,65 @@ async def require_node_key(
     digest = hashlib.sha256(token.encode("utf-8")).digest()
     if not token or not hmac.compare_digest(digest, request.app.state.node_key_digest):
         raise AgentError(401, "unauthorized", "A valid node key is required.")
+
+
+def _key_matches(headers: Headers, key_digest: bytes) -> bool:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return False
+    return hmac.compare_digest(hashlib.sha256(token.encode("utf-8")).digest(), key_digest)
+
+
+class BodyGuard:
+    """Pure ASGI middleware: the node key and the body's size are checked before a byte of the body is read.
+
+    FastAPI reads and JSON-parses a route's body before its dependencies run, so with ``require_node_key`` alone
+    anyone who reached the agent's port could make it buffer and parse a body of any size before the 401. Here a
+    request without the key is answered 401 unread, and a body over ``MAX_BODY_BYTES`` (declared, or once that many
+    bytes have come) 413. ``require_node_key`` stays on the routes as well.
+    """
+
+    def __init__(self, app: ASGIApp, key_digest: bytes) -> None:
+        self.app = app
+        self.key_digest = key_digest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer 401/413 without reading the body, or pass the request on with its body read (at most the cap)."""
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not _key_matches(headers, self.key_digest):
+            await _error(401, "unauthorized", "A valid node key is required.",
+                         {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            await _too_large()(scope, receive, send)
+            return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > MAX_BODY_BYTES:
+                await _too_large()(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _too_large() -> JSONResponse:
+    return _error(413, "request_too_large", f"Request body over {MAX_BODY_BYTES} bytes; the agent's routes take "
+                  "small JSON bodies (a load names its files, it does not carry them).")
 
 
 def _describe(err: Mapping[str, Any]) -> str:
@@ -197,6 +262,7 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
         title="Quiver node agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.node_key_digest = hashlib.sha256(settings.node_key.encode("utf-8")).digest()
+    app.add_middleware(BodyGuard, key_digest=app.state.node_key_digest)
 
     def agent_of(request: Request) -> NodeAgent:
         return request.app.state.agent
