@@ -147,6 +147,9 @@ class NodeAgent:
         # greedy requests. `unknown` (the probe failed) is not kept.
         self._verdicts: dict[tuple[str, ...], str] = {}
         self.eviction = EvictionConfig(policy=EvictionPolicy(settings.eviction_policy))
+        # One policy change in the engine at a time: an operator's switch, or a state read's sync. Without it a state
+        # read between the engine applying a switch and its answer sent the old policy back (agent lfu, engine lru).
+        self._policy_lock = asyncio.Lock()
         # lora_int_id -> time.monotonic() of its last good add here, and the engine's scheduler steps for it right
         # after that add (its effect probe included): the eviction grace (`eviction_grace_s`) lasts until either
         # runs out, i.e. until the request that asked for the load has run.
@@ -503,11 +506,12 @@ class NodeAgent:
         except ValueError as exc:
             raise AgentError(400, "invalid_policy",
                              f"policy must be one of {', '.join(p.value for p in EvictionPolicy)}") from exc
-        try:
-            await self.engine.set_eviction_policy(config.policy.value)
-        except EngineError as exc:
-            raise AgentError(exc.status, exc.code, exc.detail) from exc
-        self.eviction = config
+        async with self._policy_lock:
+            try:
+                await self.engine.set_eviction_policy(config.policy.value)
+            except EngineError as exc:
+                raise AgentError(exc.status, exc.code, exc.detail) from exc
+            self.eviction = config
         logger.info("agent.eviction_policy", extra={"policy": config.policy.value})
         return {"policy": config.policy.value}
 
@@ -517,11 +521,16 @@ class NodeAgent:
         engine_policy = ((engine_residency or {}).get("eviction") or {}).get("policy")
         if engine_policy is None or engine_policy == self.eviction.policy.value:
             return
-        try:
-            await self.engine.set_eviction_policy(self.eviction.policy.value)
-        except EngineError as exc:
-            logger.warning("agent.eviction_policy_not_set", extra={"error": exc.detail})
-            return
+        async with self._policy_lock:
+            # Compared again under the lock: a switch that was in flight when the engine was read has finished, and
+            # the engine then reported the policy it set (the agent's own now).
+            if engine_policy == self.eviction.policy.value:
+                return
+            try:
+                await self.engine.set_eviction_policy(self.eviction.policy.value)
+            except EngineError as exc:
+                logger.warning("agent.eviction_policy_not_set", extra={"error": exc.detail})
+                return
         engine_residency["eviction"]["policy"] = self.eviction.policy.value  # type: ignore[index]
         logger.info("agent.eviction_policy_sent", extra={"policy": self.eviction.policy.value,
                                                           "engine_had": engine_policy})

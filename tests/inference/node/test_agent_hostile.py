@@ -1,5 +1,5 @@
-"""Attacks on the node agent's routes that need no engine: bodies sent without the node key, oversized bodies, bad
-``POST /v1/eviction_policy`` bodies."""
+"""Attacks on the node agent's routes that need no engine: bodies sent without the node key, oversized bodies, and
+races between an operator's ``POST /v1/eviction_policy`` and the state read that syncs the engine's policy."""
 
 from __future__ import annotations
 
@@ -137,6 +137,43 @@ class _Engine:
 def _agent(tmp_path: Path, engine: _Engine, policy: str) -> NodeAgent:
     settings = _settings(tmp_path, eviction_policy=policy)
     return NodeAgent(settings, AdapterCache(settings.cache_dir, None, "b"), engine)  # type: ignore[arg-type]
+
+
+def test_a_state_read_during_a_policy_switch_does_not_undo_it_in_the_engine(tmp_path: Path) -> None:
+    """The engine has applied the new policy but its answer is not back; a heartbeat's state read then sees engine
+    (new) != agent (old) and sent the old one back: the agent ended on ``lfu`` and the engine on ``lru``."""
+
+    async def scenario() -> tuple[str, str]:
+        engine = _Engine("lru")
+        agent = _agent(tmp_path, engine, "lru")
+        engine.holding = 1
+        switching = asyncio.create_task(agent.set_eviction_policy("lfu"))
+        await engine.applied.wait()
+        reading = asyncio.create_task(agent.state())
+        await asyncio.sleep(0.05)  # the state read runs as far as it can
+        engine.hold.set()
+        assert await switching == {"policy": "lfu"}
+        await reading
+        return agent.eviction.policy.value, engine.policy
+
+    assert asyncio.run(scenario()) == ("lfu", "lfu")
+
+
+def test_concurrent_policy_switches_leave_agent_and_engine_on_the_same_one(tmp_path: Path) -> None:
+    async def scenario() -> tuple[str, str, list[str]]:
+        engine = _Engine("lfu")
+        agent = _agent(tmp_path, engine, "lfu")
+        engine.holding = 1
+        first = asyncio.create_task(agent.set_eviction_policy("lru"))
+        await engine.applied.wait()
+        second = asyncio.create_task(agent.set_eviction_policy("cost"))
+        await asyncio.sleep(0.05)
+        engine.hold.set()
+        await asyncio.gather(first, second)
+        return agent.eviction.policy.value, engine.policy, engine.sent
+
+    agent_policy, engine_policy, sent = asyncio.run(scenario())
+    assert agent_policy == engine_policy == sent[-1]
 
 
 @pytest.mark.parametrize("body", [{"policy": None}, {"policy": ["lfu"]}, {"policy": 1}, {"policy": "LFU"},
