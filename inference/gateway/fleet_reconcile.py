@@ -151,13 +151,19 @@ def fleet_trim(*, plans: dict[int, tuple[str, ...]], intents: dict[int, VersionI
                counts: dict[int, int]) -> int:
     """Evict what the desired state no longer allows; returns how many evictions it asked for.
 
-    - replicas above ``VersionIntent.max_replicas``: the resident, unpinned replicas off the plan go first;
+    - replicas above ``VersionIntent.max_replicas``: the unpinned replicas off the plan go first. A replica is a
+      live node that answers for the version: resident, or served by name from disk (a request there reloads it);
+      a dead node's rows count for nothing and get no eviction (its agent cannot answer; its rows go cold when it
+      comes back or is deregistered);
     - per tenant with ``TenantResidencyQuota.max_gpu_bytes``: GPU-resident (``hot``) bytes, each counted as its
       node's rank-padded slot (``residency.gpu_slot_bytes`` in the heartbeat; ``inference.fleet.eviction``), above
       the quota are evicted from the tenant's own unpinned adapters, fewest recent requests first.
     """
     victims: list[int] = []
-    resident = list(Placement.objects.filter(tier__in=RESIDENT, pinned=False).select_related("node")
+    fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
+    live = Placement.objects.filter(node__healthy=True, node__last_heartbeat_at__gte=fresh,
+                                    node__deregistered_at=None)
+    resident = list(live.filter(Q(tier__in=RESIDENT) | Q(served=True), pinned=False).select_related("node")
                     .values_list("pk", "adapter_version_id", "node__name", "tier", "node__state",
                                  "adapter_version__tenant_id"))
     by_version: dict[int, list[tuple[int, str]]] = defaultdict(list)
@@ -165,7 +171,7 @@ def fleet_trim(*, plans: dict[int, tuple[str, ...]], intents: dict[int, VersionI
         by_version[version_id].append((pk, node_name))
     for version_id, intent in intents.items():
         held = by_version.get(version_id, [])
-        pinned = Placement.objects.filter(adapter_version_id=version_id, pinned=True).count()
+        pinned = live.filter(adapter_version_id=version_id, pinned=True).count()
         if intent.max_replicas is None or len(held) + pinned <= intent.max_replicas:
             continue
         planned = plans.get(version_id, ())

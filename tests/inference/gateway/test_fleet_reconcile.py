@@ -213,3 +213,27 @@ def test_a_single_wanted_copy_served_from_disk_is_warmed_again(
     with django_capture_on_commit_callbacks() as converged:
         assert fleet_reconcile() == 0
     assert converged == []
+
+
+def test_trims_count_replicas_served_from_disk_and_skip_dead_nodes(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``max_replicas``: a copy served from disk still takes requests, so it is a replica to trim; a dead
+    node's row is neither counted nor sent an eviction it cannot carry out (every pass would resend it)."""
+    version = setup["version"]
+    n0, n1 = setup["nodes"]
+    Placement.objects.create(node=n0, adapter_version=version, tier="warm", served=True)
+    off_disk = Placement.objects.create(node=n1, adapter_version=version, tier="staged", served=True)
+    VersionIntent.objects.create(adapter_version=version, min_replicas=1, max_replicas=1)
+    evicted: list[int] = []
+    monkeypatch.setattr("inference.gateway.fleet_reconcile.placement_evict_task.delay", evicted.append)
+    monkeypatch.setattr("inference.gateway.fleet_reconcile.placement_request_warm", lambda *a, **k: None)
+    with django_capture_on_commit_callbacks(execute=True):
+        fleet_reconcile()
+    assert len(evicted) == 1 and evicted[0] in {off_disk.pk, Placement.objects.get(node=n0).pk}
+
+    evicted.clear()
+    Placement.objects.filter(adapter_version=version).update(tier="warm", served=True)  # both back in engines
+    Node.objects.filter(pk=n1.pk).update(healthy=False)  # then n1 died holding its copy
+    with django_capture_on_commit_callbacks(execute=True):
+        fleet_reconcile()
+    assert evicted == []  # one live replica: within max; nothing sent to the dead node
