@@ -27,7 +27,7 @@ from adapters_app.models import AdapterVersion
 from inference.fleet.eviction import Resident, eviction_order
 from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
 from inference.gateway.fleet_plan import plan_all, plan_publish
-from inference.gateway.models import Placement, TenantResidencyQuota, UsageRecord, VersionIntent
+from inference.gateway.models import Node, Placement, TenantResidencyQuota, UsageRecord, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm
 from inference.gateway.tasks import placement_evict_task
 from workers.enqueue import enqueue_on_commit
@@ -96,20 +96,30 @@ def fleet_reconcile() -> int:
                     continue
                 if name not in d.pinned_nodes and not _prewarm(d, name, plan, fits, loaded, intents):
                     continue
+                repin = False
                 if name in d.pinned_nodes:
                     Placement.objects.get_or_create(node=node_by_name[name], adapter_version=versions[d.version_id])
                     Placement.objects.filter(node=node_by_name[name], adapter_version_id=d.version_id).update(
                         pinned=True)
                     if name in loaded[d.version_id]:
-                        continue
+                        if _engine_pinned(node_by_name[name], d.version_id):
+                            continue
+                        repin = True  # loaded, but the engine holds no pin (it restarted, or the pin failed)
                 elif versions[d.version_id].tenant_id in no_gpu_room:
                     continue  # a load lands in a GPU slot; this tenant has none left (its requests still load it)
-                placement_request_warm(versions[d.version_id], node=node_by_name[name], even_if_served=True)
+                placement_request_warm(versions[d.version_id], node=node_by_name[name], even_if_served=True,
+                                       repin=repin)
                 asked += 1
     plan_publish(plans)
     evicted = fleet_trim(plans=plans, intents=intents, counts=counts)
     logger.info("fleet.reconciled", extra={"warms": asked, "evictions": evicted})
     return asked + evicted
+
+
+def _engine_pinned(node: Node, version_id: int) -> bool:
+    """Whether the node's last heartbeat (its engine's own report, ``Node.state``) says ``version_id`` is pinned;
+    the placement row's ``pinned`` is also written from operators' intent, so it cannot tell."""
+    return any(a.get("lora_int_id") == version_id and a.get("pinned") for a in (node.state or {}).get("adapters", []))
 
 
 def _prewarm(d: Demand, name: str, plan: dict[int, tuple[str, ...]], fits: frozenset[tuple[int, str]],

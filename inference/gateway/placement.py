@@ -169,7 +169,8 @@ def placement_evict(placement: Placement) -> Placement:
     return placement
 
 
-def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_served: bool = False) -> Placement:
+def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_served: bool = False,
+                           repin: bool = False) -> Placement:
     """Ask a worker to warm ``version`` on ``node`` unless it is resident or a warm is already in flight.
 
     A row whose name the engine still serves from disk (tier ``staged``, ``served``: its CPU cache dropped the
@@ -185,14 +186,14 @@ def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_serve
     """
     for attempt in range(3):
         try:
-            return _request_warm_once(version, node=node, even_if_served=even_if_served)
+            return _request_warm_once(version, node=node, even_if_served=even_if_served, repin=repin)
         except OperationalError as exc:
             if attempt == 2 or not isinstance(exc.__cause__, DeadlockDetected):
                 raise
     raise AssertionError("unreachable")
 
 
-def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: bool) -> Placement:
+def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: bool, repin: bool = False) -> Placement:
     with transaction.atomic():
         placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
         if adapter_version_no_effect_refused(version):
@@ -203,7 +204,7 @@ def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: b
             return placement
         stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
         in_flight = placement.warming_since is not None and placement.warming_since > stale
-        if placement.tier in RESIDENT or (placement.served and not even_if_served) or in_flight:
+        if in_flight or (not repin and (placement.tier in RESIDENT or (placement.served and not even_if_served))):
             return placement
         placement.warming_since = timezone.now()
         placement.save(update_fields=["warming_since", "updated_at"])

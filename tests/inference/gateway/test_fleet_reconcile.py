@@ -210,6 +210,9 @@ def test_a_single_wanted_copy_served_from_disk_is_warmed_again(
     row = Placement.objects.get(adapter_version=version, node=n0)
     assert row.warming_since is not None and row.pinned == ("pinned_nodes" in intent)
     Placement.objects.filter(pk=row.pk).update(tier="warm", warming_since=None)
+    report = {"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm", "served": True,
+              "pinned": "pinned_nodes" in intent}
+    Node.objects.filter(pk=n0.pk).update(state={"adapters": [report]})  # the heartbeat after the warm
     with django_capture_on_commit_callbacks() as converged:
         assert fleet_reconcile() == 0
     assert converged == []
@@ -237,3 +240,25 @@ def test_trims_count_replicas_served_from_disk_and_skip_dead_nodes(
     with django_capture_on_commit_callbacks(execute=True):
         fleet_reconcile()
     assert evicted == []  # one live replica: within max; nothing sent to the dead node
+
+
+def test_a_pin_the_engine_lost_is_sent_again(setup: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
+    """Loaded on its pinned node but the engine reports no pin (it restarted): the pass re-sends the warm, whose
+    agent load pins it (``placement_warm_task`` takes the pin from the intent); once the engine reports it pinned,
+    nothing more is sent."""
+    version = setup["version"]
+    n0 = setup["nodes"][0]
+    Placement.objects.create(node=n0, adapter_version=version, tier="warm", served=True)
+    VersionIntent.objects.create(adapter_version=version, pinned_nodes=["n0"])
+    entry = {"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm", "served": True}
+    Node.objects.filter(pk=n0.pk).update(state={"adapters": [{**entry, "pinned": False}]})
+    with django_capture_on_commit_callbacks() as sent:
+        fleet_reconcile()
+    assert len(sent) == 1
+    assert Placement.objects.get(node=n0, adapter_version=version).warming_since is not None
+
+    Placement.objects.filter(node=n0).update(warming_since=None)  # the warm ended; the engine pinned it
+    Node.objects.filter(pk=n0.pk).update(state={"adapters": [{**entry, "pinned": True}]})
+    with django_capture_on_commit_callbacks() as converged:
+        fleet_reconcile()
+    assert converged == []
