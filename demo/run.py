@@ -309,12 +309,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"{example['prompt']!r:<16} {example['completion']!r:<14} {answers[0]!r:<14} "
                     f"{answers[1][:16]!r:<18} {'yes' if ok else 'NO'}"
                 )
+        print("\n(the base model is untrained random weights: its answers are noise; each adapter learned its task)")
         print("\n== usage metered by the gateway (GET /api/v1/usage) ==")
         for row in api.get("/api/v1/usage").json():
-            print(f"{row['model']:<12} v{row['version'] or '-':<3} requests={row['requests']:<3} "
+            print(f"{row['model']:<12} {'v' + str(row['version']) if row['version'] else '(base)':<6} "
+                  f"requests={row['requests']:<3} "
                   f"prompt_tokens={row['prompt_tokens']:<4} completion_tokens={row['completion_tokens']}")
         _say(f"{total - failures}/{total} answers match; total {time.monotonic() - started:.0f} s")
-        if not args.once:
+        if args.once:
+            print("Run ./scripts/demo without --once to keep the stack up and open the web console.")
+        else:
             logins = create_logins(env, "demo")
             serve_until_interrupted(web_url, logins, client, assets.examples)
         return 0 if failures == 0 else 1
