@@ -155,7 +155,8 @@ class QuiverPolicy(Policy):
         self.plan: dict[int, tuple[str, ...]] = {}
         self.res: dict[str, dict[int, Resident]] = {n.name: {} for n in nodes}
         self.last_plan = 0.0
-        self.pnodes = [PlacementNode(n.name, BASE, costs.max_lora_rank, n.engine.max_cpu_loras) for n in nodes]
+        self.pnodes = [PlacementNode(n.name, BASE, costs.max_lora_rank, n.engine.max_cpu_loras, gpu_slots=n.engine.max_loras)
+                       for n in nodes]
 
     def tick(self, t: float) -> None:
         """Re-plan every ``replan_s`` seconds, as the reconciler would on Celery beat."""

@@ -15,6 +15,10 @@
   versions (consistent hashing with bounded loads, Mirrokni, Thorup, Zadimoghaddam, SODA 2018). So the hottest
   ``Σ max_cpu_loras`` versions spread over distinct CPU slots — the most an online cache can hold — and no node is
   handed more than its share of traffic.
+- *Batch slots*: the ``Σ max_loras`` hottest versions (the GPU-slot frontier) go at most ``max_loras`` to a node
+  while another node has room for one: vLLM's scheduler runs at most ``max_loras`` adapters in a batch and defers a
+  request whose adapter does not fit (``vllm/v1/core/sched/scheduler.py``), so a node handed three of the four
+  hottest versions for two slots kept one of them waiting behind the other two (bench_fleet: 2 nodes × 2 slots).
 - *Pins*: nodes a version is pinned on are always in its set, before the hashed ones.
 - *Stickiness*: nodes already holding the version are tried before the hash order, so re-planning on noisy rates
   does not shuffle versions between nodes (every move is an engine load); among several holders, the ones the
@@ -43,6 +47,7 @@ class PlacementNode:
         max_lora_rank: the engine's ``--max-lora-rank``.
         cpu_slots: the engine's ``max_cpu_loras`` (versions it can hold in its CPU cache).
         cpu_bytes: byte budget of its CPU cache, or None for "count only".
+        gpu_slots: the engine's ``max_loras`` (adapters one batch can hold), or 0 to leave them out of the plan.
     """
 
     name: str
@@ -50,6 +55,7 @@ class PlacementNode:
     max_lora_rank: int
     cpu_slots: int
     cpu_bytes: int | None = None
+    gpu_slots: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +156,15 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     for n in nodes:
         slot_total[n.base_model] = slot_total.get(n.base_model, 0) + n.cpu_slots
     frontier = _slot_frontier(demands, slot_total)
+    gpu_total: dict[str, int] = {}
+    for n in nodes:
+        gpu_total[n.base_model] = gpu_total.get(n.base_model, 0) + n.gpu_slots
+    gpu_frontier = _slot_frontier(demands, gpu_total, all_fit=0.0)
+    hot_cap = {n.name: n.gpu_slots for n in nodes}
+    hot_held: dict[str, int] = {n.name: 0 for n in nodes}
+
+    def is_hot(d: Demand) -> bool:
+        return d.rate > 0 and d.rate >= gpu_frontier.get(d.base_model, float("inf"))
     # What a version costs the fleet: its rate, times 1 + miss_cost when it is colder than the slot frontier (no
     # CPU slot for it anywhere: each of its requests is an engine load). This sizes the mean node's share.
     cost = {d.version_id: d.rate * (1.0 + config.miss_cost) if 0 < d.rate < frontier.get(d.base_model, 0.0)
@@ -184,7 +199,7 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
              check_load: bool) -> bool:
         full = slots[name] >= slot_cap[name]
         if check_slots:
-            if full:
+            if full or (hot_cap[name] and is_hot(d) and hot_held[name] >= hot_cap[name]):
                 return False
             budget = node_by_name[name].cpu_bytes
             if budget is not None and used_bytes[name] + d.size_bytes > budget:
@@ -204,6 +219,8 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
                 load[name] -= booked.pop((d.version_id, name))
             slots[name] += sign
             used_bytes[name] += sign * d.size_bytes
+            if is_hot(d):
+                hot_held[name] += sign
 
     def grow(d: Demand, chosen: list[str], eligible: list[str], target: int, cap: float,
              passes: Sequence[tuple[bool, bool]]) -> None:
@@ -270,9 +287,10 @@ def place(demands: Sequence[Demand], nodes: Sequence[PlacementNode], *,
     return result
 
 
-def _slot_frontier(demands: Sequence[Demand], slot_total: Mapping[str, int]) -> dict[str, float]:
-    """Per base model, the rate of the coldest version that still gets a CPU slot when the slots go to the hottest
-    versions one each (0 where every version with traffic fits)."""
+def _slot_frontier(demands: Sequence[Demand], slot_total: Mapping[str, int], *,
+                   all_fit: float | None = None) -> dict[str, float]:
+    """Per base model, the rate of the coldest version that still gets a slot when the ``slot_total`` slots go to
+    the hottest versions one each. Where every version with traffic fits: absent, or ``all_fit`` when given."""
     rates: dict[str, list[float]] = {}
     for d in demands:
         if d.rate > 0:
@@ -282,6 +300,8 @@ def _slot_frontier(demands: Sequence[Demand], slot_total: Mapping[str, int]) -> 
         slots = slot_total.get(base, 0)
         if 0 < slots < len(values):
             out[base] = sorted(values, reverse=True)[slots - 1]
+        elif slots > 0 and all_fit is not None:
+            out[base] = all_fit
     return out
 
 

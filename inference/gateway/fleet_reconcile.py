@@ -74,7 +74,8 @@ def fleet_reconcile() -> int:
         live = list(nodes_live(base_versions[0].adapter.base_model))
         if not live:
             continue
-        nodes = [PlacementNode(n.name, str(base_id), n.max_lora_rank, max(n.max_cpu_loras, 1)) for n in live]
+        nodes = [PlacementNode(n.name, str(base_id), n.max_lora_rank, max(n.max_cpu_loras, 1), gpu_slots=n.max_loras)
+                 for n in live]
         demands = []
         for v in base_versions:
             intent = intents.get(v.pk)
