@@ -53,7 +53,8 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
 
     Re-registering keeps the node's credentials unless ``rotate``, which moves it to a new key generation: the old
     key and token stop working and the node is unhealthy until it heartbeats with the new ones. Registering a
-    deregistered name always moves to a new generation.
+    deregistered name always moves to a new generation. Re-registering for another base model drops the node's
+    placements and makes it unhealthy until a heartbeat reports that model.
 
     Raises:
         NodeRefused: 400 ``invalid`` (name not 1-63 lowercase letters, digits or hyphens; a URL not http(s)),
@@ -76,6 +77,12 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
         elif rotate or node.deregistered_at is not None:
             node.key_generation += 1
             node.healthy = False
+        if node.pk is not None and node.base_model_id != base.pk:
+            # Another base model: what it held was for the old one. Unhealthy until its engine reports the new model
+            # (the heartbeat refuses a mismatch), so no queued warm or routed request sends it the old model's adapters.
+            node.healthy = False
+            node.state = {}
+            Placement.objects.filter(node=node).delete()
         node.deregistered_at = None
         node.agent_url, node.engine_url = agent_url.rstrip("/"), engine_url.rstrip("/")
         node.base_model = base

@@ -162,3 +162,30 @@ def test_registration_errors_name_the_field(base_model: Any, kwargs: dict[str, s
             "base_model_name": "tiny-llama", **kwargs}
     with pytest.raises(NodeRefused, match=message):
         node_register(**args)
+
+
+def test_re_registering_for_another_base_model_drops_what_the_node_held(
+        internal: Client, base_model: Any, make_client: Any) -> None:
+    """The node's placements were for the old model: dropped, and the node is unhealthy until its engine reports
+    the new one (a queued warm or a routed request would otherwise send it the old model's adapters)."""
+    from adapters_app.services import base_model_register
+    from tests.test_tenant_isolation import _ready_adapter
+
+    _, tenant, _ = make_client()
+    version = _ready_adapter(tenant, "bot")
+    token = _register("n1")
+    entries = [{"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm"}]
+    assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
+    assert Placement.objects.filter(node__name="n1").count() == 1
+    other = base_model_register(base_model_name="tiny-llama-2", hf_config=base_model.hf_config, max_lora_rank=16)
+
+    node, _ = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
+                            base_model_name=other.base_model_name)
+
+    assert (node.healthy, node.state, Placement.objects.filter(node=node).count()) == (False, {}, 0)
+    assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 409  # still the old model
+    assert _beat(internal, token, _state("n1", base_model="tiny-llama-2")).status_code == 200
+    assert Node.objects.get(name="n1").healthy
+    same, _ = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
+                            base_model_name="tiny-llama-2")
+    assert same.healthy  # the same model again: nothing dropped
