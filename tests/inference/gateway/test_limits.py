@@ -141,11 +141,10 @@ def test_one_request_over_the_tpm_limit_names_its_length_field_and_the_limit(set
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("store", ["in_process"], indirect=True)
 def test_in_process_leases_expire_and_old_windows_are_dropped(store: str, settings: Any) -> None:
     """A request that never settles (its task died) frees its slot after the lease, as Redis's sorted set does; the
     in-process store keeps no window past its expiry, so a long-running gateway does not grow."""
-    if store != "in_process":
-        pytest.skip("in-process store only")
     settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.05, 0.0
 
     async def run() -> None:
@@ -164,14 +163,13 @@ def test_in_process_leases_expire_and_old_windows_are_dropped(store: str, settin
     assert not any(scope_name.startswith("quiver:rl:test:") for scope_name in LOCAL_STORE.keys())
 
 
+@pytest.mark.parametrize("store", ["in_process"], indirect=True)
 @pytest.mark.django_db(transaction=True)
 def test_a_gateway_without_redis_enforces_limits_per_process_and_says_so(
         store: str, base_model: Any, tmp_path: Path) -> None:
     """The embedded demo's gateway (no ``QUIVER_GATEWAY_REDIS_URL``): a tenant's RPM limit refuses the request
     over it with OpenAI's 429 and headers, a key's concurrency and TPM limits apply, and the start-up log says once
     that limits are per process."""
-    if store != "in_process":
-        pytest.skip("one gateway process without Redis")
     from tenants.services import api_key_create, limits_set
     from tests.factories import TenantFactory
     from tests.fixtures.stack import django_process_env, start_uvicorn
@@ -209,11 +207,10 @@ def test_a_gateway_without_redis_enforces_limits_per_process_and_says_so(
     assert log.count("gateway.limits_per_process_without_redis") == 1, log
 
 
+@pytest.mark.parametrize("store", ["redis"], indirect=True)
 def test_a_settle_after_the_window_expired_leaves_no_key_behind(store: str, settings: Any) -> None:
     """A stream longer than the token window's life settles into nothing: no key without an expiry is left (INCRBY
     on a gone key would create one that Redis keeps for good)."""
-    if store != "redis":
-        pytest.skip("the in-process store is checked in test_in_process_leases_expire_and_old_windows_are_dropped")
     import redis
 
     async def run() -> None:
