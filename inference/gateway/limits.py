@@ -376,22 +376,16 @@ class RateLimiter:
             return
         admission.settled = True
         delta = actual_tokens - admission.reserved
+        tpm_keys, conc_keys = [], []
+        for scope in admission.scopes:
+            _, tpm_key, conc_key, _ = self._keys(scope, admission.window)
+            tpm_keys.append(tpm_key)
+            if scope.limits.concurrency is not None:
+                conc_keys.append(conc_key)
         if admission.local:
-            tpm_keys, conc_keys = [], []
-            for scope in admission.scopes:
-                _, tpm_key, conc_key, _ = self._keys(scope, admission.window)
-                tpm_keys.append(tpm_key)
-                if scope.limits.concurrency is not None:
-                    conc_keys.append(conc_key)
             LOCAL_STORE.settle(tpm_keys, delta, conc_keys, admission.lease)
             return
         try:
-            tpm_keys, conc_keys = [], []
-            for scope in admission.scopes:
-                _, tpm_key, conc_key, _ = self._keys(scope, admission.window)
-                tpm_keys.append(tpm_key)
-                if scope.limits.concurrency is not None:
-                    conc_keys.append(conc_key)
             self._client()
             await self._settle_script(keys=[*tpm_keys, *conc_keys], args=[len(tpm_keys), delta, admission.lease])
         except Exception as exc:  # noqa: BLE001 - a lost settle only skews one window; the lease expires by itself

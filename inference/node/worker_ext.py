@@ -135,6 +135,15 @@ def policy_victim(registered: Any, *, in_use: set[int], now: float, config: Evic
     return victims[0] if victims else None
 
 
+def _lru_manager_class() -> Any:
+    """vLLM's ``LRUCacheLoRAModelManager`` (``vllm/lora/model_manager.py``), or None without vLLM."""
+    try:
+        from vllm.lora import model_manager
+    except ImportError:
+        return None
+    return model_manager.LRUCacheLoRAModelManager
+
+
 def _evict_by_policy() -> bool:
     """Make vLLM's ``LRUCacheLoRAModelManager.remove_oldest_adapter`` (called when a load finds the CPU cache full,
     ``LRUCacheWorkerLoRAManager.add_adapter``) drop :func:`policy_victim`'s choice (class level, once per process).
@@ -142,11 +151,9 @@ def _evict_by_policy() -> bool:
     Every load goes through it, also the ones the agent does not start: an evicted adapter keeps its name served
     and its next request reloads it inside the engine (``engine_ext.evict_lora``), where vLLM's LRU alone would pick
     the victim and drop a hot adapter for one request of a cold one. False without vLLM."""
-    try:
-        from vllm.lora import model_manager
-    except ImportError:
+    lru = _lru_manager_class()
+    if lru is None:
         return False
-    lru = model_manager.LRUCacheLoRAModelManager
     if getattr(lru.remove_oldest_adapter, "_quiver_policy", False):
         return True
     remove_oldest = lru.remove_oldest_adapter
@@ -176,11 +183,9 @@ def _pin_in_cpu_cache_only() -> bool:
     node with ``max_loras`` 2, one pin and two adapters in flight (tests/e2e/test_fleet_live.py). A CPU-only pin keeps
     the guarantee Quiver sells (a pinned adapter is never reloaded from disk or S3); moving it into a GPU slot when a
     batch needs it is a copy (shared/notes/fleet.md §1, §6). False without vLLM."""
-    try:
-        from vllm.lora import model_manager
-    except ImportError:
+    lru = _lru_manager_class()
+    if lru is None:
         return False
-    lru = model_manager.LRUCacheLoRAModelManager
     if getattr(lru.pin_adapter, "_quiver_cpu_only", False):
         return True
 
