@@ -222,16 +222,36 @@ def _duration(seconds: float) -> str:
     return f"{whole // 60}m{whole % 60}s" if whole >= 60 else f"{whole}s"
 
 
+def text_tokens_estimate(text: str) -> int:
+    """A conservative token count for ``text``, without a tokenizer: ASCII at 4 characters per token (a common
+    English average), each non-ASCII code point at least one token (CJK characters are one or more tokens each in
+    the tokenizers we serve), a code point outside the Basic Multilingual Plane (most emoji) two, plus one.
+
+    Three C-level passes at most (``isascii``, an ASCII and a UTF-16 encode, only for non-ASCII text): O(n) and
+    cheap on the request path.
+    """
+    if text.isascii():
+        return len(text) // 4 + 1
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    astral = len(text.encode("utf-16-le", "surrogatepass")) // 2 - len(text)  # a surrogate pair for each
+    return ascii_chars // 4 + (len(text) - ascii_chars) + astral + 1
+
+
 def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """A prompt's size in tokens for reservations, before tokenizing: token ids counted, text at 4 bytes per token
-    (a common English average; the real count replaces it when the request settles)."""
+    """A prompt's size in tokens for reservations, before tokenizing (the real count replaces it when the request
+    settles).
+
+    Token ids are counted one each; text by :func:`text_tokens_estimate`: ASCII at 4 characters per token, each
+    non-ASCII code point as at least one token (two outside the BMP), so CJK or emoji text cannot pass a TPM limit
+    by a multiple as it did at 4 bytes per token; each chat message adds 3 for its role and separators.
+    """
     prompt = body.get("prompt")
     if prompt is not None:
         items = prompt if isinstance(prompt, list) else [prompt]
         total = 0
         for item in items:
             if isinstance(item, str):
-                total += len(item.encode()) // 4 + 1
+                total += text_tokens_estimate(item)
             elif isinstance(item, list):
                 total += len(item)
             else:
@@ -241,7 +261,7 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         text = content if isinstance(content, str) else str(content or "")
-        total += len(text.encode()) // 4 + 4  # role and separators
+        total += text_tokens_estimate(text) + 3  # role and separators
     return total
 
 

@@ -85,6 +85,18 @@ def test_reset_durations_and_prompt_estimates() -> None:
     assert estimate_prompt_tokens({"messages": [{"role": "user", "content": "abcd" * 10}]}) == 14
 
 
+def test_non_ascii_prompts_are_estimated_at_least_a_token_per_code_point() -> None:
+    """CJK and emoji tokenize at one or more tokens a character: at 4 bytes a token they were reserved a third
+    (CJK) or a quarter (emoji) of that and passed a TPM limit by a multiple."""
+    cjk = "你好世界" * 100  # 400 code points, 1,200 bytes (300 tokens at 4 bytes a token)
+    emoji = "\U0001F600" * 100  # 100 code points outside the BMP, 400 bytes (100 at 4 bytes a token)
+    assert estimate_prompt_tokens({"prompt": cjk}) == 401
+    assert estimate_prompt_tokens({"prompt": emoji}) == 201
+    assert estimate_prompt_tokens({"prompt": "abcd" * 10 + "é" * 10}) == 10 + 10 + 1  # ASCII still 4 chars a token
+    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": cjk}]}) == 404
+    assert estimate_prompt_tokens({"prompt": ["abcd" * 10, cjk]}) == 11 + 401
+
+
 def test_rpm_is_paced_over_the_minute_after_a_short_burst(settings) -> None:  # type: ignore[no-untyped-def]
     settings.QUIVER_LIMIT_BURST_S, settings.QUIVER_LIMIT_BURST_MIN = 1.0, 4
 
