@@ -28,7 +28,7 @@ from inference.fleet.eviction import Resident, eviction_order
 from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
 from inference.gateway.fleet_plan import plan_all, plan_publish
 from inference.gateway.models import Node, Placement, TenantResidencyQuota, UsageRecord, VersionIntent
-from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm
+from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm_enqueued
 from inference.gateway.tasks import placement_evict_task
 from workers.enqueue import enqueue_on_commit
 
@@ -37,7 +37,8 @@ RATE_WINDOW_S = 600
 
 
 def fleet_reconcile() -> int:
-    """One pass over every base model with live nodes; returns how many warms and evictions it asked for."""
+    """One pass over every base model with live nodes; returns how many warms and evictions it enqueued (a warm
+    ``placement_request_warm`` skipped, already in flight or resident, is not counted)."""
     asked = 0
     plans: dict[int, tuple[str, ...]] = {}
     versions = {
@@ -108,9 +109,9 @@ def fleet_reconcile() -> int:
                         repin = True  # loaded, but the engine holds no pin (it restarted, or the pin failed)
                 elif versions[d.version_id].tenant_id in no_gpu_room:
                     continue  # a load lands in a GPU slot; this tenant has none left (its requests still load it)
-                placement_request_warm(versions[d.version_id], node=node_by_name[name], even_if_served=True,
-                                       repin=repin)
-                asked += 1
+                _, enqueued = placement_request_warm_enqueued(versions[d.version_id], node=node_by_name[name],
+                                                              even_if_served=True, repin=repin)
+                asked += enqueued  # a warm in flight, a resident row or a no_effect refusal enqueues nothing
     plan_publish(plans)
     evicted = fleet_trim(plans=plans, intents=intents, counts=counts)
     logger.info("fleet.reconciled", extra={"warms": asked, "evictions": evicted})

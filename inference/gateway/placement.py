@@ -171,7 +171,8 @@ def placement_evict(placement: Placement) -> Placement:
 
 def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_served: bool = False,
                            repin: bool = False) -> Placement:
-    """Ask a worker to warm ``version`` on ``node`` unless it is resident or a warm is already in flight.
+    """Ask a worker to warm ``version`` on ``node`` unless it is resident or a warm is already in flight
+    (:func:`placement_request_warm_enqueued`, which also says whether a warm was enqueued).
 
     A row whose name the engine still serves from disk (tier ``staged``, ``served``: its CPU cache dropped the
     weights) is skipped too, since a request there reloads it itself, unless ``even_if_served``: the reconciler's
@@ -184,6 +185,13 @@ def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_serve
     A deadlock with a concurrent heartbeat's placement writes is retried (PostgreSQL aborts one side; its docs
     say to retry the transaction); a third deadlock raises ``OperationalError``.
     """
+    return placement_request_warm_enqueued(version, node=node, even_if_served=even_if_served, repin=repin)[0]
+
+
+def placement_request_warm_enqueued(version: AdapterVersion, *, node: Node, even_if_served: bool = False,
+                                    repin: bool = False) -> tuple[Placement, bool]:
+    """:func:`placement_request_warm`, also saying whether it enqueued a warm (False: resident, served, in flight,
+    or refused as ``no_effect``), so the reconciler counts only the warms it actually asked for."""
     for attempt in range(3):
         try:
             return _request_warm_once(version, node=node, even_if_served=even_if_served, repin=repin)
@@ -193,7 +201,8 @@ def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_serve
     raise AssertionError("unreachable")
 
 
-def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: bool, repin: bool = False) -> Placement:
+def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: bool,
+                       repin: bool = False) -> tuple[Placement, bool]:
     with transaction.atomic():
         placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
         if adapter_version_no_effect_refused(version):
@@ -201,15 +210,15 @@ def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: b
                 placement.tier, placement.warming_since = Placement.Tier.ERRORED, None
                 placement.last_error = "no_effect: the adapter changes nothing (effect probe)"
                 placement.save(update_fields=["tier", "warming_since", "last_error", "updated_at"])
-            return placement
+            return placement, False
         stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
         in_flight = placement.warming_since is not None and placement.warming_since > stale
         if in_flight or (not repin and (placement.tier in RESIDENT or (placement.served and not even_if_served))):
-            return placement
+            return placement, False
         placement.warming_since = timezone.now()
         placement.save(update_fields=["warming_since", "updated_at"])
         enqueue_on_commit(placement_warm_task, placement.pk)
-    return placement
+    return placement, True
 
 
 def placement_mark_not_served(node_id: int, version_id: int) -> int:

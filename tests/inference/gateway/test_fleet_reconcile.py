@@ -57,6 +57,25 @@ def test_min_replicas_are_warmed_once_even_when_run_twice(setup: dict[str, Any],
     assert converged == []
 
 
+def test_the_count_is_of_warms_enqueued_not_of_warms_skipped(setup: dict[str, Any],
+                                                             django_capture_on_commit_callbacks: Any) -> None:
+    """A warm ``placement_request_warm`` skips (already in flight) is not counted: each pass's figure is what it
+    put on the queue."""
+    version = setup["version"]
+    VersionIntent.objects.create(adapter_version=version, min_replicas=2)
+    counts, enqueued = [], []
+    for _ in range(3):
+        with django_capture_on_commit_callbacks() as callbacks:
+            counts.append(fleet_reconcile())
+        enqueued.append(len(callbacks))
+    Placement.objects.filter(adapter_version=version, node__name="n1").update(warming_since=None)  # a lost warm
+    with django_capture_on_commit_callbacks() as callbacks:
+        counts.append(fleet_reconcile())
+    enqueued.append(len(callbacks))
+    assert enqueued == [2, 0, 0, 1]  # the later passes find both warms in flight, then re-send the lost one
+    assert counts == enqueued
+
+
 def test_idle_version_gets_one_replica_and_a_pin_is_carried_out(setup: dict[str, Any],
                                                               django_capture_on_commit_callbacks: Any) -> None:
     version = setup["version"]
@@ -229,7 +248,8 @@ def test_trims_count_replicas_served_from_disk_and_skip_dead_nodes(
     VersionIntent.objects.create(adapter_version=version, min_replicas=1, max_replicas=1)
     evicted: list[int] = []
     monkeypatch.setattr("inference.gateway.fleet_reconcile.placement_evict_task.delay", evicted.append)
-    monkeypatch.setattr("inference.gateway.fleet_reconcile.placement_request_warm", lambda *a, **k: None)
+    monkeypatch.setattr("inference.gateway.fleet_reconcile.placement_request_warm_enqueued",
+                        lambda *a, **k: (None, False))
     with django_capture_on_commit_callbacks(execute=True):
         fleet_reconcile()
     assert len(evicted) == 1 and evicted[0] in {off_disk.pk, Placement.objects.get(node=n0).pk}
