@@ -574,8 +574,11 @@ class GatewayApp:
                 except ValueError:
                     data = None
                 if response.status_code >= 400 or not isinstance(data, dict):
-                    record(response.status_code if response.status_code >= 400 else 502, None)
-                    return error_response(_engine_error(response.status_code, data, target))
+                    failed = _engine_error(response.status_code, data, target, node_name=node.name)
+                    # An engine that refused the node's key is metered as what the caller got (502), not as a 401.
+                    status = failed.status if response.status_code in ENGINE_AUTH_STATUSES else response.status_code
+                    record(status if response.status_code >= 400 else 502, None)
+                    return error_response(failed)
                 data["model"] = target.requested
                 _strip_engine_fields(data)
                 self.admission.release(slot)
@@ -818,8 +821,24 @@ def _strip_engine_fields(data: dict[str, Any]) -> None:
             _drop_nulls(choice.get("delta"), NON_NULL_MESSAGE_FIELDS)
 
 
-def _engine_error(status: int, data: Any, target: TargetView) -> GatewayError:
-    """An engine error in OpenAI's shape with our own message: no engine internals, no served names."""
+# The engine refusing the gateway's credentials (the node's key, its VLLM_API_KEY): the caller's key was fine.
+ENGINE_AUTH_STATUSES = (401, 403)
+
+
+def _engine_error(status: int, data: Any, target: TargetView, *, node_name: str | None = None) -> GatewayError:
+    """An engine error in OpenAI's shape with our own message: no engine internals, no served names.
+
+    A 401/403 from the engine means it refused the gateway's node key (a platform misconfiguration: a rotated
+    ``VLLM_API_KEY``, a stale node key), never the caller's key, which the gateway already checked: it is a 502
+    ``upstream_auth_failed`` (passing it on made a good key look revoked), logged at error for operators.
+    """
+    if status in ENGINE_AUTH_STATUSES:
+        logger.error("gateway.engine_auth_refused", extra={
+            "node": node_name, "status": status, "model": target.served_name,
+            "detail": "the engine refused the node key: check the node's key against its engine's VLLM_API_KEY"})
+        return GatewayError(502, "The inference node refused the platform's own credentials (a configuration fault "
+                            "on our side, not your API key); retry, and contact the operator if it persists.",
+                            code="upstream_auth_failed", type_="server_error")
     engine_message, engine_param = "", ""
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         engine_message = str(data["error"].get("message") or "")
