@@ -2,6 +2,7 @@
 
 - ``GET /api/v1/operator/tenants``: ``[{"slug", "name", "limits": {...}, "residency_quota": {...}}]``.
 - ``GET /api/v1/operator/tenants/{slug}``: one of them.
+- ``GET /api/v1/operator/tenants/{slug}/limits``: its limits alone, in the shape ``PATCH`` takes.
 - ``PATCH /api/v1/operator/tenants/{slug}/limits``: any of ``rpm_limit``, ``tpm_limit``, ``concurrency_limit``,
   ``max_tokens_limit`` (null = unlimited), ``priority_class``; audited (``FleetAuditRecord`` action ``set_limits``).
 Residency quotas are edited at ``/api/v1/operator/residency-quotas/{slug}`` (``inference.gateway.fleet_api``).
@@ -25,6 +26,10 @@ from tenants.models import LIMIT_FIELDS, Tenant
 from tenants.serializers import LimitsSerializer
 
 
+def _limits(tenant: Tenant) -> dict[str, Any]:
+    return {name: getattr(tenant, name) for name in LIMIT_FIELDS}
+
+
 class LimitsOutputSerializer(serializers.Serializer):
     """A tenant's gateway limits; null = unlimited (requests/min, tokens/min, in flight, one request's max_tokens)."""
 
@@ -33,7 +38,6 @@ class LimitsOutputSerializer(serializers.Serializer):
     concurrency_limit = serializers.IntegerField(allow_null=True)
     max_tokens_limit = serializers.IntegerField(allow_null=True)
     priority_class = serializers.CharField(allow_null=True, help_text="high, normal or low; null = normal")
-    priority_class = serializers.CharField(allow_null=True)
 
 
 class OperatorTenantSerializer(serializers.Serializer):
@@ -47,7 +51,7 @@ class OperatorTenantSerializer(serializers.Serializer):
     @extend_schema_field(LimitsOutputSerializer)
     def get_limits(self, tenant: Tenant) -> dict[str, Any]:
         """The limits and the priority class."""
-        return {name: getattr(tenant, name) for name in LIMIT_FIELDS}
+        return _limits(tenant)
 
     @extend_schema_field(QuotaSerializer)
     def get_residency_quota(self, tenant: Tenant) -> dict[str, Any]:
@@ -65,10 +69,17 @@ class OperatorTenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Op
     lookup_field = "slug"
     serializer_class = OperatorTenantSerializer
 
-    @extend_schema(request=LimitsSerializer, responses=OperatorTenantSerializer)
-    @action(detail=True, methods=["patch"])
+    @extend_schema(methods=["GET"], request=None, responses=LimitsOutputSerializer,
+                   description="The tenant's gateway limits, every field present (null = unlimited / the default "
+                               "class): the shape PATCH takes. Staff only; an unknown slug is 404.")
+    @extend_schema(methods=["PATCH"], request=LimitsSerializer, responses=OperatorTenantSerializer,
+                   description="Set any subset of the limits (audited); 400 names a bad field.")
+    @action(detail=True, methods=["get", "patch"])
     def limits(self, request: Request, slug: str | None = None) -> Response:
-        """``PATCH …/{slug}/limits``: set any subset of the limits (audited); 400 names a bad field."""
+        """``GET …/{slug}/limits``: the limits, every field present (null = unlimited / the default class), as
+        ``PATCH`` takes them back. ``PATCH``: set any subset of the limits (audited); 400 names a bad field."""
+        if request.method == "GET":
+            return Response(LimitsOutputSerializer(_limits(self.get_object())).data)
         body = LimitsSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         extra = sorted(set(request.data) - set(LIMIT_FIELDS)) if isinstance(request.data, dict) else []

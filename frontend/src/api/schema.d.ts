@@ -532,13 +532,14 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /** @description The tenant's gateway limits, every field present (null = unlimited / the default class): the shape PATCH takes. Staff only; an unknown slug is 404. */
+        get: operations["operator_tenants_limits_retrieve"];
         put?: never;
         post?: never;
         delete?: never;
         options?: never;
         head?: never;
-        /** @description ``PATCH …/{slug}/limits``: set any subset of the limits (audited); 400 names a bad field. */
+        /** @description Set any subset of the limits (audited); 400 names a bad field. */
         patch: operations["operator_tenants_limits_partial_update"];
         trace?: never;
     };
@@ -929,6 +930,7 @@ export interface components {
             tpm_limit: number | null;
             concurrency_limit: number | null;
             max_tokens_limit: number | null;
+            /** @description high, normal or low; null = normal */
             priority_class: string | null;
         };
         /** @description Input of ``POST /api/v1/auth/login``. */
@@ -2311,6 +2313,27 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["OperatorTenant"];
+                };
+            };
+        };
+    };
+    operator_tenants_limits_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                slug: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitsOutput"];
                 };
             };
         };

@@ -166,3 +166,31 @@ def test_operator_edits_limits_audited_and_tenants_cannot(op: APIClient, make_se
                             format="json").status_code == status
     tenant.refresh_from_db()
     assert tenant.rpm_limit == 2 and FleetAuditRecord.objects.count() == 2  # the limits edit and the quota edit
+
+
+def test_operator_reads_a_tenants_limits_in_the_shape_patch_takes(op: APIClient, make_session_client: Any,
+                                                                  make_client: Any) -> None:
+    owner, tenant, _ = make_session_client(role="owner")
+    _, other, _ = make_session_client(role="viewer")
+    url = f"/api/v1/operator/tenants/{tenant.slug}/limits"
+    assert op.get(url).json() == {"rpm_limit": None, "tpm_limit": None, "concurrency_limit": None,
+                                  "max_tokens_limit": None, "priority_class": None}
+    op.patch(url, {"rpm_limit": 7, "priority_class": "high"}, format="json")
+    read = op.get(url)
+    assert read.status_code == 200
+    assert read.json() == {"rpm_limit": 7, "tpm_limit": None, "concurrency_limit": None, "max_tokens_limit": None,
+                           "priority_class": "high"}
+    # What GET gives, PATCH takes back unchanged (every field, nulls included).
+    assert op.patch(url, read.json(), format="json").json()["limits"] == read.json()
+    missing = op.get("/api/v1/operator/tenants/nope/limits")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    # Operators only; the answer is the same for the caller's own tenant, another one and an unknown slug, so it
+    # says nothing about which tenants exist.
+    key_client, _, _ = make_client()
+    for client, status in ((owner, 403), (key_client, 403), (APIClient(), 401)):
+        for slug in (tenant.slug, other.slug, "nope"):
+            answer = client.get(f"/api/v1/operator/tenants/{slug}/limits")
+            assert answer.status_code == status, (slug, answer.content)
+    schema = op.get("/api/v1/schema", {"format": "json"}).json()
+    get = schema["paths"]["/api/v1/operator/tenants/{slug}/limits"]["get"]
+    assert get["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/LimitsOutput")
