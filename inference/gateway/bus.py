@@ -20,6 +20,8 @@ from django.conf import settings
 from inference.gateway.directory import Directory
 
 logger = logging.getLogger(__name__)
+# Seconds between liveness pings on an idle subscription (and redis-py's health check interval).
+PING_S = 5.0
 _client: redis.Redis | None = None
 
 
@@ -53,16 +55,22 @@ async def subscribe_forever(directory: Directory) -> None:
     if not url:
         return
     while True:
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=5)
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=PING_S)
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(settings.QUIVER_GATEWAY_BUS_CHANNEL)
             directory.invalidate("all")  # messages may have been missed while unsubscribed
             directory.bus_ok = True
             while True:
-                message = await pubsub.get_message(timeout=5.0)
+                message = await pubsub.get_message(timeout=PING_S)
                 if message is None:
                     await pubsub.ping()
+                    continue
+                if message.get("type") != "message":
+                    # Replies to the pings above and to redis-py's health checks arrive here as "pong" messages.
+                    # Read as malformed invalidations they flushed every cache of every gateway process each 5 s,
+                    # and the reloads through the one database thread stalled requests by up to 0.4 s
+                    # (scripts/bench_fairness, 2026-12-05).
                     continue
                 try:
                     data = json.loads(message["data"])
