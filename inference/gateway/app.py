@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -583,8 +583,13 @@ class GatewayApp:
                 _strip_engine_fields(data)
                 self.admission.release(slot)
                 return _RecordedResponse(data, headers=limit_headers, record=lambda: record(200, data.get("usage")))
+            # A stream can outlive its concurrency lease (the proxy timeout bounds each read, not the stream): the
+            # relay renews it on a timer, a third of the lease apart, until the stream ends.
+            renew = (lambda: self.limiter.renew(admission)) if admission is not None and admission.holds_lease \
+                else None
             return relay_response(response, target=target, keep_usage=keep_usage, record=record, started=started,
-                                  headers=limit_headers)
+                                  headers=limit_headers, renew=renew,
+                                  renew_every_s=admission.lease_s / 3 if admission is not None else 0.0)
 
         if stream:
             return await proxy()
@@ -645,16 +650,23 @@ class GatewayApp:
 
     @staticmethod
     async def _relay(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any,
-                     started: float) -> AsyncGenerator[bytes, None]:
+                     started: float, renew: Callable[[], Awaitable[None]] | None = None,
+                     renew_every_s: float = 0.0) -> AsyncGenerator[bytes, None]:
         """Relay the engine's SSE stream with ``model`` renamed; meter what was actually sent.
 
         Ends as: ``[DONE]`` relayed → the engine's status; the engine's stream cut → an OpenAI error event, 502;
         an engine error event → ours in its place, with the mapped status (``_engine_error``); the client gone → 499. Tokens are the engine's running ``usage`` (``continuous_usage_stats``).
+
+        ``renew`` (the concurrency lease's renewal, ``RateLimiter.renew``) runs every ``renew_every_s`` while the
+        stream is relayed, from a timer task of its own: nothing is added per chunk, and a stream whose chunks come
+        minutes apart keeps its lease all the same. The task stops when the relay ends, however it ends.
         """
         usage: dict[str, Any] | None = None
         ttft_ms: float | None = None
         outcome = 499
         failed: GatewayError | None = None
+        renewer = (asyncio.get_running_loop().create_task(_renew_every(renew, renew_every_s))
+                   if renew is not None and renew_every_s > 0 else None)
         try:
             async for line in upstream.aiter_lines():
                 if not line.startswith("data:"):
@@ -699,6 +711,8 @@ class GatewayApp:
             logger.warning("gateway.stream_cut", extra={"error": repr(exc)})
             outcome = 502
         finally:
+            if renewer is not None:
+                renewer.cancel()
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()
             if outcome in (499, 502) or failed is not None:
@@ -709,6 +723,13 @@ class GatewayApp:
             error = {"error": {"message": "The inference node stopped mid-stream; the output is incomplete. Retry.",
                                "type": "server_error", "param": None, "code": "upstream_stream_cut"}}
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
+async def _renew_every(renew: Callable[[], Awaitable[None]], every_s: float) -> None:
+    """Call ``renew`` every ``every_s`` seconds until cancelled (``renew`` never raises)."""
+    while True:
+        await asyncio.sleep(every_s)
+        await renew()
 
 
 class _RecordedResponse(Response):
@@ -747,9 +768,11 @@ class _RelayResponse(StreamingResponse):
 
 
 def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any, started: float,
-                   headers: dict[str, str]) -> StreamingResponse:
+                   headers: dict[str, str], renew: Callable[[], Awaitable[None]] | None = None,
+                   renew_every_s: float = 0.0) -> StreamingResponse:
     """The SSE response relaying ``upstream`` (``GatewayApp._relay``); ``record`` (which releases the admission
-    slot and settles the limits) runs exactly once: as the relay ends, or as 499 when the client left first."""
+    slot and settles the limits) runs exactly once: as the relay ends, or as 499 when the client left first.
+    ``renew`` renews the concurrency lease every ``renew_every_s`` while the relay runs."""
     recorded = False
 
     def record_once(status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
@@ -758,7 +781,8 @@ def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage
             recorded = True
             record(status, usage, ttft_ms)
 
-    events = GatewayApp._relay(upstream, target=target, keep_usage=keep_usage, record=record_once, started=started)
+    events = GatewayApp._relay(upstream, target=target, keep_usage=keep_usage, record=record_once, started=started,
+                               renew=renew, renew_every_s=renew_every_s)
 
     async def cleanup() -> None:
         try:

@@ -3,7 +3,8 @@
 Requests per minute and tokens per minute use fixed one-minute windows (AIBrix's limiter, shared/notes/admission.md
 §5); requests are also paced over the minute (GCRA, ``inference.fleet.admission.rpm_pace``: bursts of about a second's
 worth, as OpenAI quantizes its limits), so a client cannot pour its whole minute into the engines at once; concurrency is a sorted set of leases that expire on their own, so a process that dies mid-request frees its
-slots after ``lease_s``. One Lua script checks every scope (tenant, key) and only then increments them all: no
+slots after ``lease_s``; a stream that outlives its lease renews it (:meth:`RateLimiter.renew`, every third of the
+lease while the relay runs), since the proxy timeout bounds each read, not the whole stream. One Lua script checks every scope (tenant, key) and only then increments them all: no
 check-then-act race, nothing to roll back. A request reserves its prompt (estimated) plus ``max_tokens`` × ``n`` on
 admission; :meth:`RateLimiter.settle` replaces the reservation with the real count at the end.
 
@@ -165,6 +166,18 @@ class LocalStore:
             for key in conc_keys:
                 self._leases.get(key, {}).pop(lease, None)
 
+    def renew(self, conc_keys: Sequence[str], lease: str, lease_exp: float) -> int:
+        """``RENEW_LUA``: move ``lease``'s expiry to ``lease_exp`` (ms) in each set that still holds it (a released
+        lease stays released); returns how many were renewed."""
+        renewed = 0
+        with self._lock:
+            for key in conc_keys:
+                leases = self._leases.get(key)
+                if leases is not None and lease in leases:
+                    leases[lease] = max(leases[lease], lease_exp)
+                    renewed += 1
+        return renewed
+
 
 # Settle: the delta onto each token window that still exists (INCRBY keeps its expiry; on a window that expired
 # during a long stream it would create a key with none, left in Redis for good), the lease off each set.
@@ -179,6 +192,23 @@ for i = 1, #KEYS do
   end
 end
 return 0
+"""
+
+# Renew: a long stream's lease gets a new expiry in each set that still holds it (ZADD XX never re-adds one that
+# settle removed), and each set's own expiry is pushed past it. KEYS: the concurrency sets; ARGV: now ms, new lease
+# expiry ms, lease. Returns how many sets held the lease.
+RENEW_LUA = """
+local now, exp, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local renewed = 0
+for i = 1, #KEYS do
+  local score = redis.call('ZSCORE', KEYS[i], lease)
+  if score and tonumber(score) < exp then
+    redis.call('ZADD', KEYS[i], 'XX', exp, lease)
+    if redis.call('PTTL', KEYS[i]) < exp - now + 1000 then redis.call('PEXPIRE', KEYS[i], exp - now + 1000) end
+  end
+  if score then renewed = renewed + 1 end
+end
+return renewed
 """
 
 LOCAL_STORE = LocalStore()
@@ -212,6 +242,12 @@ class Admission:
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
     local: bool = False  # admitted by the in-process store (no Redis): settled there too
+    lease_s: float = 0.0  # how long the concurrency lease lives from admission or its last renewal
+
+    @property
+    def holds_lease(self) -> bool:
+        """Whether a scope limits concurrency, so the request holds a lease to renew and release."""
+        return any(s.limits.concurrency is not None for s in self.scopes)
 
 
 def _duration(seconds: float) -> str:
@@ -273,6 +309,7 @@ class RateLimiter:
         self._redis: aioredis.Redis | None = None
         self._script: Any = None
         self._settle_script: Any = None
+        self._renew_script: Any = None
 
     def _client(self) -> Any:
         if self._redis is None:
@@ -280,6 +317,7 @@ class RateLimiter:
                                                   socket_connect_timeout=2)
             self._script = self._redis.register_script(ADMIT_LUA)
             self._settle_script = self._redis.register_script(SETTLE_LUA)
+            self._renew_script = self._redis.register_script(RENEW_LUA)
         return self._redis
 
     @staticmethod
@@ -347,7 +385,8 @@ class RateLimiter:
             wait = int(answer[5]) / 1000 if kind == "pace" else None
             raise self._refusal(scope, kind, int(answer[3]), int(answer[4]), reserve, reset, wait)
         headers = self._headers(limited, [int(x) for x in answer[1:]], reset)
-        return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers, local=local)
+        return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers, local=local,
+                         lease_s=lease_s)
 
     @staticmethod
     def _headers(scopes: Sequence[Scope], used: list[int], reset: float) -> dict[str, str]:
@@ -410,6 +449,26 @@ class RateLimiter:
             await self._settle_script(keys=[*tpm_keys, *conc_keys], args=[len(tpm_keys), delta, admission.lease])
         except Exception as exc:  # noqa: BLE001 - a lost settle only skews one window; the lease expires by itself
             logger.warning("gateway.limit_settle_failed", extra={"error": repr(exc)})
+
+
+    async def renew(self, admission: Admission | None) -> None:
+        """Push the admission's concurrency lease ``lease_s`` past now, in one atomic call (no database query), in
+        each scope's set that still holds it: a released (settled) or expired-and-dropped lease is not brought back.
+        The relay calls it every third of the lease while a stream runs; if the process dies, the calls stop and the
+        lease expires as before. Never raises (a lost renewal is retried at the next one)."""
+        if admission is None or admission.settled or not admission.holds_lease:
+            return
+        conc_keys = [self._keys(s, admission.window)[2] for s in admission.scopes if s.limits.concurrency is not None]
+        now = time.time()
+        expiry = int((now + admission.lease_s) * 1000)
+        if admission.local:
+            LOCAL_STORE.renew(conc_keys, admission.lease, expiry)
+            return
+        try:
+            self._client()
+            await self._renew_script(keys=conc_keys, args=[int(now * 1000), expiry, admission.lease])
+        except Exception as exc:  # noqa: BLE001 - Redis away: the next renewal tries again; the lease may lapse
+            logger.warning("gateway.limit_renew_failed", extra={"error": repr(exc)})
 
 
 def _lim(value: int | None) -> int:

@@ -241,3 +241,106 @@ def test_a_settle_after_the_window_expired_leaves_no_key_behind(store: str, sett
         assert int(sync.get(tpm_key)) == 40 and sync.ttl(tpm_key) > 0
 
     asyncio.run(run())
+
+
+def test_a_renewed_lease_outlives_its_life_and_is_still_released_and_still_expires(settings: Any) -> None:
+    """A long stream renews its concurrency lease: the slot stays held past the lease's life, a release frees it
+    (a renewal after it brings nothing back), and a lease no one renews (its process died) still expires."""
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.3, 0.0
+
+    async def run() -> None:
+        limiter, scope = RateLimiter(), _scope(concurrency=1)
+        held = await limiter.admit([scope], reserve=1)
+        assert held is not None and held.holds_lease and held.lease_s == 0.3
+        for _ in range(6):  # 0.6 s, twice the lease's life, renewed a third of the lease apart
+            await asyncio.sleep(0.1)
+            await limiter.renew(held)
+        with pytest.raises(GatewayError) as err:
+            await limiter.admit([scope], reserve=1)
+        assert "Concurrency limit" in err.value.message
+        await limiter.settle(held, actual_tokens=1)
+        await limiter.renew(held)  # released: stays released
+        dead = await limiter.admit([scope], reserve=1)
+        held.settled = False
+        await limiter.renew(held)  # even a renewal that slips past the settled flag finds no lease to bring back
+        with pytest.raises(GatewayError):
+            await limiter.admit([scope], reserve=1)  # `dead` holds the one slot
+        await asyncio.sleep(0.4)  # `dead`'s process never renews: its lease expires
+        assert await limiter.admit([scope], reserve=1) is not None
+        assert dead is not None
+
+    asyncio.run(run())
+
+
+class _SlowStream:
+    """An engine stream that sends one token every ``every_s`` for ``tokens`` tokens, then ``[DONE]``."""
+
+    status_code = 200
+
+    def __init__(self, tokens: int, every_s: float) -> None:
+        self.tokens, self.every_s = tokens, every_s
+
+    async def aiter_lines(self) -> Any:
+        for i in range(self.tokens):
+            await asyncio.sleep(self.every_s)
+            yield ('data: {"id":"1","model":"t--bot--1","choices":[{"index":0,"text":"x"}],'
+                   f'"usage":{{"prompt_tokens":1,"completion_tokens":{i + 1}}}}}')
+            yield ""
+        yield "data: [DONE]"
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.django_db
+def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
+        monkeypatch: pytest.MonkeyPatch, settings: Any, base_model: Any) -> None:
+    """Through the gateway: a tenant with a concurrency limit of 1 streams for four times the lease's life (the
+    proxy timeout bounds each read, not the stream); its second request is refused all along, and once the stream
+    ends the slot is free again."""
+    from asgiref.sync import async_to_sync
+
+    from adapters_app.models import AdapterVersion
+    from adapters_app.services import adapter_create
+    from inference.gateway import app as gateway_app
+    from inference.gateway.app import GatewayApp
+    from inference.gateway.snapshot import NodeView
+    from tenants.services import api_key_create, limits_set
+    from tests.factories import TenantFactory
+
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.3, 0.0
+    tenant = TenantFactory()
+    limits_set(tenant, limits={"concurrency_limit": 1})
+    _, key = api_key_create(tenant, name="app")
+    adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
+                                  s3_prefix="x/", files=[], status="ready")
+    node = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
+    streams = [_SlowStream(tokens=12, every_s=0.1)]
+
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _SlowStream:
+        return streams.pop(0) if streams else _SlowStream(tokens=1, every_s=0.0)
+
+    async def node_for(self: GatewayApp, target: Any) -> NodeView:
+        return node
+
+    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(GatewayApp, "node_for", node_for)
+
+    async def go() -> list[int]:
+        transport = httpx.ASGITransport(app=GatewayApp(background=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            async def post() -> httpx.Response:
+                return await http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                                       json={"model": "bot", "prompt": "x", "max_tokens": 20, "stream": True})
+
+            async def later(delay: float) -> int:
+                await asyncio.sleep(delay)
+                return (await post()).status_code
+
+            long, during = await asyncio.gather(post(), later(0.9))  # 0.9 s: three times the lease's life
+            assert "[DONE]" in long.text
+            await asyncio.sleep(0.05)  # the release is spawned as the stream ends
+            return [long.status_code, during, (await post()).status_code]
+
+    assert async_to_sync(go)() == [200, 429, 200]
