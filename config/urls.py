@@ -21,7 +21,7 @@ from inference.gateway.fleet_api import (
 from inference.gateway.node_registry_api import NodeRegistryViewSet
 from inference.gateway.operator_api import OperatorTrafficViewSet
 from inference.gateway.operator_tenants import OperatorTenantViewSet
-from tenants.auth_views import LoginView, LogoutView, MeView, TenantPickView
+from tenants.auth_views import LoginView, LogoutView, MeView, SessionView, TenantPickView
 from tenants.views import ApiKeyViewSet, MemberViewSet, TenantLimitsViewSet
 
 router = SimpleRouter(trailing_slash=False)
@@ -51,6 +51,7 @@ urlpatterns = [
     path("api/v1/auth/login", LoginView.as_view()),
     path("api/v1/auth/logout", LogoutView.as_view()),
     path("api/v1/auth/me", MeView.as_view()),
+    path("api/v1/auth/session", SessionView.as_view()),
     path("api/v1/auth/tenant", TenantPickView.as_view()),
     path("api/v1/tenant/limits", TenantLimitsViewSet.as_view({"get": "retrieve", "patch": "partial_update"})),
     path("api/v1/", include(router.urls)),

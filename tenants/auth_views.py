@@ -1,4 +1,4 @@
-"""Console sessions: ``/api/v1/auth/login``, ``logout``, ``me`` and ``tenant`` (pick the tenant to act in).
+"""Console sessions: ``/api/v1/auth/login``, ``logout``, ``me``, ``session`` and ``tenant`` (pick the tenant to act in).
 
 Django sessions with CSRF on every unsafe call (login included, against login CSRF); passwords are checked by
 Django's hashers; failed logins are throttled per username and per address (``tenants.services``).
@@ -47,6 +47,12 @@ class MeSerializer(serializers.Serializer):
     is_staff = serializers.BooleanField()
     tenants = TenantChoiceSerializer(many=True)
     tenant = serializers.CharField(allow_null=True)
+
+
+class SessionSerializer(serializers.Serializer):
+    """Output of ``GET /api/v1/auth/session``: whether a console session is logged in, and its ``me`` (else null)."""
+    authenticated = serializers.BooleanField()
+    me = MeSerializer(allow_null=True)
 
 
 class TenantPickSerializer(serializers.Serializer):
@@ -133,6 +139,25 @@ class MeView(_SessionView):
             return Response({"detail": "Not logged in.", "code": "not_authenticated"},
                             status=status.HTTP_401_UNAUTHORIZED)
         return Response(me_body(request, user))
+
+
+@method_decorator(ensure_csrf_cookie, name="dispatch")
+class SessionView(_SessionView):
+    """``GET /api/v1/auth/session``: the console's start-up probe. Always 200 (so a visitor who has not logged in
+    yet causes no failed request), ``{"authenticated": false, "me": null}`` without a session: nothing about any user
+    or tenant. Sets the ``csrftoken`` cookie the login form needs. API clients keep ``/auth/me`` and its 401."""
+
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=SessionSerializer)
+    def get(self, request: Request) -> Response:
+        """``{"authenticated", "me"}``; never cached (it depends on the session cookie)."""
+        user = request.user
+        logged_in = user is not None and user.is_authenticated
+        me = me_body(request, cast(User, user)) if logged_in else None
+        response = Response({"authenticated": logged_in, "me": me})
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 class TenantPickView(_SessionView):

@@ -205,6 +205,7 @@ NOT_TENANT_OBJECTS = {
     "api/v1/auth/login": "console login (no tenant yet)",
     "api/v1/auth/logout": "ends the caller's own session",
     "api/v1/auth/me": "the caller's own identity",
+    "api/v1/auth/session": "the caller's own identity, or only that there is none",
     "api/v1/auth/tenant": "picks one of the caller's own tenants (membership checked)",
     "api/v1/operator/nodes$": "staff-only fleet view; tenants' keys and sessions get 403 (tests/inference/gateway/"
                               "test_operator_api.py)",

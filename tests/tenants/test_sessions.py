@@ -200,3 +200,21 @@ def test_an_attacker_elsewhere_cannot_lock_the_account_out(alice: User) -> None:
     again = later.post("/api/v1/auth/login", {"username": "alice", "password": PASSWORD}, format="json",
                        HTTP_X_CSRFTOKEN=later_token, REMOTE_ADDR="10.0.0.8")
     assert again.status_code == 429
+
+
+def test_the_console_probe_answers_200_before_login_and_tells_nothing(alice: User) -> None:
+    client = APIClient(enforce_csrf_checks=True)
+    probe = client.get("/api/v1/auth/session")
+    # 200 without a session (no failed request in the browser's console), nothing about any user or tenant, and
+    # the CSRF cookie the login form needs; never cached.
+    assert probe.status_code == 200 and probe.json() == {"authenticated": False, "me": None}
+    assert probe["Cache-Control"] == "no-store"
+    token = client.cookies["csrftoken"].value
+    # A key is no console session: the probe says "not logged in", as for anyone else.
+    _, key = api_key_create(alice.memberships.get().tenant, name="k")
+    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {key}").get("/api/v1/auth/session").json() == {
+        "authenticated": False, "me": None}
+    assert _login(client, token, "alice", PASSWORD).status_code == 200
+    assert client.get("/api/v1/auth/session").json() == {"authenticated": True, "me": client.get("/api/v1/auth/me").json()}
+    client.post("/api/v1/auth/logout", HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
+    assert client.get("/api/v1/auth/session").json() == {"authenticated": False, "me": None}

@@ -291,6 +291,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/session": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``{"authenticated", "me"}``; never cached (it depends on the session cookie). */
+        get: operations["auth_session_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/tenant": {
         parameters: {
             query?: never;
@@ -1154,6 +1171,11 @@ export interface components {
          * @enum {string}
          */
         ScopesEnum: "adapters:read" | "adapters:write" | "keys:manage" | "inference";
+        /** @description Output of ``GET /api/v1/auth/session``: whether a console session is logged in, and its ``me`` (else null). */
+        Session: {
+            authenticated: boolean;
+            me: components["schemas"]["Me"] | null;
+        };
         /**
          * @description * `open` - Open
          *     * `verifying` - Verifying
@@ -1872,6 +1894,25 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Me"];
+                };
+            };
+        };
+    };
+    auth_session_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Session"];
                 };
             };
         };

@@ -12,7 +12,7 @@ export function Login() {
   const navigate = useNavigate()
   const qc = useQueryClient()
   useEffect(() => {
-    void api.GET('/api/v1/auth/me') // sets the csrftoken cookie the login POST needs
+    void api.GET('/api/v1/auth/session') // sets the csrftoken cookie the login POST needs (200 before login)
   }, [])
   const submit = async (e: React.FormEvent) => {
     e.preventDefault()
