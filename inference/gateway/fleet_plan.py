@@ -9,6 +9,10 @@ run and a dev stack on one Redis do not read each other's ids) with a TTL of a f
 it in-process for ``PLAN_CACHE_S`` and stop asking for ``PLAN_BACKOFF_S`` after a failure, so a slow or absent Redis
 never holds up the gateway's database thread for more than one socket timeout; a missing plan falls back to the
 least-resident node.
+
+The reconciler's warm backoff per (version, node) (``inference.fleet.backoff``) is kept the same way, in a second
+hash (:func:`warm_backoff_load`, :func:`warm_backoff_save`), so a pass on any worker sees the last pass's; without
+Redis, or while it is away, this process's own copy stands in.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Mapping
 import redis
 from django.conf import settings
 
+from inference.fleet.backoff import WarmBackoff
 from inference.gateway.bus import sync_client
 
 logger = logging.getLogger(__name__)
@@ -30,6 +35,8 @@ PLAN_BACKOFF_S = 10.0
 _lock = threading.Lock()
 _cached: tuple[float, dict[int, tuple[str, ...]]] = (float("-inf"), {})
 _down_until = float("-inf")
+BACKOFF_TTL_S = 3600  # four times the longest backoff: a pair no pass visits for that long starts over
+_backoff_local: dict[tuple[int, str], WarmBackoff] = {}
 
 
 def plan_key() -> str:
@@ -100,3 +107,49 @@ def plan_forget() -> None:
     global _cached, _down_until
     with _lock:
         _cached, _down_until = (float("-inf"), {}), float("-inf")
+
+
+def backoff_key() -> str:
+    """The Redis key of this database's warm backoff states."""
+    return f"quiver:fleet:warm_backoff:{settings.DATABASES['default'].get('NAME', '')}"
+
+
+def warm_backoff_load() -> dict[tuple[int, str], WarmBackoff]:
+    """The last pass's backoff states, ``{(version_id, node name): WarmBackoff}``; this process's copy when Redis is
+    unset or away. Never raises."""
+    client = sync_client()
+    if client is None:
+        return dict(_backoff_local)
+    try:
+        raw = client.hgetall(backoff_key())
+    except redis.RedisError as exc:
+        logger.warning("fleet.backoff_read_failed", extra={"error": str(exc)})
+        return dict(_backoff_local)
+    out: dict[tuple[int, str], WarmBackoff] = {}
+    for field, value in raw.items():
+        try:
+            version, _, node = (field.decode() if isinstance(field, bytes) else str(field)).partition(":")
+            failures, _, asked_at = (value.decode() if isinstance(value, bytes) else str(value)).partition(",")
+            out[int(version), node] = WarmBackoff(failures=int(failures), asked_at=float(asked_at))
+        except ValueError:
+            continue
+    return out
+
+
+def warm_backoff_save(states: Mapping[tuple[int, str], WarmBackoff]) -> None:
+    """Replace the shared backoff states with ``states`` (the pairs this pass visited). Never raises."""
+    global _backoff_local
+    _backoff_local = dict(states)
+    client = sync_client()
+    if client is None:
+        return
+    try:
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(backoff_key())
+        if states:
+            pipe.hset(backoff_key(), mapping={f"{v}:{node}": f"{s.failures},{s.asked_at}"
+                                              for (v, node), s in states.items()})
+            pipe.expire(backoff_key(), BACKOFF_TTL_S)
+        pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("fleet.backoff_save_failed", extra={"error": str(exc)})

@@ -14,6 +14,7 @@ evict now through the API.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from datetime import timedelta
 from typing import Any
@@ -24,9 +25,16 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
+from inference.fleet.backoff import (
+    WarmBackoff,
+    WarmBackoffConfig,
+    warm_backoff_asked,
+    warm_backoff_due,
+    warm_backoff_loaded,
+)
 from inference.fleet.eviction import Resident, eviction_order
 from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
-from inference.gateway.fleet_plan import plan_all, plan_publish
+from inference.gateway.fleet_plan import plan_all, plan_publish, warm_backoff_load, warm_backoff_save
 from inference.gateway.models import Node, Placement, TenantResidencyQuota, UsageRecord, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm_enqueued
 from inference.gateway.tasks import placement_evict_task
@@ -34,12 +42,23 @@ from workers.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 RATE_WINDOW_S = 600
+BACKOFF = WarmBackoffConfig()  # 30 s (one pass) doubling to 15 min per (version, node)
 
 
-def fleet_reconcile() -> int:
+def fleet_reconcile(*, now: float | None = None) -> int:
     """One pass over every base model with live nodes; returns how many warms and evictions it enqueued (a warm
-    ``placement_request_warm`` skipped, already in flight or resident, is not counted)."""
-    asked = 0
+    ``placement_request_warm`` skipped, already in flight or resident, is not counted).
+
+    Each (version, node) warm backs off while it keeps failing or being undone (``inference.fleet.backoff``: 30 s
+    doubling to 15 min, reset once the engine holds it); the states live beside the plan (``fleet_plan``).
+
+    Args:
+        now: the pass's time (epoch seconds) for the backoff; the wall clock by default (tests pass their own).
+    """
+    now = time.time() if now is None else now
+    asked = skipped = 0
+    backoff = warm_backoff_load()
+    backoff_next: dict[tuple[int, str], WarmBackoff] = {}
     plans: dict[int, tuple[str, ...]] = {}
     versions = {
         v.pk: v for v in AdapterVersion.objects.filter(status=AdapterVersion.Status.READY)
@@ -94,7 +113,11 @@ def fleet_reconcile() -> int:
         node_by_name = {n.name: n for n in live}
         for d in demands:
             for name in plan.get(d.version_id, ()):
+                pair = (d.version_id, name)
+                if pair in backoff:
+                    backoff_next[pair] = backoff[pair]
                 if name in loaded[d.version_id] and name not in d.pinned_nodes:
+                    _backoff_settled(backoff_next, pair, now)
                     continue
                 if name not in d.pinned_nodes and not _prewarm(d, name, plan, fits, loaded, intents):
                     continue
@@ -105,17 +128,33 @@ def fleet_reconcile() -> int:
                         pinned=True)
                     if name in loaded[d.version_id]:
                         if _engine_pinned(node_by_name[name], d.version_id):
+                            _backoff_settled(backoff_next, pair, now)
                             continue
                         repin = True  # loaded, but the engine holds no pin (it restarted, or the pin failed)
                 elif versions[d.version_id].tenant_id in no_gpu_room:
                     continue  # a load lands in a GPU slot; this tenant has none left (its requests still load it)
+                if not warm_backoff_due(backoff_next.get(pair), now=now, config=BACKOFF):
+                    skipped += 1  # its last warms failed or were undone: asked again after its backoff
+                    continue
                 _, enqueued = placement_request_warm_enqueued(versions[d.version_id], node=node_by_name[name],
                                                               even_if_served=True, repin=repin)
-                asked += enqueued  # a warm in flight, a resident row or a no_effect refusal enqueues nothing
+                if enqueued:  # a warm in flight, a resident row or a no_effect refusal enqueues nothing
+                    asked += 1
+                    backoff_next[pair] = warm_backoff_asked(backoff_next.get(pair), now=now)
     plan_publish(plans)
+    warm_backoff_save(backoff_next)
     evicted = fleet_trim(plans=plans, intents=intents, counts=counts)
-    logger.info("fleet.reconciled", extra={"warms": asked, "evictions": evicted})
+    logger.info("fleet.reconciled", extra={"warms": asked, "evictions": evicted, "warms_backed_off": skipped})
     return asked + evicted
+
+
+def _backoff_settled(states: dict[tuple[int, str], WarmBackoff], pair: tuple[int, str], now: float) -> None:
+    """The engine holds ``pair`` as wanted: reset its backoff once it has held long enough (``warm_backoff_loaded``)."""
+    state = warm_backoff_loaded(states.get(pair), now=now, config=BACKOFF)
+    if state is None:
+        states.pop(pair, None)
+    else:
+        states[pair] = state
 
 
 def _engine_pinned(node: Node, version_id: int) -> bool:

@@ -14,16 +14,20 @@ from inference.gateway.models import Node, Placement, VersionIntent
 from tests.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db
+T0 = 1_000_000_000.0  # the passes' clock (epoch seconds) where a test runs several passes
 
 
 @pytest.fixture(autouse=True)
 def _no_plan_left_behind() -> Any:
-    """Each pass publishes its plan to Redis (``fleet_plan``); later tests must not route by this one's."""
-    from inference.gateway.fleet_plan import plan_forget, plan_publish
+    """Each pass publishes its plan and warm backoff to Redis (``fleet_plan``); later tests must not route or back off
+    by this one's."""
+    from inference.gateway.fleet_plan import plan_forget, plan_publish, warm_backoff_save
 
+    warm_backoff_save({})
     yield
     plan_publish({})
     plan_forget()
+    warm_backoff_save({})
 
 
 @pytest.fixture
@@ -64,16 +68,47 @@ def test_the_count_is_of_warms_enqueued_not_of_warms_skipped(setup: dict[str, An
     version = setup["version"]
     VersionIntent.objects.create(adapter_version=version, min_replicas=2)
     counts, enqueued = [], []
-    for _ in range(3):
+    for i in range(3):
         with django_capture_on_commit_callbacks() as callbacks:
-            counts.append(fleet_reconcile())
+            counts.append(fleet_reconcile(now=T0 + 30 * i))
         enqueued.append(len(callbacks))
     Placement.objects.filter(adapter_version=version, node__name="n1").update(warming_since=None)  # a lost warm
     with django_capture_on_commit_callbacks() as callbacks:
-        counts.append(fleet_reconcile())
+        counts.append(fleet_reconcile(now=T0 + 90))
     enqueued.append(len(callbacks))
     assert enqueued == [2, 0, 0, 1]  # the later passes find both warms in flight, then re-send the lost one
     assert counts == enqueued
+
+
+def test_a_warm_that_keeps_failing_or_being_undone_backs_off_and_starts_over_once_it_holds(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
+    """Passes every 30 s: a pre-warm whose load keeps failing is asked for at 30 s doubling to 15 min (no longer on
+    every pass); a load the engine undoes right after keeps its backoff; one the engine has held long enough starts
+    over, so its next loss is warmed again at once."""
+    version = setup["version"]
+    VersionIntent.objects.create(adapter_version=version, min_replicas=1, max_replicas=1)  # one replica, pre-warmed
+    rows = Placement.objects.filter(adapter_version=version)
+
+    def reconcile(at: float) -> int:
+        with django_capture_on_commit_callbacks() as callbacks:
+            count = fleet_reconcile(now=T0 + at)
+        assert count == len(callbacks)
+        return count
+
+    asked = []
+    for at in range(0, 1860, 30):
+        if reconcile(at):
+            asked.append(at)
+            rows.update(tier="errored", warming_since=None, last_error="load_failed: boom")  # the worker failed
+    assert asked == [0, 30, 90, 210, 450, 930, 1830]
+    rows.update(tier="warm", served=True, last_error="")  # the 1830 s warm worked...
+    assert reconcile(1860) == 0
+    rows.update(tier="staged", served=False)  # ...and the engine dropped it again before long
+    assert [reconcile(at) for at in (1890, 2700, 2730)] == [0, 0, 1]  # still 15 min after the last ask
+    rows.update(tier="warm", served=True, warming_since=None)
+    assert reconcile(2760) == 0 and reconcile(2730 + 1800) == 0  # held twice the delay: settled
+    rows.update(tier="staged", served=False)
+    assert reconcile(2730 + 1830) == 1  # started over: warmed again on the next pass
 
 
 def test_idle_version_gets_one_replica_and_a_pin_is_carried_out(setup: dict[str, Any],
