@@ -5,20 +5,7 @@ import { useQueryClient } from '@tanstack/react-query'
 import { NavLink as RouterLink, Navigate, Outlet, useLocation, useNavigate } from 'react-router'
 import { api, currentTenant, setCurrentTenant } from './api/client'
 import { useMe, usePickTenant } from './auth'
-
-const TENANT_LINKS = [
-  { to: '/adapters', label: 'Adapters' },
-  { to: '/keys', label: 'API keys' },
-  { to: '/playground', label: 'Playground' },
-  { to: '/usage', label: 'Usage' },
-]
-const OPERATOR_LINKS = [
-  { to: '/operator/nodes', label: 'Fleet' },
-  { to: '/operator/residency', label: 'Residency map' },
-  { to: '/operator/traffic', label: 'Traffic' },
-  { to: '/operator/tenants', label: 'Tenants and quotas' },
-  { to: '/operator/audit', label: 'Audit log' },
-]
+import { landingPath, navItems, type NavItem } from './nav'
 
 export function Shell() {
   const { data: me, isLoading } = useMe()
@@ -36,7 +23,8 @@ export function Shell() {
     qc.clear()
     navigate('/login')
   }
-  const links = [...(tenant ? TENANT_LINKS : []), ...(me.is_staff ? OPERATOR_LINKS : [])]
+  const links = navItems(me, tenant)
+  const blocked = links.find((l) => l.disabledReason && location.pathname.startsWith(l.to))
   return (
     <AppShell header={{ height: 60 }} navbar={{ width: 220, breakpoint: 'sm', collapsed: { mobile: !opened } }} padding="md">
       <AppShell.Header>
@@ -63,8 +51,8 @@ export function Shell() {
         </Group>
       </AppShell.Header>
       <AppShell.Navbar p="xs" aria-label="Main">
-        {links.map((l) => (
-          <NavLink key={l.to} component={RouterLink} to={l.to} label={l.label} onClick={close} />
+        {links.map((l, i) => (
+          <NavEntry key={l.to} item={l} heading={me.is_staff && links[i - 1]?.section !== l.section ? l.section : null} onClick={close} />
         ))}
         <Text size="xs" c="dimmed" mt="auto" p="xs">
           Signed in as {me.username}
@@ -75,8 +63,12 @@ export function Shell() {
         </Button>
       </AppShell.Navbar>
       <AppShell.Main>
-        {location.pathname.startsWith('/operator') ? (
+        {location.pathname === '/' ? (
+          <Outlet /> /* the index route: Landing sends staff to the fleet, others to their adapters */
+        ) : location.pathname.startsWith('/operator') ? (
           me.is_staff ? <Outlet /> : <OperatorOnly />
+        ) : blocked ? (
+          <RoleOnly item={blocked} />
         ) : tenant ? (
           <Outlet />
         ) : (
@@ -84,6 +76,45 @@ export function Shell() {
         )}
       </AppShell.Main>
     </AppShell>
+  )
+}
+
+/** One navbar entry; a page the role cannot use is shown disabled with the reason (no link). Staff get section
+ * headings, since they see operator and tenant pages together. */
+function NavEntry({ item, heading, onClick }: { item: NavItem; heading: string | null; onClick: () => void }) {
+  return (
+    <>
+      {heading && (
+        <Text size="xs" fw={700} c="dimmed" tt="uppercase" px="xs" pt="xs">
+          {heading === 'operator' ? 'Operator' : `Tenant ${currentTenant() ?? ''}`}
+        </Text>
+      )}
+      {item.disabledReason ? (
+        <NavLink label={item.label} description={item.disabledReason} disabled aria-disabled="true" />
+      ) : (
+        <NavLink component={RouterLink} to={item.to} label={item.label} onClick={onClick} />
+      )}
+    </>
+  )
+}
+
+/** Where `/` leads once signed in (the login form goes to the same place). */
+export function Landing() {
+  const { data: me } = useMe()
+  return me ? <Navigate to={landingPath(me)} replace /> : null
+}
+
+/** A tenant page the current role cannot use, opened by URL: the reason instead of the API's 403s. */
+function RoleOnly({ item }: { item: NavItem }) {
+  return (
+    <div>
+      <Title order={2} mb="md">
+        {item.label}
+      </Title>
+      <Alert color="yellow" role="alert" title="Not available with your role">
+        {item.disabledReason}
+      </Alert>
+    </div>
   )
 }
 

@@ -4,9 +4,9 @@ import { MantineProvider, createTheme } from '@mantine/core'
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query'
 import { StrictMode } from 'react'
 import { createRoot } from 'react-dom/client'
-import { Navigate, RouterProvider, createBrowserRouter } from 'react-router'
+import { RouterProvider, createBrowserRouter } from 'react-router'
 import type { ComponentType } from 'react'
-import { Shell } from './Shell'
+import { Landing, Shell } from './Shell'
 import { Login } from './pages/Login'
 
 // One chunk per page (React Router's `lazy`): the first load fetches the shell and the page it lands on only.
@@ -24,7 +24,7 @@ const router = createBrowserRouter([
     element: <Shell />,
     HydrateFallback: () => null,
     children: [
-      { index: true, element: <Navigate to="/adapters" replace /> },
+      { index: true, element: <Landing /> },
       { path: 'adapters', ...page(() => import('./pages/Adapters'), 'Adapters') },
       { path: 'adapters/:name', ...page(() => import('./pages/AdapterDetail'), 'AdapterDetail') },
       { path: 'keys', ...page(() => import('./pages/ApiKeys'), 'ApiKeys') },

@@ -210,9 +210,17 @@ def test_operator_pins_and_evicts_with_confirmation_and_sees_the_audit_log(
     Placement.objects.create(node=node, adapter_version=other, tier="warm", served=True)
     make_user("operator", staff=True)
     page = console()
+    failed: list[tuple[int, str]] = []
+    page.on("response", lambda r: failed.append((r.status, r.url)) if r.status >= 400 else None)
     login(page, "operator")
-    page.get_by_role("link", name="Fleet").click()
+    # Operators land on the fleet (not on a tenant's adapters as a viewer), and neither the login form nor the
+    # console's start asked anything that failed (the session probe answers 200 before login).
+    expect(page).to_have_url(re.compile(r"/operator/nodes$"))
     expect(page.get_by_label("Node gpu-1")).to_contain_text("KV-cache pressure 35 %")
+    assert failed == []
+    nav = page.get_by_role("navigation", name="Main")
+    expect(nav.get_by_role("link", name="API keys")).to_have_count(0)  # a viewer of acme: listed, disabled
+    expect(nav).to_contain_text("Needs the member role in acme")
     page.get_by_role("link", name="Residency map").click()
     page.get_by_role("button", name="pin acme/capitals v1 on gpu-1").click()
     page.get_by_role("button", name="Confirm pin").click()

@@ -3,6 +3,7 @@ import { useQueryClient } from '@tanstack/react-query'
 import { useEffect, useState } from 'react'
 import { useNavigate } from 'react-router'
 import { api, setCurrentTenant } from '../api/client'
+import { landingPath } from '../nav'
 
 export function Login() {
   const [username, setUsername] = useState('')
@@ -26,7 +27,8 @@ export function Login() {
     }
     setCurrentTenant(res.data?.tenant ?? null)
     qc.setQueryData(['me'], res.data)
-    navigate(res.data?.tenant ? '/adapters' : '/')
+    // Operators land on the fleet; others on their tenant's adapters, or the tenant picker when they have several.
+    navigate(res.data && (res.data.tenant || res.data.is_staff) ? landingPath(res.data) : '/')
   }
   return (
     <Center mih="100vh" p="md">
