@@ -2,9 +2,7 @@
 // cold = only in S3, errored), a pinned marker and the size, with the operator actions the cell allows.
 import { Badge, Button, Group, Stack, Table, Text } from '@mantine/core'
 import type { Node, Placement } from '../api/client'
-
-export const TIER_LABEL: Record<string, string> = { hot: 'gpu', warm: 'cpu', staged: 'disk', cold: 'cold', errored: 'errored' }
-export const TIER_COLOR: Record<string, string> = { hot: 'red', warm: 'orange', staged: 'yellow', cold: 'gray', errored: 'dark' }
+import { TierBadge, tierLabel } from './tiers'
 
 export type ActionKind = 'pin' | 'unpin' | 'evict'
 export type MapAction = { kind: ActionKind; node: string; placementId: number; versionId: number; label: string }
@@ -69,11 +67,11 @@ export function ResidencyMap({ nodes, tenant, onAction, onReplicas }: {
               {map.nodes.map((n) => {
                 const p = row.cells[n]
                 if (!p) return <Table.Td key={n} aria-label={`${row.label} on ${n}: not placed`}><Text c="dimmed" size="xs">—</Text></Table.Td>
-                const tier = TIER_LABEL[p.tier] ?? p.tier
+                const tier = tierLabel(p.tier)
                 return (
                   <Table.Td key={n} aria-label={`${row.label} on ${n}: ${tier}${p.pinned ? ', pinned' : ''}`} data-testid={`cell-${row.label}-${n}`}>
                     <Group gap={4} wrap="nowrap">
-                      <Badge color={TIER_COLOR[p.tier] ?? 'gray'} variant="light">{tier}</Badge>
+                      <TierBadge tier={p.tier} />
                       {p.pinned && <Badge color="indigo" variant="outline">pinned</Badge>}
                       <Text size="xs" c="dimmed">{fmtBytes(p.size_bytes)}</Text>
                     </Group>

@@ -1,9 +1,10 @@
-import { Anchor, Badge, Group, Stack, Table, Text, Title } from '@mantine/core'
+import { Anchor, Group, Stack, Table, Text, Title } from '@mantine/core'
 import { useQuery, useQueryClient } from '@tanstack/react-query'
 import { Link } from 'react-router'
 import { api, unwrap, type Adapter } from '../api/client'
 import { useMe, useRole } from '../auth'
 import { StatusBadge, isSettled } from '../components/StatusBadge'
+import { TierBadge, tierCounts } from '../components/tiers'
 import { TrafficSparkline } from '../components/TrafficTable'
 import { UploadPanel } from '../components/UploadPanel'
 import type { TrafficRow } from '../api/client'
@@ -27,17 +28,13 @@ export function sparksByAdapter(rows: TrafficRow[]): Map<string, number[]> {
   return out
 }
 
-const TIER_COLOR: Record<string, string> = { hot: 'red', warm: 'orange', staged: 'yellow', cold: 'gray', errored: 'dark' }
-
 export function Residency({ residency }: { residency: Record<string, number> }) {
-  const tiers = Object.entries(residency)
+  const tiers = tierCounts(residency)
   if (tiers.length === 0) return <Text c="dimmed" size="sm">not placed</Text>
   return (
-    <Group gap={4}>
-      {tiers.map(([tier, n]) => (
-        <Badge key={tier} color={TIER_COLOR[tier] ?? 'gray'} variant="light">
-          {n} {tier}
-        </Badge>
+    <Group gap={4} aria-label="Replicas per tier">
+      {tiers.map((t) => (
+        <TierBadge key={t.tier} tier={t.tier} count={t.count} />
       ))}
     </Group>
   )

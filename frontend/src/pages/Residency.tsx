@@ -1,10 +1,11 @@
 // The residency map with the operator actions: pin, unpin, evict (each confirmed and audited) and replicas per
 // version; the map polls the nodes API, so it changes as the next heartbeat reports the engine's state.
-import { Alert, Badge, Button, Group, Modal, NumberInput, Select, Stack, Text, Title } from '@mantine/core'
+import { Alert, Button, Group, Modal, NumberInput, Select, Stack, Text, Title } from '@mantine/core'
 import { useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap } from '../api/client'
-import { ResidencyMap, TIER_COLOR, TIER_LABEL, type MapAction, type MapRow } from '../components/ResidencyMap'
+import { ResidencyMap, type MapAction, type MapRow } from '../components/ResidencyMap'
+import { TIERS, TierBadge } from '../components/tiers'
 
 function ReplicasForm({ row, onDone }: { row: MapRow; onDone: (text: string, ok: boolean) => void }) {
   const intent = useQuery({
@@ -74,8 +75,8 @@ export function Residency() {
           w={240}
         />
         <Group gap={4} aria-label="Tiers">
-          {Object.entries(TIER_LABEL).map(([tier, label]) => (
-            <Badge key={tier} color={TIER_COLOR[tier]} variant="light">{label}</Badge>
+          {TIERS.map((tier) => (
+            <TierBadge key={tier} tier={tier} />
           ))}
         </Group>
       </Group>

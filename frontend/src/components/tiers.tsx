@@ -1,0 +1,41 @@
+// Residency tiers: the one place the console names them. The API and the database keep their words (hot, warm,
+// staged, cold, errored: docs/console.md and the conventions' vocabulary); people see where the adapter is.
+import { Badge } from '@mantine/core'
+
+/** API tier values, in display order (closest to serving first). */
+export const TIERS = ['hot', 'warm', 'staged', 'cold', 'errored'] as const
+
+export const TIER_LABEL: Record<string, string> = { hot: 'GPU', warm: 'CPU', staged: 'disk', cold: 'cold', errored: 'errored' }
+export const TIER_COLOR: Record<string, string> = { hot: 'red', warm: 'orange', staged: 'yellow', cold: 'gray', errored: 'dark' }
+export const TIER_HELP: Record<string, string> = {
+  hot: 'in one of the engine’s LoRA slots (max_loras): serves now',
+  warm: 'in the engine’s CPU cache (max_cpu_loras): moved to a slot on its next request',
+  staged: 'on the node’s disk: loaded on first request',
+  cold: 'only in object storage',
+  errored: 'the engine failed to load it',
+}
+
+/** The console's word for an API tier value (an unknown value is shown as it is). */
+export const tierLabel = (tier: string): string => TIER_LABEL[tier] ?? tier
+
+/** `{"staged": 2, "hot": 1}` → `[{tier: 'hot', label: 'GPU', count: 1}, {tier: 'staged', label: 'disk', count: 2}]`:
+ * known tiers in display order, unknown ones after them; zero counts dropped. */
+export function tierCounts(residency: Record<string, number>): { tier: string; label: string; count: number }[] {
+  const rank = (t: string) => {
+    const i = (TIERS as readonly string[]).indexOf(t)
+    return i === -1 ? TIERS.length : i
+  }
+  return Object.entries(residency)
+    .filter(([, count]) => count > 0)
+    .sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b))
+    .map(([tier, count]) => ({ tier, label: tierLabel(tier), count }))
+}
+
+/** A tier as a badge, spelled as in TIER_LABEL (Mantine badges upper-case by default: "DISK" next to "GPU"). */
+export function TierBadge({ tier, count }: { tier: string; count?: number }) {
+  return (
+    <Badge color={TIER_COLOR[tier] ?? 'gray'} variant="light" tt="none" title={TIER_HELP[tier]}>
+      {count != null ? `${count} ${tierLabel(tier)}` : tierLabel(tier)}
+    </Badge>
+  )
+}
