@@ -1,5 +1,5 @@
-// The fleet: every node's health, base model, GPU/CPU slots used, KV-cache pressure over time, running and waiting
-// requests, preemptions and recent failures (GET /api/v1/operator/nodes and …/{name}/samples, polled).
+// The fleet: every node's health, base model, LoRA slots and CPU cache used, KV-cache pressure over time, running
+// and waiting requests, preemptions and recent failures (GET /api/v1/operator/nodes and …/{name}/samples, polled).
 import { Badge, Card, Group, Progress, SimpleGrid, Stack, Text, Title } from '@mantine/core'
 import { useQuery } from '@tanstack/react-query'
 import { api, unwrap, type Node } from '../api/client'
@@ -12,6 +12,15 @@ function Figure({ label, value }: { label: string; value: string | number }) {
       <Text fw={600}>{value}</Text>
     </div>
   )
+}
+
+/** A node's adapter capacity, in vLLM's terms. The node API says nothing of the device (a CPU node has `max_loras`
+ * slots too), so the labels name the engine setting, never "GPU". */
+export function slotFigures(n: Node): { label: string; value: string }[] {
+  return [
+    { label: 'LoRA slots (max_loras)', value: `${n.gpu_used}/${n.max_loras}` },
+    { label: 'CPU cache (max_cpu_loras)', value: `${n.cpu_used}/${n.max_cpu_loras}` },
+  ]
 }
 
 function NodeCard({ n }: { n: Node }) {
@@ -31,9 +40,8 @@ function NodeCard({ n }: { n: Node }) {
       <Text size="sm" c="dimmed">
         {n.base_model ?? 'no base model'} · last heartbeat {n.last_heartbeat_at ? new Date(n.last_heartbeat_at).toLocaleTimeString() : 'never'}
       </Text>
-      <SimpleGrid cols={{ base: 3, sm: 6 }} mt="sm" spacing="xs">
-        <Figure label="GPU slots" value={`${n.gpu_used}/${n.max_loras}`} />
-        <Figure label="CPU slots" value={`${n.cpu_used}/${n.max_cpu_loras}`} />
+      <SimpleGrid cols={{ base: 2, sm: 3 }} mt="sm" spacing="xs">
+        {slotFigures(n).map((f) => <Figure key={f.label} label={f.label} value={f.value} />)}
         <Figure label="Running" value={n.num_requests_running ?? '—'} />
         <Figure label="Waiting" value={n.num_requests_waiting ?? '—'} />
         <Figure label="Preemptions" value={n.num_preemptions_total ?? '—'} />
