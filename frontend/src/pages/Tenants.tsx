@@ -3,7 +3,7 @@
 import { Alert, Button, Card, Group, NumberInput, Select, SimpleGrid, Stack, Text, Title } from '@mantine/core'
 import { useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
-import { api, unwrap, type OperatorTenant } from '../api/client'
+import { api, currentTenant, unwrap, type OperatorTenant } from '../api/client'
 
 const LIMITS = [
   { key: 'rpm_limit', label: 'Requests per minute (RPM)' },
@@ -63,17 +63,26 @@ function TenantForms({ tenant, onSaved }: { tenant: OperatorTenant; onSaved: (ok
   )
 }
 
+/** The tenant the page opens on: the one the console acts in when listed, else the first. Without it the page opened
+ * on an empty picker and no form, even with a single tenant. */
+export function initialTenant(tenants: { slug: string }[], current: string | null): string | null {
+  return tenants.find((t) => t.slug === current)?.slug ?? tenants[0]?.slug ?? null
+}
+
 export function Tenants() {
   const qc = useQueryClient()
   const tenants = useQuery({ queryKey: ['operator-tenants'], queryFn: async () => unwrap(await api.GET('/api/v1/operator/tenants')) })
-  const [slug, setSlug] = useState<string | null>(null)
+  const [picked, setSlug] = useState<string | null>(null)
   const [message, setMessage] = useState<{ ok: boolean; text: string } | null>(null)
+  const slug = picked ?? initialTenant(tenants.data ?? [], currentTenant())
   const chosen = tenants.data?.find((t) => t.slug === slug)
   if (tenants.error) return <Text role="alert">{(tenants.error as Error).message}</Text>
+  if (!tenants.data) return <Stack><Title order={2}>Tenants and quotas</Title><Text c="dimmed">Loading tenants…</Text></Stack>
   return (
     <Stack>
       <Title order={2}>Tenants and quotas</Title>
-      <Select label="Tenant to edit" placeholder="Pick a tenant" searchable data={(tenants.data ?? []).map((t) => ({ value: t.slug, label: `${t.name} (${t.slug})` }))}
+      {tenants.data.length === 0 && <Text c="dimmed">No tenants yet: create one with <code>manage.py quiver_tenant_create &lt;slug&gt;</code>.</Text>}
+      <Select label="Tenant to edit" placeholder="Pick a tenant" searchable data={tenants.data.map((t) => ({ value: t.slug, label: `${t.name} (${t.slug})` }))}
         value={slug} onChange={(v) => { setSlug(v); setMessage(null) }} w={{ base: '100%', sm: 320 }} />
       {message && (
         <Alert color={message.ok ? 'green' : 'red'} role="status" withCloseButton onClose={() => setMessage(null)}>{message.text}</Alert>
@@ -86,7 +95,7 @@ export function Tenants() {
         }} />
       )}
       <Text size="sm" c="dimmed">
-        {tenants.data?.length ?? 0} tenants. Per-key limits are set by each tenant's owners on their keys; the tighter one applies.
+        {tenants.data.length} {tenants.data.length === 1 ? 'tenant' : 'tenants'}. Per-key limits are set by each tenant's owners on their keys; the tighter one applies.
       </Text>
     </Stack>
   )
