@@ -1,6 +1,6 @@
 // A node's KV-cache pressure over time (vllm:kv_cache_usage_perc, 0..1 → %), with running and waiting requests,
 // from GET /api/v1/operator/nodes/{name}/samples. Reference lines at GIE's 80 % saturation and vLLM's 90 % tile.
-import { LineChart } from '@mantine/charts'
+import { LineChart, type ChartReferenceLineProps } from '@mantine/charts'
 import { Text } from '@mantine/core'
 import type { NodeSample } from '../api/client'
 
@@ -18,6 +18,15 @@ export function kvPoints(samples: NodeSample[]): KvPoint[] {
     }))
 }
 
+export const KV_CHART_HEIGHT = 200
+
+/** The threshold lines. Each label sits just below its line (Recharts' `insideTop…`), the two at opposite ends: with
+ * Mantine's default (`insideBottomLeft`, above the line) both stacked at the left in the thin bands under 100 %. */
+export const KV_THRESHOLDS: ChartReferenceLineProps[] = [
+  { y: 80, label: 'saturated (80 %)', color: 'orange.6', labelPosition: 'insideTopLeft' },
+  { y: 90, label: '90 %', color: 'red.6', labelPosition: 'insideTopRight' },
+]
+
 /** The peak KV percent over the samples, or null without data. */
 export function kvPeak(samples: NodeSample[]): number | null {
   const values = kvPoints(samples).map((p) => p.kv).filter((v): v is number => v != null)
@@ -30,7 +39,7 @@ export function KvPressureChart({ node, samples }: { node: string; samples: Node
   return (
     <div role="img" aria-label={`KV-cache pressure of ${node} over time, peak ${peak ?? '—'} %`}>
       <LineChart
-        h={160}
+        h={KV_CHART_HEIGHT}
         data={kvPoints(samples)}
         dataKey="t"
         yAxisProps={{ domain: [0, 100] }}
@@ -39,10 +48,7 @@ export function KvPressureChart({ node, samples }: { node: string; samples: Node
         curveType="linear"
         connectNulls={false}
         series={[{ name: 'kv', label: 'KV cache', color: 'indigo.6' }]}
-        referenceLines={[
-          { y: 80, label: 'saturated', color: 'orange.6' },
-          { y: 90, label: '90 %', color: 'red.6' },
-        ]}
+        referenceLines={KV_THRESHOLDS}
       />
     </div>
   )

@@ -1,7 +1,7 @@
 import { screen } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
 import type { NodeSample } from '../../api/client'
-import { KvPressureChart, kvPeak, kvPoints } from '../KvPressureChart'
+import { KV_CHART_HEIGHT, KV_THRESHOLDS, KvPressureChart, kvPeak, kvPoints } from '../KvPressureChart'
 import { renderWithMantine } from './render'
 
 const sample = (t: string, kv: number | null, running = 1, waiting = 0): NodeSample => ({
@@ -29,5 +29,19 @@ describe('KvPressureChart', () => {
     rerender(<KvPressureChart node="gpu-1" samples={[]} />)
     expect(screen.getByText(/No history yet/)).toBeInTheDocument()
     expect(screen.queryByRole('img')).toBeNull()
+  })
+})
+
+describe('KV_THRESHOLDS', () => {
+  it('keeps the threshold labels apart and out of the thin band under 100 %', () => {
+    const place = (p: string | undefined) => p ?? 'insideBottomLeft' // Mantine's default: just above the line, left
+    const drawnAbove = (p: string) => p === 'top' || p.startsWith('insideBottom')
+    const [low, high] = [...KV_THRESHOLDS].sort((a, b) => Number(a.y) - Number(b.y))
+    expect(drawnAbove(place(high.labelPosition as string | undefined))).toBe(false) // nothing between the top line and 100 %
+    const left = (p: string | undefined) => place(p).endsWith('Left')
+    expect(left(low.labelPosition as string | undefined)).not.toBe(left(high.labelPosition as string | undefined)) // opposite ends
+    // A label below the top line fits between the two lines: the plot is the chart less ~40 px of axis and margins;
+    // labels are 12 px high.
+    expect(((Number(high.y) - Number(low.y)) * (KV_CHART_HEIGHT - 40)) / 100).toBeGreaterThanOrEqual(14)
   })
 })
