@@ -305,6 +305,10 @@ QUIVER_ADMISSION_SLOT_RESERVE = env.int("QUIVER_ADMISSION_SLOT_RESERVE", default
 # back as waves of simultaneous prefills (inference.fleet.admission.start_spaced). It caps that tenant at
 # 1 / START_SPACING_S starts a second per node: lower it for nodes that start more. 0 = off.
 QUIVER_ADMISSION_START_SPACING_S = env.float("QUIVER_ADMISSION_START_SPACING_S", default=0.05)
+# While other tenants are active on a node, the tenant holding most of its running requests streams in chunks of
+# this many tokens (vLLM's per-request stream_interval; the first token still goes out at once): fewer chunks for the
+# node's host to build, relay and meter (inference.fleet.admission.stream_interval). 1 = a chunk per token always.
+QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL = env.int("QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL", default=8)
 # How often each gateway process re-reads node load and the shared VTC counters from Redis.
 QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)
 # Requests-per-minute limits are also paced (GCRA, inference.fleet.admission.rpm_pace): bursts of BURST_S seconds

@@ -26,6 +26,9 @@ Decisions are ``inference.fleet.admission``'s pure functions; this module keeps 
   dispatcher at once, so a freed slot goes to the next request in VTC order without waiting for the tick.
 - **Start spacing.** With a slot budget, while other tenants are active on a node its heaviest tenant starts at
   most one request there per ``QUIVER_ADMISSION_START_SPACING_S`` (``inference.fleet.admission.start_spaced``).
+- **Coarse chunks for the heaviest tenant.** While other tenants are active on a node, a stream of the tenant holding
+  most of its running requests asks vLLM for ``QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL`` tokens per chunk
+  (``inference.fleet.admission.stream_interval``): the node's host builds, relays and meters fewer chunks.
 - **Unknown figures** (no agent publishing, Redis away, older than 250 ms) are not saturated: admit (fail open).
 """
 
@@ -52,6 +55,7 @@ from inference.fleet.admission import (
     nodes_calm,
     slot_free,
     start_spaced,
+    stream_interval,
     vtc_cost,
     vtc_lift,
     vtc_pick,
@@ -233,28 +237,43 @@ class AdmissionGate:
         slots = _slots()
         if slots.slots <= 0:  # no running-slot budget: neither slots nor start spacing apply
             return True
+        own, others, node_total = self._activity(node, tenant)
+        started = self._started.get(node, {}).get(tenant)
+        if start_spaced(since_start_s=None if started is None else time.monotonic() - started,
+                        spacing_s=settings.QUIVER_ADMISSION_START_SPACING_S, tenant_in_flight=own,
+                        others_in_flight=others):
+            return False
+        return slot_free(node_in_flight=node_total, tenant_in_flight=own, config=slots,
+                         active_tenants=len(others) + 1)
+
+    def _activity(self, node: str, tenant: str) -> tuple[int, list[int], int]:
+        """(``tenant``'s running requests on ``node``, each other active tenant's there, the node's total): active =
+        holding requests there (this process's holds, the others' from Redis), queued here, or ended one there in
+        the last ``ACTIVE_GRACE_S``."""
         mine, theirs = self.holding.get(node), self.others.get(node)
 
         def held(t: str) -> int:
             return (mine[t] if mine else 0) + (theirs[t] if theirs else 0)
 
-        active = {tenant, *(t for t, q in self.queues.items() if q)}
+        active = {t for t, q in self.queues.items() if q}
         active.update(t for counts in (mine, theirs) if counts for t, n in counts.items() if n > 0)
-        now_mono = time.monotonic()
         recent = self._released.get(node)
         if recent:
-            horizon = now_mono - ACTIVE_GRACE_S
+            horizon = time.monotonic() - ACTIVE_GRACE_S
             for t in [t for t, at in recent.items() if at < horizon]:
                 del recent[t]
             active.update(recent)
-        started = self._started.get(node, {}).get(tenant)
-        if start_spaced(since_start_s=None if started is None else now_mono - started,
-                        spacing_s=settings.QUIVER_ADMISSION_START_SPACING_S, tenant_in_flight=held(tenant),
-                        others_in_flight=[held(t) for t in active if t != tenant]):
-            return False
+        active.discard(tenant)
         node_total = (sum(mine.values()) if mine else 0) + (sum(theirs.values()) if theirs else 0)
-        return slot_free(node_in_flight=node_total, tenant_in_flight=held(tenant), config=slots,
-                         active_tenants=len(active))
+        return held(tenant), [held(t) for t in active], node_total
+
+    def engine_stream_interval(self, node: NodeView, tenant: str) -> int | None:
+        """vLLM's ``stream_interval`` for a stream ``tenant`` just started on ``node`` (its hold counted), or None
+        for a chunk per token: coarse chunks for the node's heaviest tenant while others are active there
+        (``inference.fleet.admission.stream_interval``, ``QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL``)."""
+        own, others, _ = self._activity(node.name, tenant)
+        return stream_interval(tenant_in_flight=own, others_in_flight=others,
+                               coarse=settings.QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL)
 
     def _hold(self, node: str, tenant: str) -> int:
         token = next(self._tokens)

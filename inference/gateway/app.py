@@ -480,6 +480,10 @@ class GatewayApp:
         if engine_priority is not None:
             upstream["priority"] = engine_priority
         stream = bool(upstream.get("stream"))
+        if stream:
+            interval = self.admission.engine_stream_interval(node, str(key.tenant_id))
+            if interval is not None:
+                upstream["stream_interval"] = interval
         client_options = upstream.get("stream_options") or {}
         keep_usage = bool(client_options.get("include_usage"))
         if stream:

@@ -4,6 +4,7 @@ is metered with the tokens it received (real vLLM node, PostgreSQL, Redis)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -78,3 +79,49 @@ def test_100_streams_hold_at_most_a_few_database_connections(
         time.sleep(0.1)
     assert set(records.values_list("status_code", "completion_tokens")) == {(200, TOKENS)}
     assert all(r.ttft_ms is not None and 0 < r.ttft_ms <= r.latency_ms for r in records)
+
+
+async def _chunks_and_tokens(client: httpx.AsyncClient, key: str, tokens: int) -> tuple[int, int]:
+    """(content chunks, completion tokens by the final usage) of one streamed completion."""
+    body = {"model": "tiny-llama", "prompt": "the cat", "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    chunks, completion = 0, -1
+    async with client.stream("POST", "/v1/completions", json=body,
+                             headers={"Authorization": f"Bearer {key}"}) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            assert '"error"' not in line
+            if '"choices":[]' in line:
+                completion = json.loads(line[6:])["usage"]["completion_tokens"]
+            else:
+                chunks += 1
+    return chunks, completion
+
+
+def test_the_heaviest_tenants_streams_come_in_coarse_chunks_and_are_billed_every_token(
+        live_node, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    """Beside another tenant's running stream, a tenant with more streams on the node gets vLLM's
+    ``stream_interval`` (``QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL``, 8): the engine really sends fewer, larger chunks,
+    and every token is still delivered and metered."""
+    quiet, heavy = TenantFactory(), TenantFactory()
+    _, quiet_key = api_key_create(quiet, name="app")
+    _, heavy_key = api_key_create(heavy, name="app")
+    gw = gateway_processes[0]
+    tokens = 64
+
+    async def run() -> tuple[tuple[int, int], list[tuple[int, int]]]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=300) as client:
+            long = asyncio.create_task(_chunks_and_tokens(client, quiet_key, 400))
+            await asyncio.sleep(0.3)  # the quiet tenant's stream is running
+            first = await _chunks_and_tokens(client, heavy_key, 1)  # also waits until this process sees the node
+            assert first[1] == 1
+            heavy_streams = await asyncio.gather(*(_chunks_and_tokens(client, heavy_key, tokens) for _ in range(4)))
+            return await long, list(heavy_streams)
+
+    (quiet_chunks, quiet_tokens), heavy_streams = asyncio.run(run())
+    assert quiet_tokens == 400 and all(t == tokens for _, t in heavy_streams), (quiet_tokens, heavy_streams)
+    # The first of the four starts level with the quiet tenant (one each): per token. The others start heavier.
+    coarse = [c for c, _ in heavy_streams if c <= tokens // 8 + 1]
+    assert len(coarse) >= 3, heavy_streams

@@ -12,6 +12,7 @@ from inference.fleet.admission import (
     nodes_calm,
     slot_free,
     start_spaced,
+    stream_interval,
     vtc_cost,
     vtc_lift,
     vtc_pick,
@@ -105,6 +106,18 @@ def test_the_heaviest_tenant_on_a_node_is_spaced_while_others_are_active() -> No
     assert not spaced(0.01, 1, [3])  # a lighter tenant than a flooder goes at once
     assert not spaced(None, 3, [1])  # no start remembered
     assert not spaced(0.01, 3, [1], spacing=0.0)  # off
+
+
+def test_only_the_heaviest_tenant_on_a_node_streams_in_coarse_chunks_while_others_are_active() -> None:
+    def interval(mine: int, others: list[int], coarse: int = 8) -> int | None:
+        return stream_interval(tenant_in_flight=mine, others_in_flight=others, coarse=coarse)
+
+    assert interval(4, [1]) == 8  # a flooder beside a quiet tenant
+    assert interval(2, [0, 1]) == 8  # the others active (just finished, or queued) with little running
+    assert interval(1, [4]) is None  # the quiet tenant keeps a chunk per token
+    assert interval(2, [2]) is None  # level: neither is heavier
+    assert interval(5, []) is None  # alone on the node
+    assert interval(4, [1], coarse=1) is None  # off
 
 
 @pytest.mark.parametrize(("loads", "calm"), [

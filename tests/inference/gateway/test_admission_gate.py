@@ -420,6 +420,29 @@ def test_a_flooders_starts_are_spaced_only_while_another_tenant_is_active(settin
     asyncio.run(run())
 
 
+def test_the_heaviest_tenants_streams_ask_the_engine_for_coarse_chunks_while_another_is_active(settings: Any) -> None:
+    settings.QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL = 8
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        flood = [await gate.acquire(tenant="flood", priority=0, prompt_tokens=1, choose=_choose) for _ in range(3)]
+        assert gate.engine_stream_interval(NODE, "flood") is None  # alone on the node: a chunk per token
+        _, quiet = await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        assert gate.engine_stream_interval(NODE, "flood") == 8
+        assert gate.engine_stream_interval(NODE, "quiet") is None
+        gate.release(quiet)  # the quiet tenant just finished: still active for ACTIVE_GRACE_S
+        assert gate.engine_stream_interval(NODE, "flood") == 8
+        gate._released["n1"]["quiet"] -= 10  # long gone
+        assert gate.engine_stream_interval(NODE, "flood") is None
+        settings.QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL = 1  # off
+        await gate.acquire(tenant="quiet", priority=0, prompt_tokens=1, choose=_choose)
+        assert gate.engine_stream_interval(NODE, "flood") is None
+        for _, slot in flood:
+            gate.release(slot)
+
+    asyncio.run(run())
+
+
 def test_a_newcomer_is_lifted_to_the_active_tenants_counter_even_with_nobody_queued() -> None:
     """VTC: idle time earns no credit. A flooder starting while a steady tenant is served (nothing queued) starts
     from the steady tenant's counter, not from its own lower one; the steady tenant, between two of its requests,
