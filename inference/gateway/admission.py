@@ -275,10 +275,22 @@ class AdmissionGate:
         return stream_interval(tenant_in_flight=own, others_in_flight=others,
                                coarse=settings.QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL)
 
+    @staticmethod
+    def hold_s() -> float:
+        """Seconds a running-slot hold lives from its start or last :meth:`renew` (the same as the limiter's
+        concurrency lease): released then should its request's end never be seen."""
+        return settings.QUIVER_PROXY_TIMEOUT_S + settings.QUIVER_WARM_WAIT_S
+
+    def renew(self, token: int) -> None:
+        """Push a running hold's expiry ``hold_s()`` past now (a stream still relayed); a released one stays
+        released."""
+        entry = self._held.get(token)
+        if entry is not None:
+            self._held[token] = (entry[0], entry[1], time.monotonic() + self.hold_s())
+
     def _hold(self, node: str, tenant: str) -> int:
         token = next(self._tokens)
-        lease_s = settings.QUIVER_PROXY_TIMEOUT_S + settings.QUIVER_WARM_WAIT_S
-        self._held[token] = (node, tenant, time.monotonic() + lease_s)
+        self._held[token] = (node, tenant, time.monotonic() + self.hold_s())
         self.holding.setdefault(node, Counter())[tenant] += 1
         starts = self._started.setdefault(node, {})
         now = starts[tenant] = time.monotonic()

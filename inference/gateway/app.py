@@ -587,13 +587,15 @@ class GatewayApp:
                 _strip_engine_fields(data)
                 self.admission.release(slot)
                 return _RecordedResponse(data, headers=limit_headers, record=lambda: record(200, data.get("usage")))
-            # A stream can outlive its concurrency lease (the proxy timeout bounds each read, not the stream): the
-            # relay renews it on a timer, a third of the lease apart, until the stream ends.
-            renew = (lambda: self.limiter.renew(admission)) if admission is not None and admission.holds_lease \
-                else None
+            # A stream can outlive its concurrency lease and its running-slot hold (the proxy timeout bounds each
+            # read, not the stream): the relay renews both on a timer, a third of a lease apart, until it ends.
+            async def renew() -> None:
+                self.admission.renew(slot)
+                if admission is not None and admission.holds_lease:
+                    await self.limiter.renew(admission)
+
             return relay_response(response, target=target, keep_usage=keep_usage, record=record, started=started,
-                                  headers=limit_headers, renew=renew,
-                                  renew_every_s=admission.lease_s / 3 if admission is not None else 0.0)
+                                  headers=limit_headers, renew=renew, renew_every_s=self.admission.hold_s() / 3)
 
         if stream:
             return await proxy()

@@ -443,6 +443,25 @@ def test_the_heaviest_tenants_streams_ask_the_engine_for_coarse_chunks_while_ano
     asyncio.run(run())
 
 
+def test_a_renewed_hold_outlives_its_life_and_an_unrenewed_one_is_swept(settings: Any) -> None:
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.2, 0.0
+
+    async def run() -> None:
+        gate = AdmissionGate()
+        _, renewed = await gate.acquire(tenant="a", priority=0, prompt_tokens=1, choose=_choose)
+        await gate.acquire(tenant="b", priority=0, prompt_tokens=1, choose=_choose)  # its process never renews
+        for _ in range(4):  # 0.4 s, twice a hold's life
+            await asyncio.sleep(0.1)
+            gate.renew(renewed)
+        gate._sweep()
+        assert dict(gate.holding["n1"]) == {"a": 1}
+        gate.release(renewed)
+        gate.renew(renewed)  # released: stays released
+        assert "n1" not in gate.holding and renewed not in gate._held
+
+    asyncio.run(run())
+
+
 def test_a_newcomer_is_lifted_to_the_active_tenants_counter_even_with_nobody_queued() -> None:
     """VTC: idle time earns no credit. A flooder starting while a steady tenant is served (nothing queued) starts
     from the steady tenant's counter, not from its own lower one; the steady tenant, between two of its requests,

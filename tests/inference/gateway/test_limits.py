@@ -296,8 +296,8 @@ class _SlowStream:
 def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
         monkeypatch: pytest.MonkeyPatch, settings: Any, base_model: Any) -> None:
     """Through the gateway: a tenant with a concurrency limit of 1 streams for four times the lease's life (the
-    proxy timeout bounds each read, not the stream); its second request is refused all along, and once the stream
-    ends the slot is free again."""
+    proxy timeout bounds each read, not the stream); its second request is refused all along, its admission
+    running-slot hold stays counted, and once the stream ends the slot is free again."""
     from asgiref.sync import async_to_sync
 
     from adapters_app.models import AdapterVersion
@@ -327,8 +327,11 @@ def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
     monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
 
+    app = GatewayApp(background=False)
+    running: list[int] = []
+
     async def go() -> list[int]:
-        transport = httpx.ASGITransport(app=GatewayApp(background=False))
+        transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
             async def post() -> httpx.Response:
                 return await http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
@@ -336,6 +339,8 @@ def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
 
             async def later(delay: float) -> int:
                 await asyncio.sleep(delay)
+                app.admission._sweep()  # what the admission loop does each tick: drops expired running-slot holds
+                running.append(sum(app.admission.holding.get("n1", {}).values()))
                 return (await post()).status_code
 
             long, during = await asyncio.gather(post(), later(0.9))  # 0.9 s: three times the lease's life
@@ -344,3 +349,4 @@ def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
             return [long.status_code, during, (await post()).status_code]
 
     assert async_to_sync(go)() == [200, 429, 200]
+    assert running == [1]  # the stream's running-slot hold was renewed with its lease, not swept
