@@ -28,7 +28,10 @@ before each of its replays: Quiver's (``--eviction``, LFU by default) for affini
 
 Printed side by side per policy: throughput (requests/s, tokens/s), TTFT p50/p99 (first streamed token, ms), the
 engines' own load counts (``disk→cpu`` = adapters read into the CPU cache, ``cpu→gpu`` = moved into a GPU slot,
-counted in each engine's worker by ``inference.node.worker_ext``), per node, and the ratios.
+counted in each engine's worker by ``inference.node.worker_ext``), per node, and the ratios. A third replay per
+round (off with ``--no-ceiling``) sends the same trace for the base model alone through the affinity gateway: no LoRA
+load and no ``max_loras`` limit, the most these engines serve at this concurrency; each policy's throughput is also
+printed as a share of it (a 1.5x ratio needs round-robin at two thirds of affinity's share or less).
 Target (issue 6): affinity ≥ 1.5× round-robin throughput and a lower p99 TTFT.
 
 Usage:
@@ -69,6 +72,7 @@ from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa:
 PY = sys.executable
 REDIS_DB = 12
 POLICIES = ("affinity", "round_robin")
+CEILING = "no_adapters"  # the same trace for the base model through the affinity gateway: the fleet's ceiling
 CPU_SLOTS = 4  # max_cpu_loras per node (issue 6's setting)
 
 
@@ -193,8 +197,11 @@ def aggregate(runs: list[Run]) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> list[str]:
-    """The side-by-side table and the ratios (affinity over round-robin)."""
+    """The side-by-side table and the ratios (affinity over round-robin); with a ``no_adapters`` entry, a third
+    column and each policy's throughput as a share of it."""
     a, rr = results["affinity"], results["round_robin"]
+    ceiling = results.get(CEILING)
+    columns = [a, rr] + ([ceiling] if ceiling else [])
     rows = [("requests served (errors)", lambda r: f"{r['requests']} ({r['errors']})"),
             ("throughput, requests/s", lambda r: f"{r['rps']:.2f}"),
             ("throughput, tokens/s", lambda r: f"{r['tokens_per_s']:.1f}"),
@@ -204,16 +211,22 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             ("engine loads disk→cpu", lambda r: f"{r['disk_to_cpu']}"),
             ("engine loads cpu→gpu", lambda r: f"{r['cpu_to_gpu']}"),
             ("disk→cpu loads per request", lambda r: f"{r['disk_to_cpu'] / max(1, r['requests']):.2f}")]
-    for node in a["loads"]:
+    for node in sorted({n for r in columns for n in r["loads"]}):
         rows.append((f"  {node} requests, d→c / c→g",
                      lambda r, n=node: f"{r['loads'][n]['requests']}, {r['loads'][n]['disk_to_cpu']} / "
-                                       f"{r['loads'][n]['cpu_to_gpu']}"))
-    lines = [f"{'':32} {'affinity (Quiver)':>20} {'round-robin':>20}"]
-    lines += [f"{label:32} {fmt(a):>20} {fmt(rr):>20}" for label, fmt in rows]
+                                       f"{r['loads'][n]['cpu_to_gpu']}" if n in r["loads"] else "-"))
+    heads = ["affinity (Quiver)", "round-robin"] + (["base model only"] if ceiling else [])
+    lines = [f"{'':32} " + " ".join(f"{h:>20}" for h in heads)]
+    lines += [f"{label:32} " + " ".join(f"{fmt(r):>20}" for r in columns) for label, fmt in rows]
     lines.append(f"ratios: throughput {a['rps'] / rr['rps']:.2f}x (target >= 1.5x); TTFT p99 "
                  f"{a['ttft_ms_p99'] / rr['ttft_ms_p99']:.2f}x (target < 1); disk→cpu loads "
                  f"{a['disk_to_cpu'] / max(1, rr['disk_to_cpu']):.2f}x; cpu→gpu loads "
                  f"{a['cpu_to_gpu'] / max(1, rr['cpu_to_gpu']):.2f}x")
+    if ceiling:
+        lines.append(f"share of the base-model-only throughput (the same trace with no adapter, so no LoRA load and "
+                     f"no LoRA batch limit): affinity {a['rps'] / ceiling['rps']:.0%}, round-robin "
+                     f"{rr['rps'] / ceiling['rps']:.0%}; affinity's 1.5x needs round-robin at or below "
+                     f"{a['rps'] / ceiling['rps'] / 1.5:.0%}")
     return lines
 
 
@@ -328,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     parser.add_argument("--baseline-eviction", choices=("lru", "lfu", "cost", "same"), default="lru",
                         help="the nodes' eviction policy during round-robin's replays: lru = vLLM's own LRU, as "
                              "round-robin in front of stock vLLM engines; same = --eviction (routing alone compared)")
+    parser.add_argument("--no-ceiling", action="store_true",
+                        help="skip the third replay per round: the trace with every request for the base model "
+                             "(no LoRA loads, no max_loras limit), the most these engines serve at this concurrency")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
@@ -448,6 +464,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                 say(f"round {round_no + 1} {policy}: {len(run.ttft_ms)} ok, {len(run.errors)} errors, "
                     f"{run.seconds:.1f} s; loads {json.dumps(run.loads)}"
                     + (f"; first error: {run.errors[0]}" if run.errors else ""))
+            if not args.no_ceiling:
+                run = replay(CEILING, urls["affinity"], api_key, [assets.served_name] * len(trace),
+                             concurrency=args.concurrency, max_tokens=args.max_tokens, engines=engines)
+                runs.setdefault(CEILING, []).append(run)
+                say(f"round {round_no + 1} base model only: {len(run.ttft_ms)} ok, {run.seconds:.1f} s")
         results = {p: aggregate(r) for p, r in runs.items()}
         # Printed before teardown: a failing cleanup must not lose the figures.
         load1, load5, _ = os.getloadavg()
