@@ -16,6 +16,7 @@ start. Each request's ``max_tokens`` cap is enforced by ``hygiene`` either way.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -279,7 +280,10 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
 
     Token ids are counted one each; text by :func:`text_tokens_estimate`: ASCII at 4 characters per token, each
     non-ASCII code point as at least one token (two outside the BMP), so CJK or emoji text cannot pass a TPM limit
-    by a multiple as it did at 4 bytes per token; each chat message adds 3 for its role and separators.
+    by a multiple as it did at 4 bytes per token; each chat message adds 3 for its role and separators. A chat's
+    ``tools`` and each message's fields besides ``role`` and ``content`` (``tool_calls``, ``name``, ``reasoning``,
+    a developer message's ``tools``) count as their JSON: vLLM hands them to the chat template, which renders them
+    into the prompt, and counting ``content`` alone let a 100 KB tool definition pass a TPM limit at 4 tokens.
     """
     prompt = body.get("prompt")
     if prompt is not None:
@@ -298,7 +302,18 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
         content = message.get("content") if isinstance(message, dict) else None
         text = content if isinstance(content, str) else str(content or "")
         total += text_tokens_estimate(text) + 3  # role and separators
+        if isinstance(message, dict) and len(message.keys() - {"role", "content"}):
+            rest = {k: v for k, v in message.items() if k not in ("role", "content")}
+            total += _json_tokens_estimate(rest)
+    tools = body.get("tools")
+    if tools:
+        total += _json_tokens_estimate(tools)
     return total
+
+
+def _json_tokens_estimate(value: Any) -> int:
+    """:func:`text_tokens_estimate` of ``value`` as compact JSON, non-ASCII kept as text (as templates render it)."""
+    return text_tokens_estimate(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
 
 
 class RateLimiter:

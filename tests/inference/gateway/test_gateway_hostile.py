@@ -87,3 +87,30 @@ def test_a_malformed_body_gets_its_400_before_a_too_large_requests_429(base_mode
     # Without max_tokens under a TPM limit the gateway sets it (16 on completions), but never below min_tokens
     # (vLLM refuses min_tokens over max_tokens), and reserves that much.
     assert at_least.status_code == 429 and "Requested 151 (" in at_least.json()["error"]["message"], at_least.text
+
+
+@pytest.mark.django_db
+def test_a_prompt_hidden_in_tools_or_tool_calls_counts_against_a_tpm_limit(base_model: Any) -> None:
+    """The chat template renders ``tools`` and an assistant's ``tool_calls`` into the prompt: a request whose
+    ``content`` is one word and whose tool definition is 20 KB is too large for a TPM limit of 1000, not a
+    4-token prompt (the engine is never asked: no node serves this test, so an admitted request would be a 503)."""
+    tenant = TenantFactory()
+    limits_set(tenant, limits={"tpm_limit": 1000})
+    _, key = api_key_create(tenant, name="app")
+    app = GatewayApp(background=False)
+    padding = "lorem ipsum " * 1700  # about 20 KB, 5,000 tokens at 4 characters a token
+    tools = [{"type": "function", "function": {"name": "f", "description": padding, "parameters": {}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": padding}}
+
+    async def go() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver",
+                                     headers={"Authorization": f"Bearer {key}"}) as http:
+            return [await http.post("/v1/chat/completions", json={"model": "tiny-llama", "max_tokens": 10, **body})
+                    for body in ({"messages": [{"role": "user", "content": "hi"}], "tools": tools},
+                                 {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                               {"role": "tool", "content": "ok", "tool_call_id": "c1"}]})]
+
+    for answer in async_to_sync(go)():
+        assert answer.status_code == 429 and answer.headers["x-should-retry"] == "false", answer.text
+        assert "Limit 1000" in answer.json()["error"]["message"]

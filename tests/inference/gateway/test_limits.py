@@ -5,6 +5,7 @@ Redis enforces its tenants' limits and says at start that they are per process."
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from pathlib import Path
@@ -95,6 +96,25 @@ def test_non_ascii_prompts_are_estimated_at_least_a_token_per_code_point() -> No
     assert estimate_prompt_tokens({"prompt": "abcd" * 10 + "é" * 10}) == 10 + 10 + 1  # ASCII still 4 chars a token
     assert estimate_prompt_tokens({"messages": [{"role": "user", "content": cjk}]}) == 404
     assert estimate_prompt_tokens({"prompt": ["abcd" * 10, cjk]}) == 11 + 401
+
+
+def test_chat_text_outside_content_is_estimated_too() -> None:
+    """Chat templates render ``tools`` and a message's ``tool_calls``, ``name`` and ``reasoning`` into the prompt
+    (vLLM passes them to the template): counting ``content`` alone reserved 4 tokens for a request whose prompt was
+    a 100 KB tool definition, and a TPM limit admitted it (and a burst of its like) at that price."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "abcd" * 50}
+                                               for i in range(500)}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    hidden = len(json.dumps(tools, separators=(",", ":"))) // 4  # compact JSON at 4 characters a token
+    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": "hi"}], "tools": tools}) > hidden
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps(schema)}}
+    assert estimate_prompt_tokens({"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]}) > hidden
+    for field in ("name", "reasoning", "reasoning_content"):
+        body = {"messages": [{"role": "assistant", "content": "", field: "你" * 1000}]}
+        assert estimate_prompt_tokens(body) > 1000, field
+    assert estimate_prompt_tokens({"messages": [{"role": "developer", "content": "x", "tools": tools}]}) > hidden
+    # Content alone is estimated as before.
+    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": "abcd" * 10}]}) == 14
 
 
 def test_rpm_is_paced_over_the_minute_after_a_short_burst(settings) -> None:  # type: ignore[no-untyped-def]
