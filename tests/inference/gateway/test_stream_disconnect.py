@@ -1,0 +1,121 @@
+"""A streamed request whose client leaves at any moment (before the first chunk, mid-stream, during a lease renewal,
+or never) frees its running-slot hold and its concurrency lease exactly once, is metered once, and leaves no renew
+timer behind; a stream that runs to the end renews its lease on the timer while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from inference.gateway import app as gateway_app
+from inference.gateway.app import GatewayApp
+from inference.gateway.snapshot import NodeView
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+
+NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
+CHUNKS, GAP_S = 8, 0.02
+
+
+class _Stream:
+    """The engine's SSE answer: ``CHUNKS`` chunks ``GAP_S`` apart (after ``first_s``), with running usage."""
+
+    status_code = 200
+
+    def __init__(self, first_s: float) -> None:
+        self.first_s = first_s
+        self.closed = 0
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        await asyncio.sleep(self.first_s)
+        for i in range(CHUNKS):
+            await asyncio.sleep(GAP_S)
+            yield "data: " + json.dumps({"choices": [{"index": 0, "text": "x"}], "model": "m",
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}})
+            yield ""
+        yield "data: [DONE]"
+
+    async def aread(self) -> bytes:
+        return b""
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("first_s", [0.0, 0.1])
+@pytest.mark.parametrize("leave_after_s", [0.0, 0.001, 0.05, 0.13, None])
+def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, settings: Any, first_s: float,
+        leave_after_s: float | None) -> None:
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.06, 0.0  # a lease renewed every 20 ms
+    tenant = TenantFactory(concurrency_limit=1)  # the second round is refused unless the first freed its lease
+    _, key = api_key_create(tenant, name="app")
+    streams: list[_Stream] = []
+
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Stream:
+        streams.append(_Stream(first_s))
+        return streams[-1]
+
+    async def node_for(self: GatewayApp, target: Any) -> NodeView:
+        return NODE
+
+    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(GatewayApp, "node_for", node_for)
+    app = GatewayApp(background=False)
+    body = json.dumps({"model": "tiny-llama", "prompt": "x", "max_tokens": 8, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+             "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("testserver", 80), "scheme": "http", "root_path": ""}
+
+    async def go() -> tuple[list[int], int]:
+        app._ensure_started()
+        emitted: list[dict[str, Any]] = []
+        renewals: list[int] = []
+        monkeypatch.setattr(app.sink, "emit", emitted.append)
+        limiter_renew = app.limiter.renew
+
+        async def renew(admission: Any) -> None:
+            renewals.append(1)
+            await limiter_renew(admission)
+
+        monkeypatch.setattr(app.limiter, "renew", renew)
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        for round_ in range(2):
+            sent.clear()
+            received = 0
+
+            async def receive() -> dict[str, Any]:
+                nonlocal received
+                received += 1
+                if received == 1:
+                    return {"type": "http.request", "body": body, "more_body": False}
+                await asyncio.sleep(3600 if leave_after_s is None else leave_after_s)
+                return {"type": "http.disconnect"}
+
+            await app(scope, receive, send)
+            assert next(m for m in sent if m["type"] == "http.response.start")["status"] == 200, (round_, sent)
+            await asyncio.sleep(0.05)
+            seen = len(renewals)
+            await asyncio.sleep(0.1)
+            assert len(renewals) == seen, "the renew timer outlived its stream"
+            assert not [t for t in asyncio.all_tasks() if "_renew_every" in repr(t.get_coro())]
+            assert not app.admission._held  # the running-slot hold is freed
+            assert len(emitted) == round_ + 1  # metered once
+            assert all(s.closed for s in streams)
+        return [row["status_code"] for row in emitted], len(renewals)
+
+    statuses, renewals = async_to_sync(go)()
+    assert statuses == ([200, 200] if leave_after_s is None else [499, 499])
+    if leave_after_s is None:
+        assert renewals >= 2 * 3  # each 160 ms stream renewed on its 20 ms timer
