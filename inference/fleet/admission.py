@@ -135,7 +135,10 @@ def start_spaced(*, since_start_s: float | None, spacing_s: float, tenant_in_fli
 def stream_interval(*, tenant_in_flight: int, others_in_flight: Iterable[int], coarse: int) -> int | None:
     """vLLM's per-request ``stream_interval`` (tokens per streamed chunk) for a tenant's new stream on a node:
     ``coarse`` while other tenants are active there and this tenant holds more of the node's running requests than
-    each of them; None (vLLM's default, a chunk per token) otherwise, so a lighter tenant always streams per token.
+    each of them, and more than one; None (vLLM's default, a chunk per token) otherwise, so a lighter tenant always
+    streams per token, and so does a tenant's single stream: one stream is no flood (two tenants streaming one at a
+    time, each starting within the grace after the other's last request ended, held 1 against 0 and were given
+    coarse chunks in turn; so was a quiet tenant beside a flooder whose requests had all just ended).
 
     Why: on a node's host every streamed chunk costs CPU three times (the engine's API server builds and writes it,
     the gateway parses, meters and relays it, the client reads it), and the first token is always sent at once
@@ -154,7 +157,7 @@ def stream_interval(*, tenant_in_flight: int, others_in_flight: Iterable[int], c
     others = list(others_in_flight)
     if coarse <= 1 or not others:
         return None
-    return coarse if tenant_in_flight > max(others) else None
+    return coarse if tenant_in_flight > max(1, *others) else None
 
 
 def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationConfig, sent_since: int = 0) -> bool | None:

@@ -116,6 +116,10 @@ def test_only_the_heaviest_tenant_on_a_node_streams_in_coarse_chunks_while_other
     assert interval(2, [0, 1]) == 8  # the others active (just finished, or queued) with little running
     assert interval(1, [4]) is None  # the quiet tenant keeps a chunk per token
     assert interval(2, [2]) is None  # level: neither is heavier
+    # One stream is no flood: two tenants streaming one at a time, each starting while the other's last request
+    # ended within the grace (active, nothing running), kept getting 8-token chunks in turn.
+    assert interval(1, [0]) is None
+    assert interval(1, [0, 0]) is None
     assert interval(5, []) is None  # alone on the node
     assert interval(4, [1], coarse=1) is None  # off
 

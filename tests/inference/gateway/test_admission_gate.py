@@ -439,6 +439,9 @@ def test_the_heaviest_tenants_streams_ask_the_engine_for_coarse_chunks_while_ano
         assert gate.engine_stream_interval(NODE, "flood") is None
         for _, slot in flood:
             gate.release(slot)
+        settings.QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL = 8
+        # The flooder's requests just ended (active, nothing running): the quiet tenant's one stream is no flood.
+        assert gate.engine_stream_interval(NODE, "quiet") is None
 
     asyncio.run(run())
 
