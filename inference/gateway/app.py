@@ -666,17 +666,24 @@ class GatewayApp:
         an engine error event → ours in its place, with the mapped status (``_engine_error``); the client gone → 499. Tokens are the engine's running ``usage`` (``continuous_usage_stats``).
 
         ``renew`` (the concurrency lease's renewal, ``RateLimiter.renew``) runs every ``renew_every_s`` while the
-        stream is relayed, from a timer task of its own: nothing is added per chunk, and a stream whose chunks come
-        minutes apart keeps its lease all the same. The task stops when the relay ends, however it ends.
+        stream is relayed, from a timer task of its own: nothing is added per chunk but a count, and a stream whose
+        chunks come minutes apart keeps its lease all the same. Renewals stop once the relay has read nothing from the
+        engine for longer than the proxy timeout (the longest an engine may be silent): a client that keeps its
+        connection but stops reading leaves the relay waiting in ``send`` for good, and its lease and running-slot
+        hold (which count against the node's slots) must still run out, as they did before renewals. The task stops
+        when the relay ends, however it ends.
         """
         usage: dict[str, Any] | None = None
         ttft_ms: float | None = None
         outcome = 499
         failed: GatewayError | None = None
-        renewer = (asyncio.get_running_loop().create_task(_renew_every(renew, renew_every_s))
+        progress = [0]  # lines read from the engine: the renew timer renews only while it moves
+        renewer = (asyncio.get_running_loop().create_task(
+            _renew_every(renew, renew_every_s, progress, quiet_s=settings.QUIVER_PROXY_TIMEOUT_S))
                    if renew is not None and renew_every_s > 0 else None)
         try:
             async for line in upstream.aiter_lines():
+                progress[0] += 1
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -733,10 +740,17 @@ class GatewayApp:
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
 
 
-async def _renew_every(renew: Callable[[], Awaitable[None]], every_s: float) -> None:
-    """Call ``renew`` every ``every_s`` seconds until cancelled (``renew`` never raises)."""
+async def _renew_every(renew: Callable[[], Awaitable[None]], every_s: float, progress: list[int], *,
+                       quiet_s: float) -> None:
+    """Call ``renew`` every ``every_s`` seconds until cancelled (``renew`` never raises), while ``progress[0]`` (lines
+    read from the engine) moved within the last ``quiet_s`` seconds, counted from the start."""
+    seen, moved_at = 0, time.monotonic()
     while True:
         await asyncio.sleep(every_s)
+        if progress[0] != seen:
+            seen, moved_at = progress[0], time.monotonic()
+        elif time.monotonic() - moved_at > quiet_s:
+            continue  # stuck longer than an engine may be silent (a client that stopped reading): let it run out
         await renew()
 
 

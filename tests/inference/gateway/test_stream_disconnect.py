@@ -119,3 +119,68 @@ def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
     assert statuses == ([200, 200] if leave_after_s is None else [499, 499])
     if leave_after_s is None:
         assert renewals >= 2 * 3  # each 160 ms stream renewed on its 20 ms timer
+
+
+@pytest.mark.django_db
+def test_a_client_that_stops_reading_stops_renewing_its_lease(monkeypatch: pytest.MonkeyPatch, base_model: Any,
+                                                              settings: Any) -> None:
+    """A client that keeps its connection open but reads nothing (the relay waits in ``send`` for good) must not keep
+    its concurrency lease and running-slot hold alive for ever on the renew timer: renewals stop once nothing was
+    read from the engine for longer than the proxy timeout, and the hold and lease run out as they did before
+    renewals (the node's slots were otherwise held by streams the engine had long finished)."""
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.06, 0.0  # a lease renewed every 20 ms
+    _, key = api_key_create(TenantFactory(concurrency_limit=1), name="app")
+
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Stream:
+        return _Stream(0.0)
+
+    async def node_for(self: GatewayApp, target: Any) -> NodeView:
+        return NODE
+
+    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(GatewayApp, "node_for", node_for)
+    app = GatewayApp(background=False)
+    body = json.dumps({"model": "tiny-llama", "prompt": "x", "max_tokens": 8, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+             "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("testserver", 80), "scheme": "http", "root_path": ""}
+
+    async def go() -> int:
+        app._ensure_started()
+        renewals: list[int] = []
+        limiter_renew = app.limiter.renew
+
+        async def renew(admission: Any) -> None:
+            renewals.append(1)
+            await limiter_renew(admission)
+
+        monkeypatch.setattr(app.limiter, "renew", renew)
+        requests = [{"type": "http.request", "body": body, "more_body": False}]
+        bodies = 0
+
+        async def receive() -> dict[str, Any]:
+            if requests:
+                return requests.pop()
+            await asyncio.sleep(3600)  # connected for good
+            return {"type": "http.disconnect"}
+
+        async def send(message: Any) -> None:
+            nonlocal bodies
+            if message["type"] == "http.response.body":
+                bodies += 1
+                if bodies > 1:
+                    await asyncio.sleep(3600)  # the client's window is full: it reads no more
+
+        relay = asyncio.create_task(app(scope, receive, send))
+        await asyncio.sleep(0.3)  # 15 renewal periods with the relay stuck in send
+        stuck = len(renewals)
+        await asyncio.sleep(0.2)
+        assert len(renewals) == stuck, "renewals went on while the stream made no progress"
+        app.admission._sweep()
+        assert not app.admission._held  # the hold ran out and was swept
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
+        return stuck
+
+    async_to_sync(go)()
