@@ -327,6 +327,7 @@ QUIVER_USAGE_ROLLUP_LOOKBACK_S = env.int("QUIVER_USAGE_ROLLUP_LOOKBACK_S", defau
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"kv": {"()": "inference.logfmt.KeyValueFormatter"}},  # events' extra fields on the line
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
     "root": {"handlers": ["console"], "level": env("DJANGO_LOG_LEVEL", default="INFO")},
 }

@@ -43,6 +43,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inference.logfmt import configure as configure_logging
 from inference.node import residency_metrics
 from inference.node.cache import AdapterCache, FileSpec
 from inference.node.config import ConfigError, NodeSettings
@@ -335,6 +336,7 @@ class _AppFromEnv:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
+            configure_logging(os.environ.get("QUIVER_LOG_LEVEL", "INFO"))
             try:
                 self._app = create_app(NodeSettings.from_env(os.environ))
             except ConfigError as exc:
