@@ -31,7 +31,9 @@ engines' own load counts (``disk→cpu`` = adapters read into the CPU cache, ``c
 counted in each engine's worker by ``inference.node.worker_ext``), per node, and the ratios. A third replay per
 round (off with ``--no-ceiling``) sends the same trace for the base model alone through the affinity gateway: no LoRA
 load and no ``max_loras`` limit, the most these engines serve at this concurrency; each policy's throughput is also
-printed as a share of it (a 1.5x ratio needs round-robin at two thirds of affinity's share or less).
+printed as a share of it (a 1.5x ratio needs round-robin at two thirds of affinity's share or less). A fourth sends
+it for the trace's hottest adapter alone: the cost of LoRA compute itself, with no load after the first and one
+adapter per batch.
 Target (issue 6): affinity ≥ 1.5× round-robin throughput and a lower p99 TTFT.
 
 Usage:
@@ -73,6 +75,7 @@ PY = sys.executable
 REDIS_DB = 12
 POLICIES = ("affinity", "round_robin")
 CEILING = "no_adapters"  # the same trace for the base model through the affinity gateway: the fleet's ceiling
+ONE_ADAPTER = "one_adapter"  # the same trace for its hottest adapter alone: LoRA compute without loads or slot limits
 CPU_SLOTS = 4  # max_cpu_loras per node (issue 6's setting)
 
 
@@ -200,8 +203,8 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
     """The side-by-side table and the ratios (affinity over round-robin); with a ``no_adapters`` entry, a third
     column and each policy's throughput as a share of it."""
     a, rr = results["affinity"], results["round_robin"]
-    ceiling = results.get(CEILING)
-    columns = [a, rr] + ([ceiling] if ceiling else [])
+    ceiling, one = results.get(CEILING), results.get(ONE_ADAPTER)
+    columns = [a, rr] + ([ceiling] if ceiling else []) + ([one] if one else [])
     rows = [("requests served (errors)", lambda r: f"{r['requests']} ({r['errors']})"),
             ("throughput, requests/s", lambda r: f"{r['rps']:.2f}"),
             ("throughput, tokens/s", lambda r: f"{r['tokens_per_s']:.1f}"),
@@ -215,7 +218,8 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
         rows.append((f"  {node} requests, d→c / c→g",
                      lambda r, n=node: f"{r['loads'][n]['requests']}, {r['loads'][n]['disk_to_cpu']} / "
                                        f"{r['loads'][n]['cpu_to_gpu']}" if n in r["loads"] else "-"))
-    heads = ["affinity (Quiver)", "round-robin"] + (["base model only"] if ceiling else [])
+    heads = ["affinity (Quiver)", "round-robin"] + (["base model only"] if ceiling else []) + \
+        (["one adapter only"] if one else [])
     lines = [f"{'':32} " + " ".join(f"{h:>20}" for h in heads)]
     lines += [f"{label:32} " + " ".join(f"{fmt(r):>20}" for r in columns) for label, fmt in rows]
     lines.append(f"ratios: throughput {a['rps'] / rr['rps']:.2f}x (target >= 1.5x); TTFT p99 "
@@ -227,6 +231,10 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
                      f"no LoRA batch limit): affinity {a['rps'] / ceiling['rps']:.0%}, round-robin "
                      f"{rr['rps'] / ceiling['rps']:.0%}; affinity's 1.5x needs round-robin at or below "
                      f"{a['rps'] / ceiling['rps'] / 1.5:.0%}")
+    if ceiling and one:
+        lines.append(f"one adapter only (every request for the trace's hottest adapter: LoRA compute, no load, one "
+                     f"slot) runs at {one['rps'] / ceiling['rps']:.0%} of the base model's throughput; affinity at "
+                     f"{a['rps'] / one['rps']:.0%} of it, round-robin at {rr['rps'] / one['rps']:.0%}")
     return lines
 
 
@@ -342,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                         help="the nodes' eviction policy during round-robin's replays: lru = vLLM's own LRU, as "
                              "round-robin in front of stock vLLM engines; same = --eviction (routing alone compared)")
     parser.add_argument("--no-ceiling", action="store_true",
-                        help="skip the third replay per round: the trace with every request for the base model "
-                             "(no LoRA loads, no max_loras limit), the most these engines serve at this concurrency")
+                        help="skip the third and fourth replays per round: the trace with every request for the base "
+                             "model (no LoRA loads, no max_loras limit), the most these engines serve at this "
+                             "concurrency, and with every request for its hottest adapter (LoRA compute alone)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
@@ -469,6 +478,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                              concurrency=args.concurrency, max_tokens=args.max_tokens, engines=engines)
                 runs.setdefault(CEILING, []).append(run)
                 say(f"round {round_no + 1} base model only: {len(run.ttft_ms)} ok, {run.seconds:.1f} s")
+                hottest = max(names, key=trace.count)
+                run = replay(ONE_ADAPTER, urls["affinity"], api_key, [hottest] * len(trace),
+                             concurrency=args.concurrency, max_tokens=args.max_tokens, engines=engines)
+                runs.setdefault(ONE_ADAPTER, []).append(run)
+                say(f"round {round_no + 1} {hottest} only: {len(run.ttft_ms)} ok, {run.seconds:.1f} s")
         results = {p: aggregate(r) for p, r in runs.items()}
         # Printed before teardown: a failing cleanup must not lose the figures.
         load1, load5, _ = os.getloadavg()
