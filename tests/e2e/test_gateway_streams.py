@@ -110,12 +110,17 @@ def test_the_heaviest_tenants_streams_come_in_coarse_chunks_and_are_billed_every
     _, heavy_key = api_key_create(heavy, name="app")
     gw = gateway_processes[0]
     tokens = 64
+    deadline = time.monotonic() + 30  # until this process sees a live node (its fleet view refreshes twice a second)
+    while httpx.post(f"{gw.url}/v1/completions", headers={"Authorization": f"Bearer {quiet_key}"}, timeout=60,
+                     json={"model": "tiny-llama", "prompt": "x", "max_tokens": 1}).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
     async def run() -> tuple[tuple[int, int], list[tuple[int, int]]]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=300) as client:
             long = asyncio.create_task(_chunks_and_tokens(client, quiet_key, 400))
             await asyncio.sleep(0.3)  # the quiet tenant's stream is running
-            first = await _chunks_and_tokens(client, heavy_key, 1)  # also waits until this process sees the node
+            first = await _chunks_and_tokens(client, heavy_key, 1)
             assert first[1] == 1
             heavy_streams = await asyncio.gather(*(_chunks_and_tokens(client, heavy_key, tokens) for _ in range(4)))
             return await long, list(heavy_streams)
