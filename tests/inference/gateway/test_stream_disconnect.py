@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -47,6 +47,26 @@ class _Stream:
         self.closed += 1
 
 
+def _streaming_app(monkeypatch: pytest.MonkeyPatch, key: str,
+                   stream: Callable[[], _Stream]) -> tuple[GatewayApp, dict[str, Any], bytes]:
+    """An in-process gateway whose engine answers each request with ``stream()`` on ``NODE``; the ASGI scope and body
+    of a streamed completion with ``key``."""
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Stream:
+        return stream()
+
+    async def node_for(self: GatewayApp, target: Any) -> NodeView:
+        return NODE
+
+    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(GatewayApp, "node_for", node_for)
+    body = json.dumps({"model": "tiny-llama", "prompt": "x", "max_tokens": 8, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+             "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("testserver", 80), "scheme": "http", "root_path": ""}
+    return GatewayApp(background=False), scope, body
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("first_s", [0.0, 0.1])
 @pytest.mark.parametrize("leave_after_s", [0.0, 0.001, 0.05, 0.13, None])
@@ -58,21 +78,11 @@ def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
     _, key = api_key_create(tenant, name="app")
     streams: list[_Stream] = []
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Stream:
+    def stream() -> _Stream:
         streams.append(_Stream(first_s))
         return streams[-1]
 
-    async def node_for(self: GatewayApp, target: Any) -> NodeView:
-        return NODE
-
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
-    monkeypatch.setattr(GatewayApp, "node_for", node_for)
-    app = GatewayApp(background=False)
-    body = json.dumps({"model": "tiny-llama", "prompt": "x", "max_tokens": 8, "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-             "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("testserver", 80), "scheme": "http", "root_path": ""}
+    app, scope, body = _streaming_app(monkeypatch, key, stream)
 
     async def go() -> tuple[list[int], int]:
         app._ensure_started()
@@ -131,20 +141,7 @@ def test_a_client_that_stops_reading_stops_renewing_its_lease(monkeypatch: pytes
     settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.06, 0.0  # a lease renewed every 20 ms
     _, key = api_key_create(TenantFactory(concurrency_limit=1), name="app")
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Stream:
-        return _Stream(0.0)
-
-    async def node_for(self: GatewayApp, target: Any) -> NodeView:
-        return NODE
-
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
-    monkeypatch.setattr(GatewayApp, "node_for", node_for)
-    app = GatewayApp(background=False)
-    body = json.dumps({"model": "tiny-llama", "prompt": "x", "max_tokens": 8, "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-             "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("testserver", 80), "scheme": "http", "root_path": ""}
+    app, scope, body = _streaming_app(monkeypatch, key, lambda: _Stream(0.0))
 
     async def go() -> int:
         app._ensure_started()
