@@ -95,7 +95,8 @@ class Run:
     ttft_ms: list[float]
     tokens: int
     errors: list[str]
-    loads: dict[str, dict[str, int]]  # node -> {"disk_to_cpu", "cpu_to_gpu", "requests"} during the run
+    loads: dict[str, dict[str, float]]  # node -> {"disk_to_cpu", "cpu_to_gpu", "requests", "load_s", "running_s",
+    # "deferred_s"} during the run
 
 
 def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, int]:
@@ -118,9 +119,10 @@ def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, 
     return ttft, tokens
 
 
-def engine_loads(engines: dict[str, tuple[str, str]]) -> dict[str, dict[str, int]]:
+def engine_loads(engines: dict[str, tuple[str, str]]) -> dict[str, dict[str, float]]:
     """Each engine's load counters and finished requests since it started: node -> {"disk_to_cpu", "cpu_to_gpu",
-    "requests"} (requests include the effect probe's)."""
+    "requests", "load_s"} (requests include the effect probe's; ``load_s``: seconds the engine spent in both kinds
+    of move, inside its steps)."""
     out = {}
     for node, (url, key) in engines.items():
         listing = httpx.get(url + "/quiver/v1/loras", headers={"Authorization": f"Bearer {key}"}, timeout=30)
@@ -131,13 +133,39 @@ def engine_loads(engines: dict[str, tuple[str, str]]) -> dict[str, dict[str, int
         done = sum(float(line.rpartition(" ")[2]) for line in metrics.text.splitlines()
                    if line.startswith("vllm:request_success_total{"))
         out[node] = {"disk_to_cpu": int(loads.get("disk_to_cpu", 0)), "cpu_to_gpu": int(loads.get("cpu_to_gpu", 0)),
-                     "requests": int(done)}
+                     "requests": int(done),
+                     "load_s": float(loads.get("disk_to_cpu_s", 0.0)) + float(loads.get("cpu_to_gpu_s", 0.0))}
     return out
 
 
+def _sample_queues(redis_url: str, nodes: list[str], stop: threading.Event, out: dict[str, dict[str, float]],
+                   every_s: float = 0.1) -> None:
+    """Until ``stop``, read each node's published engine gauges (``inference.node.load_publisher``, refreshed every
+    100 ms) and integrate them over time into ``out[node]``: ``running_s`` and ``deferred_s`` (request-seconds in
+    the engine's batch, and waiting because their adapter did not fit the batch's ``max_loras``)."""
+    import redis
+
+    from inference.node.load_publisher import load_decode, load_key
+
+    client = redis.Redis.from_url(redis_url)
+    last = time.perf_counter()
+    try:
+        while not stop.wait(every_s):
+            now = time.perf_counter()
+            for node, raw in zip(nodes, client.mget([load_key(n) for n in nodes]), strict=True):
+                load = load_decode(raw)
+                if load is not None:
+                    out[node]["running_s"] += load.num_requests_running * (now - last)
+                    out[node]["deferred_s"] += (load.waiting_deferred or 0) * (now - last)
+            last = now
+    finally:
+        client.close()
+
+
 def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency: int, max_tokens: int,
-           engines: dict[str, tuple[str, str]]) -> Run:
-    """Send ``trace`` in order from ``concurrency`` closed-loop clients through the gateway at ``url``."""
+           engines: dict[str, tuple[str, str]], redis_url: str | None = None) -> Run:
+    """Send ``trace`` in order from ``concurrency`` closed-loop clients through the gateway at ``url``; with
+    ``redis_url``, also integrate each node's running and LoRA-deferred requests over the replay."""
     lock = threading.Lock()
     queue = iter(enumerate(trace))
     ttfts: list[float] = []
@@ -167,15 +195,22 @@ def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency
                     tokens += n
 
     before = engine_loads(engines)
+    queues = {n: {"running_s": 0.0, "deferred_s": 0.0} for n in engines}
+    stop = threading.Event()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    sampler = threading.Thread(target=_sample_queues, args=(redis_url, list(engines), stop, queues), daemon=True) \
+        if redis_url else None
     t0 = time.perf_counter()
-    for thread in threads:
+    for thread in threads + ([sampler] if sampler else []):
         thread.start()
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - t0
+    stop.set()
+    if sampler:
+        sampler.join()
     after = engine_loads(engines)
-    loads = {n: {k: after[n][k] - before[n][k] for k in after[n]} for n in after}
+    loads = {n: {**{k: after[n][k] - before[n][k] for k in after[n]}, **queues[n]} for n in after}
     return Run(policy, seconds, ttfts, tokens, errors, loads)
 
 
@@ -190,13 +225,16 @@ def aggregate(runs: list[Run]) -> dict[str, Any]:
     seconds = sum(r.seconds for r in runs)
     ttft = [t for r in runs for t in r.ttft_ms]
     nodes = sorted({n for r in runs for n in r.loads})
-    loads = {n: {k: sum(r.loads[n][k] for r in runs) for k in ("disk_to_cpu", "cpu_to_gpu", "requests")} for n in nodes}
+    loads = {n: {k: sum(r.loads[n][k] for r in runs) for k in ("disk_to_cpu", "cpu_to_gpu", "requests", "load_s",
+                                                                     "running_s", "deferred_s")}
+             for n in nodes}
     return {"requests": len(ttft), "errors": sum(len(r.errors) for r in runs), "seconds": seconds,
             "rps": len(ttft) / seconds, "tokens_per_s": sum(r.tokens for r in runs) / seconds,
             "ttft_ms_p50": _pct(ttft, 0.5), "ttft_ms_p99": _pct(ttft, 0.99),
             "round_rps": [len(r.ttft_ms) / r.seconds for r in runs], "loads": loads,
             "disk_to_cpu": sum(v["disk_to_cpu"] for v in loads.values()),
-            "cpu_to_gpu": sum(v["cpu_to_gpu"] for v in loads.values())}
+            "cpu_to_gpu": sum(v["cpu_to_gpu"] for v in loads.values()),
+            "load_s": sum(v["load_s"] for v in loads.values())}
 
 
 def table(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -213,11 +251,17 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             ("TTFT p99, ms", lambda r: f"{r['ttft_ms_p99']:.0f}"),
             ("engine loads disk→cpu", lambda r: f"{r['disk_to_cpu']}"),
             ("engine loads cpu→gpu", lambda r: f"{r['cpu_to_gpu']}"),
-            ("disk→cpu loads per request", lambda r: f"{r['disk_to_cpu'] / max(1, r['requests']):.2f}")]
+            ("disk→cpu loads per request", lambda r: f"{r['disk_to_cpu'] / max(1, r['requests']):.2f}"),
+            # Moves run inside the engine's step: every running request on that node waits them out.
+            ("engine seconds in moves (share)",
+             lambda r: f"{r['load_s']:.1f} ({r['load_s'] / max(1e-9, r['seconds'] * max(1, len(r['loads']))):.0%})")]
     for node in sorted({n for r in columns for n in r["loads"]}):
         rows.append((f"  {node} requests, d→c / c→g",
                      lambda r, n=node: f"{r['loads'][n]['requests']}, {r['loads'][n]['disk_to_cpu']} / "
                                        f"{r['loads'][n]['cpu_to_gpu']}" if n in r["loads"] else "-"))
+        rows.append((f"  {node} mean running / deferred",
+                     lambda r, n=node: f"{r['loads'][n]['running_s'] / r['seconds']:.1f} / "
+                                       f"{r['loads'][n]['deferred_s'] / r['seconds']:.1f}" if n in r["loads"] else "-"))
     heads = ["affinity (Quiver)", "round-robin"] + (["base model only"] if ceiling else []) + \
         (["one adapter only"] if one else [])
     lines = [f"{'':32} " + " ".join(f"{h:>20}" for h in heads)]
@@ -342,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                         help="QUIVER_PLACEMENT_MISS_COST for the reconciler: on this CPU node a reload costs about one "
                              "16-token request's worth (3 gave the hottest adapters' node 62%% of the requests; 0 is "
                              "the GPU default; docs/placement.md)")
+    parser.add_argument("--replica-worth", type=float, default=None,
+                        help="QUIVER_PLACEMENT_REPLICA_WORTH for the reconciler (default: the setting's default)")
     parser.add_argument("--route-bound", type=float, default=None,
                         help="QUIVER_ROUTING_LOAD_BOUND for the affinity gateway (default: the setting's default)")
     parser.add_argument("--eviction", choices=("lru", "lfu", "cost"), default="lfu",
@@ -383,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                     "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(48),
                     "QUIVER_NODE_SECRET": secrets.token_urlsafe(48), "QUIVER_WARM_WAIT_S": "120",
                     "QUIVER_PLACEMENT_MISS_COST": str(args.miss_cost)})
+        if args.replica_worth is not None:
+            env["QUIVER_PLACEMENT_REPLICA_WORTH"] = str(args.replica_worth)
         say("migrating a fresh database, registering the tiny base model and a tenant")
         manage(env, "migrate", "--noinput")
         manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "16")
@@ -468,19 +516,21 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                            max_tokens=args.max_tokens, engines=engines)
                 say(f"reconciler's plan: {_plan_summary()}")
                 run = replay(policy, urls[policy], api_key, trace, concurrency=args.concurrency,
-                             max_tokens=args.max_tokens, engines=engines)
+                             max_tokens=args.max_tokens, engines=engines, redis_url=env["REDIS_URL"])
                 runs[policy].append(run)
                 say(f"round {round_no + 1} {policy}: {len(run.ttft_ms)} ok, {len(run.errors)} errors, "
-                    f"{run.seconds:.1f} s; loads {json.dumps(run.loads)}"
+                    f"{run.seconds:.1f} s; loads {json.dumps({n: {k: round(v, 2) for k, v in d.items()} for n, d in run.loads.items()})}"
                     + (f"; first error: {run.errors[0]}" if run.errors else ""))
             if not args.no_ceiling:
                 run = replay(CEILING, urls["affinity"], api_key, [assets.served_name] * len(trace),
-                             concurrency=args.concurrency, max_tokens=args.max_tokens, engines=engines)
+                             concurrency=args.concurrency, max_tokens=args.max_tokens, engines=engines,
+                             redis_url=env["REDIS_URL"])
                 runs.setdefault(CEILING, []).append(run)
                 say(f"round {round_no + 1} base model only: {len(run.ttft_ms)} ok, {run.seconds:.1f} s")
                 hottest = max(names, key=trace.count)
                 run = replay(ONE_ADAPTER, urls["affinity"], api_key, [hottest] * len(trace),
-                             concurrency=args.concurrency, max_tokens=args.max_tokens, engines=engines)
+                             concurrency=args.concurrency, max_tokens=args.max_tokens, engines=engines,
+                             redis_url=env["REDIS_URL"])
                 runs.setdefault(ONE_ADAPTER, []).append(run)
                 say(f"round {round_no + 1} {hottest} only: {len(run.ttft_ms)} ok, {run.seconds:.1f} s")
         results = {p: aggregate(r) for p, r in runs.items()}
@@ -489,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
               f"{args.zipf}, {args.requests} requests x {args.rounds} rounds per policy (after {args.warmup} unmeasured), concurrency "
               f"{args.concurrency}, {args.max_tokens} tokens each; engine cores {args.engine_cores}; placement miss cost "
-              f"{args.miss_cost:g}; eviction affinity {eviction['affinity']}, round-robin {eviction['round_robin']}; "
+              f"{args.miss_cost:g}, replica worth {env.get('QUIVER_PLACEMENT_REPLICA_WORTH', 'default')}; eviction affinity {eviction['affinity']}, round-robin {eviction['round_robin']}; "
               f"cores {os.cpu_count()}, "
               f"load avg {load1:.1f}/{load5:.1f}")
         print("\n".join(table(results)))

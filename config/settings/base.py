@@ -269,6 +269,13 @@ QUIVER_PLACEMENT_MISS_COST = env.float("QUIVER_PLACEMENT_MISS_COST", default=0.0
 if not 0.0 <= QUIVER_PLACEMENT_MISS_COST <= 1000.0:
     raise ImproperlyConfigured(f"QUIVER_PLACEMENT_MISS_COST={QUIVER_PLACEMENT_MISS_COST!r}: use a number from 0 "
                                "to 1000 (requests' worth of work per engine load).")
+# Placement's replica worth (inference.fleet.placement.PlacementConfig.replica_worth): where more versions have traffic
+# than the fleet has CPU slots, a rate-driven extra replica must carry at least this many times the slot frontier's
+# rate. 8 fits the simulator's 500 versions over 256 slots; lower replicates a dominant head adapter on small fleets.
+QUIVER_PLACEMENT_REPLICA_WORTH = env.float("QUIVER_PLACEMENT_REPLICA_WORTH", default=8.0)
+if not 0.0 <= QUIVER_PLACEMENT_REPLICA_WORTH <= 1000.0:
+    raise ImproperlyConfigured(f"QUIVER_PLACEMENT_REPLICA_WORTH={QUIVER_PLACEMENT_REPLICA_WORTH!r}: use a number from "
+                               "0 (replicate by rate alone) to 1000 (almost never replicate past the slots).")
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)
 QUIVER_PROXY_TIMEOUT_S = env.float("QUIVER_PROXY_TIMEOUT_S", default=300.0)

@@ -107,7 +107,8 @@ def fleet_reconcile(*, now: float | None = None) -> int:
                                   max_replicas=intent.max_replicas if intent else None,
                                   pinned_nodes=pinned, resident_on=frozenset(held[v.pk]),
                                   planned_on=frozenset(previous.get(v.pk, ()))))
-        plan = place(demands, nodes, config=PlacementConfig(miss_cost=settings.QUIVER_PLACEMENT_MISS_COST))
+        plan = place(demands, nodes, config=PlacementConfig(miss_cost=settings.QUIVER_PLACEMENT_MISS_COST,
+                                                               replica_worth=settings.QUIVER_PLACEMENT_REPLICA_WORTH))
         plans.update(plan)
         fits = slotted(plan, demands, nodes)
         node_by_name = {n.name: n for n in live}

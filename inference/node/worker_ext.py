@@ -222,31 +222,39 @@ def _slot_bytes(manager: Any) -> int:
     return total // slots if slots else 0
 
 
-def count_loads(worker_lora_manager: Any) -> dict[str, int]:
-    """Count the engine's own adapter moves from now on (idempotent; installed at the first residency read).
+def count_loads(worker_lora_manager: Any) -> dict[str, float]:
+    """Count and time the engine's own adapter moves from now on (idempotent; installed at the first residency read).
 
     Wraps, on this worker's manager instances, ``LRUCacheWorkerLoRAManager._load_adapter`` (an adapter read from
     disk into the CPU cache) and ``LRUCacheLoRAModelManager.activate_adapter`` when it returns True (an adapter
-    copied into a GPU slot; vLLM returns False when it was already active), both in ``vllm/lora/``.
+    copied into a GPU slot; vLLM returns False when it was already active), both in ``vllm/lora/``. Both run inside
+    the engine's step, so their seconds are time every running request of the node waited.
 
     Returns:
-        The live counters ``{"disk_to_cpu": n, "cpu_to_gpu": n}`` since they were installed.
+        The live counters ``{"disk_to_cpu": n, "cpu_to_gpu": n, "disk_to_cpu_s": s, "cpu_to_gpu_s": s}`` since they
+        were installed (seconds of wall time; an activation that moved nothing is not timed).
     """
-    counts: dict[str, int] | None = getattr(worker_lora_manager, "_quiver_loads", None)
+    counts: dict[str, float] | None = getattr(worker_lora_manager, "_quiver_loads", None)
     if counts is not None:
         return counts
-    counts = {"disk_to_cpu": 0, "cpu_to_gpu": 0}
+    counts = {"disk_to_cpu": 0, "cpu_to_gpu": 0, "disk_to_cpu_s": 0.0, "cpu_to_gpu_s": 0.0}
     load, manager = worker_lora_manager._load_adapter, worker_lora_manager._adapter_manager
     activate = manager.activate_adapter
 
     def counted_load(*args: Any, **kwargs: Any) -> Any:
         counts["disk_to_cpu"] += 1
-        return load(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return load(*args, **kwargs)
+        finally:
+            counts["disk_to_cpu_s"] += time.perf_counter() - started
 
     def counted_activate(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
         moved = activate(*args, **kwargs)
         if moved:
             counts["cpu_to_gpu"] += 1
+            counts["cpu_to_gpu_s"] += time.perf_counter() - started
         return moved
 
     worker_lora_manager._load_adapter = counted_load
@@ -264,7 +272,7 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
     Returns:
         ``{"gpu": [lora_int_id], "cpu": [lora_int_id], "pinned": [lora_int_id], "max_loras": int,
         "max_cpu_loras": int, "slot_bytes": int, "bytes": {lora_int_id: int}, "moves": {"disk_to_cpu": n,
-        "cpu_to_gpu": n}, ...}``: ``gpu`` in slot order (``None``
+        "cpu_to_gpu": n, "disk_to_cpu_s": s, "cpu_to_gpu_s": s}, ...}``: ``gpu`` in slot order (``None``
         slots skipped), ``cpu`` every registered id (GPU residents included, as in vLLM), sorted; ``bytes`` per
         registered adapter's CPU copy. Also ``loads`` (engine loads per id since the worker started, and
         ``loads_total``), ``steps`` (scheduler steps that used each registered id) and ``idle_s`` (seconds since

@@ -105,3 +105,25 @@ def test_when_every_unpinned_adapter_is_in_use_vllms_lru_decides() -> None:
     assert LRUCacheLoRAModelManager.remove_oldest_adapter(SimpleNamespace(_registered_adapters=cache)) is True
 
     assert removed == [2] and worker_ext.EVICTIONS["lru"] == before + 1
+
+
+def test_moves_are_counted_and_timed_only_when_something_moved() -> None:
+    """``count_loads`` counts disk→CPU reads and CPU→GPU copies and sums the seconds each took inside the step (an
+    activation of an adapter already in a slot moves nothing and costs no time)."""
+    def slow_load(request: object) -> str:
+        time.sleep(0.02)
+        return "model"
+
+    def activate(lora_id: int) -> bool:
+        time.sleep(0.01 if lora_id != 7 else 0.3)
+        return lora_id != 7  # 7 is already in a slot: vLLM returns False
+
+    worker = SimpleNamespace(_load_adapter=slow_load, _adapter_manager=SimpleNamespace(activate_adapter=activate))
+    counts = worker_ext.count_loads(worker)
+    assert worker_ext.count_loads(worker) is counts  # installed once
+    assert worker._load_adapter(object()) == "model"
+    assert worker._adapter_manager.activate_adapter(3) is True
+    assert worker._adapter_manager.activate_adapter(7) is False
+    assert counts["disk_to_cpu"] == 1 and counts["cpu_to_gpu"] == 1
+    assert 0.02 <= counts["disk_to_cpu_s"] < 0.5
+    assert 0.01 <= counts["cpu_to_gpu_s"] < 0.3  # only the activation that moved something
