@@ -25,7 +25,8 @@ def render(state: Mapping[str, Any], *, load: Any = None) -> bytes:
     rank-padded slot bytes), ``quiver_node_lora_pinned`` (adapters), ``quiver_node_lora_slots{tier}`` (capacity:
     ``max_loras`` / ``max_cpu_loras``), ``quiver_node_residency_from_engine`` (1 when the engine's own lists were
     read, 0 when inferred from request activity), ``quiver_node_lora_loads`` (engine loads, disk → CPU copy, since
-    the engine started; a gauge because an engine restart resets it). With ``load`` (an ``inference.node.load_publisher.LoadPublisher``):
+    the engine started; a gauge because an engine restart resets it), ``quiver_node_lora_move_seconds`` (seconds of
+    engine steps spent in those loads and in CPU → GPU copies: what residency can save on the node). With ``load`` (an ``inference.node.load_publisher.LoadPublisher``):
     ``quiver_node_kv_cache_usage_perc`` (0..1), ``quiver_node_requests_running``, ``quiver_node_requests_waiting``,
     ``quiver_node_requests_waiting_by_reason{reason}``, ``quiver_node_preemptions`` (the engine's counter),
     ``quiver_node_load_age_seconds`` (age of the published figures), ``quiver_node_load_publish_failures`` (current
@@ -52,6 +53,10 @@ def render(state: Mapping[str, Any], *, load: Any = None) -> bytes:
     if residency.get("loads_total") is not None:
         Gauge("quiver_node_lora_loads", "Engine LoRA loads (disk to CPU copy) since the engine started.",
               registry=registry).set(int(residency["loads_total"]))
+    if residency.get("move_seconds") is not None:
+        Gauge("quiver_node_lora_move_seconds", "Seconds the engine spent inside its steps moving adapters (disk to "
+              "CPU reads, CPU to GPU slot copies) since the agent's first residency read.",
+              registry=registry).set(float(residency["move_seconds"]))
     if load is not None:
         _load_gauges(registry, load)
     return generate_latest(registry)

@@ -658,4 +658,7 @@ def residency_summary(adapters: list[dict[str, Any]], engine: dict[str, Any] | N
         "disk_bytes": disk_bytes,
         "gpu_slot_bytes": slot_bytes,
         "loads_total": int(engine.get("loads_total", 0)) if engine else None,
+        # Seconds of the engine's steps spent moving adapters: what residency can save on this node.
+        "move_seconds": round(sum(float((engine.get("moves") or {}).get(k, 0.0))
+                                  for k in ("disk_to_cpu_s", "cpu_to_gpu_s")), 6) if engine else None,
     }

@@ -27,3 +27,16 @@ def test_missing_residency_reads_as_zero_and_not_from_engine() -> None:
     got = _samples(render({"max_loras": None}))
     assert got[("quiver_node_lora_adapters", (("tier", "cpu"),))] == 0
     assert got[("quiver_node_residency_from_engine", ())] == 0
+
+
+def test_engine_loads_and_move_seconds_reach_the_gauges() -> None:
+    from inference.node.service import residency_summary
+
+    engine = {"slot_bytes": 10, "bytes": {"3": 100}, "loads_total": 7,
+              "moves": {"disk_to_cpu": 7, "cpu_to_gpu": 9, "disk_to_cpu_s": 0.25, "cpu_to_gpu_s": 0.5}}
+    summary = residency_summary([{"tier": "hot", "pinned": False}], engine, 0)
+    assert summary["loads_total"] == 7 and summary["move_seconds"] == 0.75
+    got = _samples(render({"max_loras": 2, "residency": summary}))
+    assert got[("quiver_node_lora_loads", ())] == 7
+    assert got[("quiver_node_lora_move_seconds", ())] == 0.75
+    assert residency_summary([], None, 0)["move_seconds"] is None
