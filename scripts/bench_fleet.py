@@ -28,7 +28,9 @@ before each of its replays: Quiver's (``--eviction``, LFU by default) for affini
 
 Printed side by side per policy: throughput (requests/s, tokens/s), TTFT p50/p99 (first streamed token, ms), the
 engines' own load counts (``disk→cpu`` = adapters read into the CPU cache, ``cpu→gpu`` = moved into a GPU slot,
-counted in each engine's worker by ``inference.node.worker_ext``), per node, and the ratios. A third replay per
+counted in each engine's worker by ``inference.node.worker_ext``), per node, the engines' seconds inside those
+moves, each node's mean running and LoRA-deferred requests (waiting because their adapter is not among the batch's
+``max_loras``; from the gauges the agents publish every 100 ms), and the ratios. A third replay per
 round (off with ``--no-ceiling``) sends the same trace for the base model alone through the affinity gateway: no LoRA
 load and no ``max_loras`` limit, the most these engines serve at this concurrency; each policy's throughput is also
 printed as a share of it (a 1.5x ratio needs round-robin at two thirds of affinity's share or less). A fourth sends
