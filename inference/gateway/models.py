@@ -48,7 +48,8 @@ class Node(models.Model):
 class Placement(models.Model):
     """Where an adapter version lives on a node: ``cold | staged | warm | hot | errored`` plus ``pinned``.
 
-    ``warming_since`` marks an in-flight warm so concurrent gateway requests enqueue it once.
+    ``warming_since`` marks an in-flight warm so concurrent gateway requests enqueue it once; ``load_issued_at``
+    records that the control plane asked this node to load the version, which a heartbeat needs to record it.
     """
 
     class Tier(models.TextChoices):
@@ -66,6 +67,10 @@ class Placement(models.Model):
     # work at the cost of a disk reload, so the gateway can route there without a warm round trip.
     served = models.BooleanField(default=False)
     warming_since = models.DateTimeField(null=True, blank=True)
+    # When the control plane first queued or sent a load of this version to this node (a warm, a pin). A heartbeat's
+    # claim that the node holds the version counts only after it (``placement.node_heartbeat``): a node holding a
+    # valid token could otherwise make itself a route for any version of its base model, other tenants' included.
+    load_issued_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     load_ms = models.FloatField(null=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -7,6 +7,8 @@ CPU/GPU LoRA cache), ``staged`` (on node disk), ``cold`` (only in S3), ``errored
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -29,6 +31,10 @@ from workers.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 RESIDENT = (Placement.Tier.WARM, Placement.Tier.HOT)
+# (node id, version id) pairs already logged as claimed unasked; bounded, oldest forgotten first.
+_UNASKED_LOGGED: OrderedDict[tuple[int, int], None] = OrderedDict()
+_UNASKED_LOGGED_MAX = 10_000
+_UNASKED_LOCK = threading.Lock()
 
 
 def nodes_live(base_model: BaseModel) -> QuerySet[Node]:
@@ -49,8 +55,11 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
             ``tier``, ``pinned``, ``served``}], capacities, KV and queue gauges).
 
     Returns:
-        The node. Only versions that exist, serve this node's base model and carry their own served name are
-        recorded; versions the node no longer reports drop to ``cold`` on it.
+        The node. Only versions that exist, serve this node's base model, carry their own served name and that the
+        control plane asked this node to load (``Placement.load_issued_at``, set by a warm or a pin) are recorded;
+        versions the node no longer reports drop to ``cold`` on it. A version claimed without having been asked
+        for is ignored (its requests never go there) and logged once per node and version
+        (``node.heartbeat_unasked_version``).
     """
     with transaction.atomic():
         locked = Node.objects.select_for_update().get(pk=node.pk)
@@ -72,32 +81,74 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         # Known versions only: the id exists, is for this node's base model, and the name is that version's own.
         versions = list(AdapterVersion.objects.select_related("adapter__tenant").filter(pk__in=reported))
         owned = {v.pk for v in versions if reported[v.pk].get("lora_name") == v.served_name}
-        known = {v.pk for v in versions if v.pk in owned and v.adapter.base_model_id == node.base_model_id}
+        ours = {v.pk for v in versions if v.pk in owned and v.adapter.base_model_id == node.base_model_id}
         # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node.
         for version_id, entry in reported.items():
             if version_id not in owned:
                 purge_node_copy(node.pk, entry["lora_name"], reason=GC_ORPHAN_COPY)
-        current = {p.adapter_version_id: p for p in Placement.objects.filter(node=node, adapter_version_id__in=known)}
+        # Only what this node was asked to load: the token proves which node speaks, not that it was given the
+        # version. Rows persist across control-plane restarts (PostgreSQL), and an engine that reloads a name it
+        # still serves from disk, a pin or an evict all act on a row that a warm already marked.
+        current = {p.adapter_version_id: p for p in Placement.objects.filter(
+            node=node, adapter_version_id__in=ours, load_issued_at__isnull=False)}
+        known = set(current)
+        for version in versions:
+            if version.pk in ours and version.pk not in known:
+                _log_unasked_claim(node, version, reported[version.pk])
         for version_id in known:
             entry = reported[version_id]
             tier = entry["tier"]
             wanted = {"tier": tier, "pinned": bool(entry.get("pinned")),
                       "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
-            row = current.get(version_id)
-            if row is not None and row.warming_since is not None and tier not in RESIDENT:
+            row = current[version_id]
+            if row.warming_since is not None and tier not in RESIDENT:
                 # A warm in flight keeps its mark until the node reports the version resident or the warm task
                 # records its outcome: cleared here, the row's previous failure would answer the waiting request.
                 del wanted["warming_since"]
             # Heartbeats come every few seconds: write only what changed.
-            if row is None:
-                Placement.objects.create(node=node, adapter_version_id=version_id, **wanted)
-            elif any(getattr(row, k) != v for k, v in wanted.items()):
+            if any(getattr(row, k) != v for k, v in wanted.items()):
                 Placement.objects.filter(pk=row.pk).update(**wanted, updated_at=timezone.now())
         # Only rows the node once held drop to cold; in-flight warms keep their state.
         Placement.objects.filter(node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
             adapter_version_id__in=known
         ).update(tier=Placement.Tier.COLD, pinned=False, served=False)
     return node
+
+
+def _log_unasked_claim(node: Node, version: AdapterVersion, entry: Mapping[str, Any]) -> None:
+    """Log, once per (node, version) in this process, a heartbeat claiming a version the node was never asked to
+    load (a forged report, or copies left from before the node was deregistered); heartbeats repeat every second."""
+    key = (node.pk, version.pk)
+    with _UNASKED_LOCK:
+        if key in _UNASKED_LOGGED:
+            return
+        _UNASKED_LOGGED[key] = None
+        while len(_UNASKED_LOGGED) > _UNASKED_LOGGED_MAX:
+            _UNASKED_LOGGED.popitem(last=False)
+    logger.warning("node.heartbeat_unasked_version", extra={
+        "node": node.name, "version_id": version.pk, "tenant": version.adapter.tenant.slug,
+        "tier": entry.get("tier"), "served": entry.get("served"), "action": "ignored"})
+
+
+def placement_mark_load_issued(node_id: int, version_id: int) -> Placement:
+    """Record that the control plane asks node ``node_id`` to load version ``version_id`` (a warm queued or sent, a
+    pin): from now on that node's heartbeats may report the version, and the gateway may route it there.
+
+    Creates the placement row (tier ``cold``) if there is none; an earlier mark is kept. Committed at once outside a
+    transaction, which :func:`placement_warm` relies on: the node's heartbeat may report the version before the
+    load call returns.
+
+    Returns:
+        The placement row.
+
+    Raises:
+        django.db.IntegrityError: no such node or version.
+    """
+    placement, _ = Placement.objects.get_or_create(node_id=node_id, adapter_version_id=version_id)
+    if placement.load_issued_at is None:
+        placement.load_issued_at = timezone.now()
+        Placement.objects.filter(pk=placement.pk, load_issued_at=None).update(load_issued_at=placement.load_issued_at)
+    return placement
 
 
 def node_select_for_warm(base_model: BaseModel, *, r: int | None = None) -> Node | None:
@@ -123,7 +174,7 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
     Raises:
         NodeCallFailed: the agent refused or failed; the placement is left ``errored`` with the reason.
     """
-    placement, _ = Placement.objects.get_or_create(node=node, adapter_version=version)
+    placement = placement_mark_load_issued(node.pk, version.pk)
     untrained = adapter_version_untrained(version)
     payload = {
         "lora_name": version.served_name,
@@ -216,7 +267,8 @@ def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: b
         if in_flight or (not repin and (placement.tier in RESIDENT or (placement.served and not even_if_served))):
             return placement, False
         placement.warming_since = timezone.now()
-        placement.save(update_fields=["warming_since", "updated_at"])
+        placement.load_issued_at = placement.load_issued_at or placement.warming_since
+        placement.save(update_fields=["warming_since", "load_issued_at", "updated_at"])
         enqueue_on_commit(placement_warm_task, placement.pk)
     return placement, True
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.test import Client, override_settings
+from django.utils import timezone
 
 from adapters_app.models import Purge
 from inference.gateway.models import Node, Placement
 from inference.gateway.node_keys import node_credentials
 from inference.gateway.nodes import node_register
+from inference.gateway.placement import placement_mark_load_issued
 
 pytestmark = pytest.mark.django_db
 URL = "/internal/v1/nodes/heartbeat"
@@ -121,8 +124,9 @@ def test_versions_are_recorded_only_under_their_own_name(internal: Client, base_
     purges = Purge.objects.filter(kind="node", node_id=Node.objects.get(name="n1").pk, done_at=None)
     assert sorted(purges.values_list("lora_name", flat=True)) == ["someone--else--1", "x--y--999999"]
     entries = [{"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm"}]
+    placement_mark_load_issued(Node.objects.get(name="n1").pk, version.pk)  # the control plane sent it
     assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
-    assert Placement.objects.get().adapter_version == version
+    assert Placement.objects.get().tier == "warm"
 
 
 def test_rotation_revokes_the_old_token(internal: Client, base_model: Any) -> None:
@@ -175,8 +179,9 @@ def test_re_registering_for_another_base_model_drops_what_the_node_held(
     version = _ready_adapter(tenant, "bot")
     token = _register("n1")
     entries = [{"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm"}]
+    placement_mark_load_issued(Node.objects.get(name="n1").pk, version.pk)
     assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
-    assert Placement.objects.filter(node__name="n1").count() == 1
+    assert Placement.objects.filter(node__name="n1", tier="warm").count() == 1
     other = base_model_register(base_model_name="tiny-llama-2", hf_config=base_model.hf_config, max_lora_rank=16)
 
     node, _ = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
@@ -189,3 +194,124 @@ def test_re_registering_for_another_base_model_drops_what_the_node_held(
     same, _ = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
                             base_model_name="tiny-llama-2")
     assert same.healthy  # the same model again: nothing dropped
+
+
+# --- Residency claims: a node records only the versions the control plane sent it -----------------------------------
+
+
+def _entry(version: Any, tier: str = "hot", **extra: Any) -> dict[str, Any]:
+    return {"lora_name": version.served_name, "lora_int_id": version.pk, "tier": tier, "served": True, **extra}
+
+
+def _routes_to(version: Any) -> str | None:
+    """The node the gateway's fast path would send ``version``'s requests to (a fresh fleet read), or None."""
+    from inference.gateway.directory import load_fleet, load_target
+    from inference.gateway.snapshot import node_choose
+
+    target = load_target(version.tenant_id, version.adapter.name)
+    node = node_choose(load_fleet(), target)  # type: ignore[arg-type]
+    return node.name if node is not None else None
+
+
+@pytest.fixture
+def two_tenants(make_client: Any, base_model: Any) -> tuple[Any, Any]:
+    """(acme's version, victim's version), both ready on ``tiny-llama``."""
+    from tests.test_tenant_isolation import _ready_adapter
+
+    _, acme, _ = make_client(slug="acme")
+    _, victim, _ = make_client(slug="victim")
+    return _ready_adapter(acme, "bot"), _ready_adapter(victim, "secret-bot")
+
+
+def test_a_forged_claim_of_another_tenants_version_is_not_routed_there(
+        internal: Client, two_tenants: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """Node ``evil`` holds a valid token and reports the victim's version hot, under its real served name: nothing is
+    recorded, the victim's requests still go only where the control plane put the version, and the claim is logged
+    once however many heartbeats repeat it."""
+    import logging
+
+    _, secret = two_tenants
+    good, evil = _register("good"), _register("evil")
+    placement_mark_load_issued(Node.objects.get(name="good").pk, secret.pk)  # the warm went to "good"
+    assert _beat(internal, good, _state("good", adapters=[_entry(secret, "warm")])).status_code == 200
+    assert _routes_to(secret) == "good"
+
+    with caplog.at_level(logging.WARNING, logger="inference.gateway.placement"):
+        for waiting in (0, 5, 50):  # even once "good" is far busier
+            _beat(internal, good, _state("good", adapters=[_entry(secret, "warm")], num_requests_waiting=waiting))
+            resp = _beat(internal, evil, _state("evil", adapters=[_entry(secret, "hot", pinned=True)]))
+            assert resp.status_code == 200, resp.content
+            assert _routes_to(secret) == "good"
+
+    assert not Placement.objects.filter(node__name="evil").exists()
+    assert Placement.objects.get(node__name="good").tier == "warm"
+    logged = [r for r in caplog.records if r.getMessage() == "node.heartbeat_unasked_version"]
+    assert len(logged) == 1
+    assert (logged[0].node, logged[0].version_id, logged[0].tenant) == ("evil", secret.pk, "victim")  # type: ignore[attr-defined]
+
+
+def test_a_claim_counts_once_the_warm_was_issued(internal: Client, two_tenants: tuple[Any, Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unasked, a claim is ignored; once the control plane queued a warm for that node, the same report is recorded
+    (and ends the warm); a report arriving while the load call is still running counts too."""
+    from inference.gateway.placement import placement_request_warm, placement_warm
+
+    bot, secret = two_tenants
+    token = _register("n1")
+    node = Node.objects.get(name="n1")
+    assert _beat(internal, token, _state("n1", adapters=[_entry(bot)])).status_code == 200
+    assert not Placement.objects.exists() and _routes_to(bot) is None
+
+    monkeypatch.setattr("inference.gateway.placement.enqueue_on_commit", lambda *a, **k: None)
+    placement_request_warm(bot, node=node)
+    assert _beat(internal, token, _state("n1", adapters=[_entry(bot)])).status_code == 200
+    row = Placement.objects.get(node=node, adapter_version=bot)
+    assert (row.tier, row.served, row.warming_since) == ("hot", True, None)
+    assert _routes_to(bot) == "n1"
+
+    def load_then_heartbeat(node_: Any, path: str, payload: dict[str, Any], **_: Any) -> dict[str, Any]:
+        # The agent's heartbeat thread reports the new adapter before the load call has answered.
+        body = _state("n1", adapters=[_entry(bot), _entry(secret, "warm")])
+        assert _beat(internal, token, body).status_code == 200
+        assert Placement.objects.get(node=node, adapter_version=secret).tier == "warm"
+        return {"tier": "warm", "effect": "changed"}
+
+    monkeypatch.setattr("inference.gateway.placement.node_call", load_then_heartbeat)
+    placement_warm(secret, node=Node.objects.get(name="n1"))
+    assert _routes_to(secret) == "n1"
+
+
+def test_evicted_pinned_restarted_and_dead_nodes_keep_what_they_were_sent(
+        internal: Client, two_tenants: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every later report of a version the node was sent still counts: an evict, an engine that reloads a name it
+    still serves from disk, a pin, a node that stopped heartbeating and came back (rows outlive control-plane
+    restarts in PostgreSQL). A deregistered node's rows are gone: what it still holds is ignored after it is
+    registered again."""
+    from inference.gateway.nodes import node_deregister
+    from inference.gateway.placement import node_mark_stale, placement_evict
+
+    bot, _ = two_tenants
+    token = _register("n1")
+    node = Node.objects.get(name="n1")
+    placement_mark_load_issued(node.pk, bot.pk)
+    assert _beat(internal, token, _state("n1", adapters=[_entry(bot, "warm")])).status_code == 200
+
+    monkeypatch.setattr("inference.gateway.placement.node_call", lambda *a, **k: {})
+    placement_evict(Placement.objects.get(node=node, adapter_version=bot))  # evict now
+    _beat(internal, token, _state("n1", adapters=[_entry(bot, "staged", served=False)]))
+    assert _routes_to(bot) is None
+    _beat(internal, token, _state("n1", adapters=[_entry(bot, "staged")]))  # the name is still served from disk
+    assert _routes_to(bot) == "n1"
+    _beat(internal, token, _state("n1", adapters=[_entry(bot, "hot", pinned=True)]))  # reloaded by a request; pinned
+    row = Placement.objects.get(node=node, adapter_version=bot)
+    assert (row.tier, row.pinned, row.served) == ("hot", True, True)
+
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert node_mark_stale() == 1 and _routes_to(bot) is None  # the node died
+    _beat(internal, token, _state("n1", adapters=[_entry(bot, "hot")]))  # and came back with the version
+    assert _routes_to(bot) == "n1"
+
+    node_deregister(node)
+    token = _register("n1")
+    assert _beat(internal, token, _state("n1", adapters=[_entry(bot, "hot")])).status_code == 200
+    assert not Placement.objects.exists() and _routes_to(bot) is None

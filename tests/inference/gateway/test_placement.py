@@ -19,6 +19,7 @@ from inference.gateway.placement import (
     node_heartbeat,
     node_mark_stale,
     node_select_for_warm,
+    placement_mark_load_issued,
     placement_mark_not_served,
     placement_on_ready,
     placement_request_warm,
@@ -36,11 +37,15 @@ def _state(name: str, adapters: list[dict] | None = None, **extra: object) -> di
 
 
 def _beat(state: dict) -> Node:
-    """Register the state's node (idempotent) and record its heartbeat."""
+    """Register the state's node (idempotent) and record its heartbeat, as if the control plane had asked the node to
+    load each existing version it reports (a heartbeat records only those: ``test_node_trust``)."""
     node = Node.objects.filter(name=state["node"]).first()
     if node is None:
         node, _ = node_register(name=state["node"], agent_url=state["agent_url"], engine_url=state["engine_url"],
                                 base_model_name="tiny-llama")
+    for entry in state["adapters"]:
+        if AdapterVersion.objects.filter(pk=entry["lora_int_id"]).exists():
+            placement_mark_load_issued(node.pk, entry["lora_int_id"])
     return node_heartbeat(node=node, state=state)
 
 
