@@ -1,17 +1,23 @@
-"""``manage.py quiver_tenant_create <slug>``: make a tenant (if new) and mint an API key, printing the secret once."""
+"""``manage.py quiver_tenant_create <slug>``: make a tenant (if new) and mint an API key, printing the secret once.
+
+Output contract: stdout is the key alone, on its last line (``demo/run.py`` and ``scripts/*`` read
+``.splitlines()[-1]``); what the key is goes to stderr first, so a person sees it and a pipe captures only the key.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
 
 
 class Command(BaseCommand):
-    help = "Create a tenant (if missing) and print a new API key for it."
+    help = ("Create a tenant (if missing) and mint a new API key for it. stdout is the key alone (qv_<id>.<secret>), "
+            "shown only this once; the line saying what it is goes to stderr.")
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("slug")
@@ -19,6 +25,19 @@ class Command(BaseCommand):
         parser.add_argument("--key-name", default="default")
 
     def handle(self, *args: Any, slug: str, name: str | None, key_name: str, **options: Any) -> None:
-        tenant = Tenant.objects.filter(slug=slug).first() or tenant_create(slug=slug, name=name or slug)
+        tenant = Tenant.objects.filter(slug=slug).first()
+        created = tenant is None
+        if tenant is None:
+            try:
+                tenant = tenant_create(slug=slug, name=name or slug)
+            except ValidationError as exc:  # a clear line instead of a traceback, naming the field
+                given = {"slug": slug, "name": name or slug}
+                problems = "; ".join(f"{field} {given.get(field, '')!r}: {' '.join(messages)}"
+                                     for field, messages in exc.message_dict.items())
+                raise CommandError(f"Tenant not created: {problems}") from exc
         _, plaintext = api_key_create(tenant, name=key_name)
+        state = "new tenant" if created else "existing tenant"
+        # Unstyled: Django paints stderr red on a terminal, and this line is no error.
+        self.stderr.write(f"API key {key_name!r} for {state} {tenant.slug} (shown once; store it now; clients send "
+                          "it as 'Authorization: Bearer <key>'):", style_func=str)
         self.stdout.write(plaintext)
