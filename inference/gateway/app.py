@@ -472,7 +472,9 @@ class GatewayApp:
             node, slot = await self.admission.acquire(tenant=str(key.tenant_id), priority=key.priority,
                                                       prompt_tokens=prompt_estimate,
                                                       completion_tokens=completion_estimate,
-                                                      choose=lambda: self.node_for(target))
+                                                      choose=lambda: self.node_for(target),
+                                                      lora=target.served_name if target.version_id is not None
+                                                      else None)
         except GatewayError as exc:
             await self.limiter.settle(admission, actual_tokens=0)
             return error_response(exc)
@@ -580,7 +582,8 @@ class GatewayApp:
                 except ValueError:
                     data = None
                 if response.status_code >= 400 or not isinstance(data, dict):
-                    failed = _engine_error(response.status_code, data, target, node_name=node.name)
+                    failed = _engine_error(response.status_code, data, target, node_name=node.name,
+                                           endpoint=endpoint)
                     # An engine that refused the node's key is metered as what the caller got (502), not as a 401.
                     status = failed.status if response.status_code in ENGINE_AUTH_STATUSES else response.status_code
                     record(status if response.status_code >= 400 else 502, None)
@@ -871,7 +874,8 @@ def _strip_engine_fields(data: dict[str, Any]) -> None:
 ENGINE_AUTH_STATUSES = (401, 403)
 
 
-def _engine_error(status: int, data: Any, target: TargetView, *, node_name: str | None = None) -> GatewayError:
+def _engine_error(status: int, data: Any, target: TargetView, *, node_name: str | None = None,
+                  endpoint: str = "completions") -> GatewayError:
     """An engine error in OpenAI's shape with our own message: no engine internals, no served names.
 
     A 401/403 from the engine means it refused the gateway's node key (a platform misconfiguration: a rotated
@@ -889,6 +893,8 @@ def _engine_error(status: int, data: Any, target: TargetView, *, node_name: str 
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         engine_message = str(data["error"].get("message") or "")
         engine_param = str(data["error"].get("param") or "")
+    if status == 400 and (limit := _context_error(engine_message, engine_param, target, endpoint)) is not None:
+        return limit
     context = re.search(r"maximum context length is (\d+)", engine_message)
     if status == 400 and (context or engine_param in ("input_tokens", "input_text")):
         size = f" of {context.group(1)} tokens" if context else ""
@@ -910,6 +916,63 @@ def _engine_error(status: int, data: Any, target: TargetView, *, node_name: str 
         return GatewayError(400, message, code="invalid_request", param=param)
     return GatewayError(502, "The inference node failed to answer; retry.", code="upstream_error",
                         type_="server_error")
+
+
+# vLLM's refusals of a request that cannot fit the model's context (vllm/renderers/params.py, TokenizeParams): a
+# completion budget above the context itself (checked before the prompt is tokenized, so the prompt's length is not
+# known), and a prompt that alone fills it (counted in tokens, or first bounded in characters). A completion that fits
+# the context but not next to the prompt is no error there: it is shortened to what is left (get_max_tokens), and the
+# choice's finish_reason says "length". Older vLLM refused that case with the prompt's count ("you requested ...").
+_OUTPUT_OVER_CONTEXT = re.compile(r"\b(max_tokens|max_completion_tokens)=(\d+) cannot be greater than "
+                                  r"max_model_len=(\d+)")
+_SUM_OVER_CONTEXT = re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "
+                               r"\((\d+) in the messages, (\d+) in the completion\)")
+_PROMPT_OVER_CONTEXT = re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains "
+                                  r"(at least )?(\d+) (input tokens|characters)")
+
+
+def _context_error(engine_message: str, engine_param: str, target: TargetView,
+                   endpoint: str) -> GatewayError | None:
+    """The caller's own 400 for vLLM's context-length refusals, naming the field and the fix; None for other errors.
+
+    Args:
+        engine_message: the engine's ``error.message``.
+        engine_param: the engine's ``error.param`` (``max_tokens``, ``max_completion_tokens``, ``input_tokens``,
+            ``input_text``).
+        target: the request's model (``requested`` names it in the message; served names never appear).
+        endpoint: ``completions`` or ``chat/completions`` (``ROUTES``): which field holds the prompt.
+
+    Returns:
+        A 400 ``context_length_exceeded`` whose ``param`` is the field to change (``max_tokens`` or
+        ``max_completion_tokens``; ``prompt`` or ``messages`` when the prompt alone is too long), or None.
+    """
+    model = f"model `{target.requested}`"
+    if (output := _OUTPUT_OVER_CONTEXT.search(engine_message)) is not None:
+        field, asked, context = output.group(1), int(output.group(2)), int(output.group(3))
+        return GatewayError(
+            400, f"Invalid '{field}': {asked} exceeds the context of {model}, {context} tokens, which must hold the "
+            f"prompt as well; lower '{field}' to at most {context} minus the prompt's length in tokens.",
+            code="context_length_exceeded", param=field)
+    if (total := _SUM_OVER_CONTEXT.search(engine_message)) is not None:
+        field = engine_param if engine_param in ("max_tokens", "max_completion_tokens") else "max_tokens"
+        context, prompt_tokens, asked = (int(g) for g in total.groups())
+        room = context - prompt_tokens
+        fix = f"lower '{field}' to at most {room}" if room > 0 else "shorten the prompt"
+        return GatewayError(
+            400, f"Invalid '{field}': {asked} exceeds the context of {model}, {context} tokens, minus the prompt's "
+            f"{prompt_tokens}; {fix}.", code="context_length_exceeded", param=field if room > 0 else None)
+    prompt = _PROMPT_OVER_CONTEXT.search(engine_message)
+    if prompt is not None or engine_param in ("input_tokens", "input_text"):
+        field = "messages" if endpoint == "chat/completions" else "prompt"
+        if prompt is not None:
+            unit = "tokens" if prompt.group(4) == "input tokens" else "characters"
+            count = f"{prompt.group(2) or ''}{prompt.group(3)} {unit}"
+            size = f"{count}, more than the context of {model}, {prompt.group(1)} tokens, holds"
+        else:
+            size = f"more than the context of {model} holds"
+        return GatewayError(400, f"Invalid '{field}': the prompt is {size}, with no room left for a completion; "
+                            f"shorten '{field}'.", code="context_length_exceeded", param=field)
+    return None
 
 
 application = GatewayApp()

@@ -67,6 +67,14 @@ def test_engine_errors_are_mapped_and_prefix_cache_is_per_tenant(gateway_server:
     error = too_long.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["type"] == "invalid_request_error"
     assert "BadRequestError" not in too_long.text and "vllm" not in too_long.text.lower()
+    assert (error["param"], "shorten 'prompt'" in error["message"]) == ("prompt", True)
+    # A completion budget above the whole context (the session engine's --max-model-len 512): the field and the fix.
+    too_many = _post(gateway_server, alice, {"model": "tiny-llama", "prompt": "the cat", "max_tokens": 5000})
+    assert too_many.status_code == 400, too_many.text
+    error = too_many.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "max_tokens")
+    assert "Invalid 'max_tokens': 5000 exceeds the context of model `tiny-llama`, 512 tokens" in error["message"]
+    assert "lower 'max_tokens' to at most 512" in error["message"]
 
     body = {"model": "tiny-llama", "prompt": LONG_PROMPT, "max_tokens": 1, "temperature": 0}
     assert _post(gateway_server, alice, body).status_code == 200
