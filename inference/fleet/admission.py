@@ -39,6 +39,8 @@ class NodeLoad:
         waiting_deferred: the same for ``reason="deferred"`` (held back by the LoRA budget); None if not exported.
         num_preemptions_total: ``vllm:num_preemptions_total`` (counter).
         scheduling_policy: the engine's ``--scheduling-policy`` (``fcfs`` or ``priority``).
+        running_loras: ``lora_name``s with a request in the engine's running batch (the newest
+            ``vllm:lora_requests_info`` series' ``running_lora_adapters``); None if not exported.
     """
 
     at_s: float
@@ -49,6 +51,7 @@ class NodeLoad:
     waiting_deferred: int | None = None
     num_preemptions_total: float = 0.0
     scheduling_policy: str = "fcfs"
+    running_loras: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

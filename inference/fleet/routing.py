@@ -10,11 +10,16 @@ the node's disk 0.3, otherwise 0.0. Filters before scoring:
   consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018), so one hot adapter cannot
   pile onto one node.
 
+A node whose running batch has no room for the version (``max_loras`` other adapters running there) loses to any
+node that holds it with room: vLLM's scheduler defers such a request until one of those adapters drains, and keeps
+admitting their new requests meanwhile (``vllm/v1/core/sched/scheduler.py``), while a load from the node's disk or
+CPU cache costs about a millisecond on the CPU node and far less than a wait for a batch on a GPU (scripts/bench_fleet
+measures both; GIE's LoRA affinity scores an active adapter 1.0 and room for one more 0.8, shared/notes/anchors.md §5.6).
 Nodes in the version's placement (its HRW replica set, ``inference.fleet.placement``) win over spill-over nodes;
 then nodes that hold the version in the engine (GPU slot or CPU cache: no engine load); among those the less loaded
 node wins before the GPU/CPU difference, because a CPU→GPU swap (~0.1 s) costs less than queueing and because
 GPU-first would send all of a replicated version's traffic to the one replica that happens to hold a slot, starving
-the others out of the engine. Then the score, then the higher HRW weight — never a random pick, which turns routing
+the others out of the engine; among in-engine nodes one whose batch already runs the version comes first. Then the score, then the higher HRW weight — never a random pick, which turns routing
 random at low load (llm-d/llm-d-router#1500). Requests for the base model go where the fewest GPU LoRA
 slots are busy (#2792), then the least loaded.
 """
@@ -46,6 +51,10 @@ class Candidate(NamedTuple):
         kv_cache_usage_perc: ``vllm:kv_cache_usage_perc``, 0..1.
         in_placement: the node is in the version's replica set.
         hrw: the HRW weight of (version, node) (``inference.fleet.hrw.hrw_weight``), the tie-breaker.
+        in_batch: the version has a request in the node's running batch now (the engine's
+            ``running_lora_adapters``): a new one joins that batch without taking another of its ``max_loras``.
+        batch_full: the node's running batch already holds ``gpu_slots`` other adapters, so vLLM's scheduler would
+            defer a request for this version until one of them drains. False when unknown.
     """
 
     node: str
@@ -57,6 +66,8 @@ class Candidate(NamedTuple):
     kv_cache_usage_perc: float
     in_placement: bool
     hrw: int
+    in_batch: bool = False
+    batch_full: bool = False
 
     @property
     def load(self) -> int:
@@ -122,11 +133,13 @@ def _qualified(candidates: Sequence[Candidate], config: RouteConfig) -> tuple[li
     return bounded or unsaturated, False
 
 
-def _affinity_key(c: Candidate) -> tuple[bool, bool, int, float, int, int]:
-    # Replica set, then in-engine by load, then residency score, load and HRW (the module docstring's order).
+def _affinity_key(c: Candidate) -> tuple[bool, bool, bool, bool, int, float, int, int]:
+    # A batch with room, then the replica set, then in-engine (joining a running batch first) by load, then
+    # residency score, load and HRW (the module docstring's order).
     in_engine = c.tier in IN_ENGINE
     load = c.running + c.waiting
-    return (c.in_placement, in_engine, -load if in_engine else 0, residency_score(c), -load, c.hrw)
+    return (not c.batch_full, c.in_placement, in_engine, c.in_batch and in_engine, -load if in_engine else 0,
+            residency_score(c), -load, c.hrw)
 
 
 def route(candidates: Sequence[Candidate], *, base_model: bool = False,

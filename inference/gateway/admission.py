@@ -93,6 +93,7 @@ class Waiter:
     choose: Callable[[], Awaitable[NodeView]]
     future: asyncio.Future[tuple[NodeView, int]] = field(repr=False)
     enqueued: float = 0.0
+    lora: str | None = None
 
 
 def _config() -> SaturationConfig:
@@ -192,7 +193,7 @@ class AdmissionGate:
         return node
 
     async def acquire(self, *, tenant: str, priority: int, prompt_tokens: int, completion_tokens: int = 0,
-                      choose: Callable[[], Awaitable[NodeView]]) -> tuple[NodeView, int]:
+                      choose: Callable[[], Awaitable[NodeView]], lora: str | None = None) -> tuple[NodeView, int]:
         """The node to send the request to, now or after waiting its fair turn, and the token of its running-slot
         hold, which the caller hands to :meth:`release` when the request ends.
 
@@ -204,6 +205,8 @@ class AdmissionGate:
                 by the caller at the end. Charging only finished output let a flood with long answers in flight
                 look as cheap as a quiet tenant, so the quiet one was served no sooner (bench_fairness).
             choose: the gateway's node choice (may raise ``GatewayError``).
+            lora: the adapter's served name (None for the base model): routing counts it in the node's running
+                batch until the node's next published figures (``LoadBoard.note_sent``).
 
         Raises:
             GatewayError: what ``choose`` raises; 429 ``engine_overloaded`` with ``Retry-After`` when the wait or the
@@ -213,12 +216,12 @@ class AdmissionGate:
         if (not self.depth or self._first_in_line(tenant, priority)) and self._may_go(node.name, tenant, time.time(),
                                                                                        sent_since=0):
             self._lift_on_arrival(tenant)
-            self.board.note_sent(node.name)
+            self.board.note_sent(node.name, lora=lora)
             self.charge(tenant, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
             _ADMITTED.inc()
             return node, self._hold(node.name, tenant)
         return await self._wait(tenant, priority, vtc_cost(prompt_tokens=prompt_tokens,
-                                                           completion_tokens=completion_tokens), choose)
+                                                           completion_tokens=completion_tokens), choose, lora)
 
     def _first_in_line(self, tenant: str, priority: int) -> bool:
         """Whether the dispatcher would release ``tenant``'s new request before every queued one: it has none queued,
@@ -324,7 +327,7 @@ class AdmissionGate:
             self.release(token)
 
     async def _wait(self, tenant: str, priority: int, cost: float,
-                    choose: Callable[[], Awaitable[NodeView]]) -> tuple[NodeView, int]:
+                    choose: Callable[[], Awaitable[NodeView]], lora: str | None = None) -> tuple[NodeView, int]:
         if self.depth >= settings.QUIVER_ADMISSION_MAX_QUEUE and not self._shed_for(tenant):
             metrics.ADMISSION.labels("shed").inc()
             raise _shed(f"The gateway's queue is full ({self.depth} requests wait for saturated nodes); retry in "
@@ -333,7 +336,7 @@ class AdmissionGate:
         queue = self.queues.setdefault(tenant, deque())
         self.seq += 1
         waiter = Waiter(tenant, priority, self.seq, cost, choose,
-                        asyncio.get_running_loop().create_future(), time.monotonic())
+                        asyncio.get_running_loop().create_future(), time.monotonic(), lora)
         queue.append(waiter)
         self.depth += 1
         metrics.QUEUE_DEPTH.inc()
@@ -448,7 +451,7 @@ class AdmissionGate:
             self._remove(waiter)
             if waiter.future.done():
                 continue
-            self.board.note_sent(node.name)
+            self.board.note_sent(node.name, lora=waiter.lora)
             self._charge_cost(tenant, waiter.cost)
             waiter.future.set_result((node, self._hold(node.name, tenant)))
             released += 1

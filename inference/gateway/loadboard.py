@@ -10,6 +10,10 @@ The board also counts what this process sent each node since its figures were ta
 and lets a request that ends hand its place to a waiting one before the next scrape shows it (without the credit
 for ended requests, a saturated node took at most ``queue_saturated`` requests per scrape: streaming at
 concurrency 64 ran at 0.18× the engine's throughput in ``scripts/bench_gateway``).
+
+Routing also sees which adapters each node's running batch holds (``NodeView.running_loras``): the engine's own list
+as last published, plus the adapters this process sent the node after those figures were taken, so that requests
+decided between two scrapes see the batches they fill (``inference.fleet.routing``'s ``batch_full``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class LoadBoard:
         self.version = 0
         self._sent: dict[str, deque[float]] = {}
         self._done: dict[str, deque[float]] = {}
+        self._sent_loras: dict[str, dict[str, float]] = {}  # node -> lora_name -> Unix time of the last send
+        self._sends = 0  # bumped by every adapter send: the overlay cache's key
         self._overlay: tuple[FleetView, int, float, FleetView] | None = None
 
     async def refresh(self, redis: Any, names: Iterable[str]) -> None:
@@ -61,9 +67,19 @@ class LoadBoard:
         """The node's last figures (any age), or None."""
         return self.loads.get(name)
 
-    def note_sent(self, name: str, now_s: float | None = None) -> None:
-        """Record that this process just sent ``name`` a request."""
-        self._sent.setdefault(name, deque()).append(time.time() if now_s is None else now_s)
+    def note_sent(self, name: str, now_s: float | None = None, *, lora: str | None = None) -> None:
+        """Record that this process just sent ``name`` a request (for the adapter ``lora``, a served name, if any)."""
+        now = time.time() if now_s is None else now_s
+        self._sent.setdefault(name, deque()).append(now)
+        if lora is not None:
+            sent = self._sent_loras.setdefault(name, {})
+            sent[lora] = now
+            self._sends += 1
+            if len(sent) > 64:  # only sends newer than the node's figures count: drop the old ones
+                load = self.loads.get(name)
+                horizon = load.at_s if load is not None else now - 1.0
+                for old in [n for n, at in sent.items() if at <= horizon]:
+                    del sent[old]
 
     def note_done(self, name: str, now_s: float | None = None) -> None:
         """Record that a request this process sent ``name`` just ended (its engine slot is free again)."""
@@ -95,19 +111,24 @@ class LoadBoard:
         if not self.loads:
             return fleet
         cached = self._overlay
-        # Reused while the fleet and the figures are the same and none of the figures used has gone stale.
-        if cached is not None and cached[0] is fleet and cached[1] == self.version and now_s - cached[2] <= max_age_s:
+        key = self.version * 1_000_003 + self._sends
+        # Reused while the fleet, the figures and the sends are the same and none of the figures used has gone stale.
+        if cached is not None and cached[0] is fleet and cached[1] == key and now_s - cached[2] <= max_age_s:
             return cached[3]
         nodes = []
         oldest = now_s
         for node in fleet.nodes:
             load = self.loads.get(node.name)
             if load is not None and now_s - load.at_s <= max_age_s:
+                running = None
+                if load.running_loras is not None:
+                    sent = self._sent_loras.get(node.name) or {}
+                    running = frozenset(load.running_loras).union(n for n, at in sent.items() if at > load.at_s)
                 node = replace(node, num_requests_running=load.num_requests_running,
                                num_requests_waiting=load.num_requests_waiting,
-                               kv_cache_usage_perc=load.kv_cache_usage_perc)
+                               kv_cache_usage_perc=load.kv_cache_usage_perc, running_loras=running)
                 oldest = min(oldest, load.at_s)
             nodes.append(node)
         view = replace(fleet, nodes=tuple(nodes))
-        self._overlay = (fleet, self.version, oldest, view)
+        self._overlay = (fleet, key, oldest, view)
         return view

@@ -83,6 +83,7 @@ class NodeView:
     num_requests_running: int = 0
     num_requests_waiting: int = 0
     kv_cache_usage_perc: float = 0.0
+    running_loras: frozenset[str] | None = None  # served names in the engine's batch now; None = unknown
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,16 @@ class FleetView:
 DEFAULT_ROUTE_CONFIG = RouteConfig()
 
 
-def _candidate(node: NodeView, tier: Tier, version_id: int | str) -> Candidate:
+def _candidate(node: NodeView, tier: Tier, version_id: int | str, served_name: str | None = None) -> Candidate:
+    batch = node.running_loras
+    in_batch = batch is not None and served_name is not None and served_name in batch
+    # Room for one more adapter in the running batch: vLLM defers the request otherwise (inference.fleet.routing).
+    full = (batch is not None and served_name is not None and not in_batch and node.max_loras > 0
+            and len(batch) >= node.max_loras and tier is not Tier.ERRORED)
     return Candidate(node=node.name, tier=tier, gpu_slots=node.max_loras, gpu_used=node.gpu_used,
                      running=node.num_requests_running, waiting=node.num_requests_waiting,
                      kv_cache_usage_perc=node.kv_cache_usage_perc, in_placement=True,
-                     hrw=hrw_weight(version_id, node.name))
+                     hrw=hrw_weight(version_id, node.name), in_batch=in_batch, batch_full=full)
 
 
 def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity", turn: int = 0,
@@ -168,14 +174,16 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
     homes = {h for h in fleet.homes.get(target.version_id, ())
              if h in by_name and by_name[h].max_lora_rank >= (target.r or 0)}
     candidates = [
-        _candidate(by_pk[pk], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK, target.version_id)
+        _candidate(by_pk[pk], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK, target.version_id,
+                   target.served_name)
         ._replace(in_placement=not homes or by_pk[pk].name in homes)
         for pk, p in held.items()
     ]
     # A home of the reconciler's plan that does not hold it yet is a candidate too (cold, in the placement): the
     # plan moved it there (bounded load by rate), and the caller warms it where this returns (as the simulator
     # routes; inference.fleet.routing ranks the placement first, after the saturation and load filters).
-    candidates += [_candidate(by_name[h], Tier.ERRORED if by_name[h].pk in errored else Tier.COLD, target.version_id)
+    candidates += [_candidate(by_name[h], Tier.ERRORED if by_name[h].pk in errored else Tier.COLD, target.version_id,
+                              target.served_name)
                    for h in sorted(homes) if by_name[h].pk not in held] if held else []
     decision = decide(candidates)
     return by_name[decision.node] if decision else None

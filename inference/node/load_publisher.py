@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 KEY_PREFIX = "quiver:node:load:"
 TTL_MS = 5000
 _WANTED = ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running",
-           "vllm:num_preemptions_total")
+           "vllm:num_preemptions_total", "vllm:lora_requests_info")
+_RUNNING_LORAS = 'running_lora_adapters="'
 
 
 def load_key(node_name: str) -> str:
@@ -39,7 +40,8 @@ def scan_load(text: str, *, at_s: float, scheduling_policy: str = "fcfs") -> Nod
     """The admission gauges from a vLLM ``/metrics`` body (names as in ``vllm/v1/metrics/loggers.py``, 0.32).
 
     KV use is the max over engines; counts are summed; ``waiting_by_reason`` stays None when the engine does not
-    export it. Unparseable values are skipped (never raises).
+    export it; ``running_loras`` is the newest ``vllm:lora_requests_info`` series' ``running_lora_adapters`` (None
+    without LoRA). Unparseable values are skipped (never raises).
 
     Args:
         text: the Prometheus text.
@@ -49,6 +51,7 @@ def scan_load(text: str, *, at_s: float, scheduling_policy: str = "fcfs") -> Nod
     kv = 0.0
     counts = {"vllm:num_requests_waiting": 0.0, "vllm:num_requests_running": 0.0, "vllm:num_preemptions_total": 0.0}
     reasons: dict[str, float] = {}
+    newest_info: tuple[float, str] | None = None  # (update time, running_lora_adapters) of the newest series
     for line in text.splitlines():
         if not line.startswith(_WANTED):
             continue
@@ -58,7 +61,10 @@ def scan_load(text: str, *, at_s: float, scheduling_policy: str = "fcfs") -> Nod
         except ValueError:
             continue
         name = head.split("{", 1)[0]
-        if name == "vllm:kv_cache_usage_perc":
+        if name == "vllm:lora_requests_info":  # every label set is a series; its value is the update's Unix time
+            if newest_info is None or value > newest_info[0]:
+                newest_info = (value, head.partition(_RUNNING_LORAS)[2].partition('"')[0])
+        elif name == "vllm:kv_cache_usage_perc":
             kv = max(kv, value)
         elif name == "vllm:num_requests_waiting_by_reason":
             reason = head.partition('reason="')[2].partition('"')[0]
@@ -69,7 +75,9 @@ def scan_load(text: str, *, at_s: float, scheduling_policy: str = "fcfs") -> Nod
                     num_requests_running=int(counts["vllm:num_requests_running"]),
                     waiting_capacity=int(reasons["capacity"]) if "capacity" in reasons else None,
                     waiting_deferred=int(reasons["deferred"]) if "deferred" in reasons else None,
-                    num_preemptions_total=counts["vllm:num_preemptions_total"], scheduling_policy=scheduling_policy)
+                    num_preemptions_total=counts["vllm:num_preemptions_total"], scheduling_policy=scheduling_policy,
+                    running_loras=None if newest_info is None
+                    else tuple(n for n in (p.strip() for p in newest_info[1].split(",")) if n))
 
 
 def load_decode(raw: bytes | str | None) -> NodeLoad | None:
@@ -78,7 +86,10 @@ def load_decode(raw: bytes | str | None) -> NodeLoad | None:
         return None
     try:
         data = json.loads(raw)
-        return NodeLoad(**{k: data[k] for k in NodeLoad.__dataclass_fields__ if k in data})
+        fields = {k: data[k] for k in NodeLoad.__dataclass_fields__ if k in data}
+        if fields.get("running_loras") is not None:
+            fields["running_loras"] = tuple(str(n) for n in fields["running_loras"])
+        return NodeLoad(**fields)
     except (ValueError, TypeError, KeyError):
         return None
 

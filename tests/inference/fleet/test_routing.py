@@ -88,3 +88,20 @@ def test_round_robin_baseline_ignores_residency_and_takes_turns() -> None:
     assert route([*pool]).node == "a"  # affinity always picks the resident node
     assert route_round_robin([], turn=3) is None
     assert route_round_robin([cand("a", waiting=9)], turn=0).saturated
+
+
+def test_a_full_batch_at_home_loses_to_a_holder_with_room() -> None:
+    # vLLM defers a request whose adapter is not among the max_loras of the running batch; a node that holds the
+    # version (here on its disk, ~1 ms to load on the CPU node) and has room in its batch serves it now.
+    home = cand("home", Tier.GPU, running=2)._replace(batch_full=True)
+    spare = cand("spare", Tier.DISK, placed=False, running=2)
+    assert route([home, spare]).node == "spare"
+    assert route([home._replace(batch_full=False), spare]).node == "home"  # unknown or room: residency decides
+    assert route([home, spare._replace(batch_full=True)]).node == "home"  # both full: as before
+
+
+def test_among_in_engine_replicas_the_one_running_the_version_wins() -> None:
+    a = cand("a", Tier.GPU, running=3)._replace(in_batch=True)
+    b = cand("b", Tier.GPU, running=1)
+    assert route([a, b]).node == "a"
+    assert route([a._replace(in_batch=False), b]).node == "b"  # otherwise the less loaded

@@ -27,6 +27,7 @@ def test_scan_agrees_with_the_full_parser_on_a_real_engine_body() -> None:
         assert load.num_preemptions_total == full.num_preemptions_total
         assert (load.waiting_capacity, load.waiting_deferred) == (0, 0)
         assert (load.at_s, load.scheduling_policy) == (5.0, "priority")
+        assert load.running_loras == tuple(full.running_lora_adapters)  # the newest lora_requests_info series
 
 
 def test_scan_sums_engines_takes_max_kv_and_reads_reasons() -> None:
@@ -48,6 +49,20 @@ def test_an_engine_without_reasons_reports_none_for_them() -> None:
     load = scan_load("vllm:num_requests_waiting 1\n", at_s=0.0)
 
     assert load.waiting_capacity is None and load.waiting_deferred is None
+    assert load.running_loras is None  # no LoRA info series: unknown, not "nothing running"
+
+
+def test_the_newest_lora_series_names_the_running_batch() -> None:
+    text = "\n".join([
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a--x,b--y",waiting_lora_adapters="c--z"} 20.0',
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="c--z",waiting_lora_adapters=""} 30.0',
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 10.0',
+    ])
+
+    load = scan_load(text, at_s=0.0)
+
+    assert load.running_loras == ("c--z",)
+    assert load_decode(json.dumps({"at_s": 1.0, "running_loras": ["a--x", "b--y"]})).running_loras == ("a--x", "b--y")
 
 
 def test_decode_round_trip_and_garbage() -> None:
