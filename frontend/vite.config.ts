@@ -18,5 +18,6 @@ export default defineConfig({
     setupFiles: ['./src/test/setup.ts'],
     css: false,
     testTimeout: 30_000, // CI shares 2 cores; userEvent typing is slow there
+    env: { TZ: 'UTC' }, // times show in the browser's zone (src/format.ts); pin it so expected labels hold anywhere
   },
 })

@@ -3,15 +3,16 @@
 import { LineChart, type ChartReferenceLineProps } from '@mantine/charts'
 import { Text } from '@mantine/core'
 import type { NodeSample } from '../api/client'
+import { formatTime } from '../format'
 
 export type KvPoint = { t: string; kv: number | null; running: number | null; waiting: number | null }
 
-/** Samples → chart points: KV as a whole percent, time as HH:MM:SS (UTC), oldest first. */
+/** Samples → chart points: KV as a whole percent, time as 24-hour HH:MM:SS (`formatTime`), oldest first. */
 export function kvPoints(samples: NodeSample[]): KvPoint[] {
   return [...samples]
     .sort((a, b) => a.t.localeCompare(b.t))
     .map((s) => ({
-      t: new Date(s.t).toISOString().slice(11, 19),
+      t: formatTime(s.t),
       kv: s.kv_cache_usage_perc == null ? null : Math.round(s.kv_cache_usage_perc * 1000) / 10,
       running: s.num_requests_running ?? null,
       waiting: s.num_requests_waiting ?? null,

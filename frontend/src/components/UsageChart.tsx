@@ -2,6 +2,7 @@
 import { LineChart } from '@mantine/charts'
 import { Text } from '@mantine/core'
 import type { UsageSeriesRow } from '../api/client'
+import { formatTime } from '../format'
 
 export type Metric = 'requests' | 'completion_tokens' | 'prompt_tokens' | 'latency_ms_avg' | 'failures'
 
@@ -12,7 +13,7 @@ export function pivot(rows: UsageSeriesRow[], metric: Metric): { data: Record<st
   const models = [...new Set(rows.map((r) => r.model))].sort()
   const byT = new Map<string, Record<string, string | number>>()
   for (const r of rows) {
-    const label = new Date(r.t).toISOString().slice(11, 16)
+    const label = formatTime(r.t, { seconds: false })
     const point = byT.get(r.t) ?? { t: label }
     point[r.model] = r[metric]
     byT.set(r.t, point)

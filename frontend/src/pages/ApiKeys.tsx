@@ -3,6 +3,7 @@ import { useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type ApiKeyCreated } from '../api/client'
 import { useMe, useRole } from '../auth'
+import { formatDateTime } from '../format'
 
 const SCOPES = ['adapters:read', 'adapters:write', 'inference', 'keys:manage']
 
@@ -99,8 +100,8 @@ export function ApiKeys() {
                   <Code>{k.key}</Code>
                 </Table.Td>
                 <Table.Td>{k.scopes.join(', ')}</Table.Td>
-                <Table.Td>{k.expires_at ? new Date(k.expires_at).toLocaleString() : 'never'}</Table.Td>
-                <Table.Td>{k.last_used_at ? new Date(k.last_used_at).toLocaleString() : 'never'}</Table.Td>
+                <Table.Td>{k.expires_at ? formatDateTime(k.expires_at) : 'never'}</Table.Td>
+                <Table.Td>{k.last_used_at ? formatDateTime(k.last_used_at) : 'never'}</Table.Td>
                 <Table.Td>
                   {k.enabled ? (
                     <Button size="xs" color="red" variant="light" onClick={() => setRevoking(k.key_id)} aria-label={`Revoke ${k.name}`}>

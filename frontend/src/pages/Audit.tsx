@@ -1,6 +1,7 @@
 import { Code, Stack, Table, Text, Title } from '@mantine/core'
 import { useQuery } from '@tanstack/react-query'
 import { api, unwrap } from '../api/client'
+import { formatDateTime } from '../format'
 
 /** Operator actions (pin, unpin, evict, replicas, quotas): who, what, when, before → after. */
 export function Audit() {
@@ -23,7 +24,7 @@ export function Audit() {
           <Table.Tbody>
             {audit.data?.map((r) => (
               <Table.Tr key={r.id}>
-                <Table.Td>{new Date(r.created_at).toLocaleString()}</Table.Td>
+                <Table.Td>{formatDateTime(r.created_at)}</Table.Td>
                 <Table.Td>{r.actor}</Table.Td>
                 <Table.Td>{r.action}</Table.Td>
                 <Table.Td>{r.target}</Table.Td>

@@ -4,6 +4,7 @@ import { Badge, Card, Group, Progress, SimpleGrid, Stack, Text, Title } from '@m
 import { useQuery } from '@tanstack/react-query'
 import { api, unwrap, type Node } from '../api/client'
 import { KvPressureChart } from '../components/KvPressureChart'
+import { formatTime } from '../format'
 
 function Figure({ label, value }: { label: string; value: string | number }) {
   return (
@@ -38,7 +39,7 @@ function NodeCard({ n }: { n: Node }) {
         <Badge color={n.healthy ? 'green' : 'red'}>{n.healthy ? 'healthy' : 'down'}</Badge>
       </Group>
       <Text size="sm" c="dimmed">
-        {n.base_model ?? 'no base model'} · last heartbeat {n.last_heartbeat_at ? new Date(n.last_heartbeat_at).toLocaleTimeString() : 'never'}
+        {n.base_model ?? 'no base model'} · last heartbeat {n.last_heartbeat_at ? formatTime(n.last_heartbeat_at) : 'never'}
       </Text>
       <SimpleGrid cols={{ base: 2, sm: 3 }} mt="sm" spacing="xs">
         {slotFigures(n).map((f) => <Figure key={f.label} label={f.label} value={f.value} />)}
