@@ -24,3 +24,33 @@ export function formatTime(value: TimeInput, opts: FormatOptions & { seconds?: b
     ...CLOCK, ...(opts.seconds === false ? {} : { second: '2-digit' }), timeZone: opts.timeZone,
   }).format(toDate(value))
 }
+
+const SECOND = 1000
+const MINUTE = 60 * SECOND
+const HOUR = 60 * MINUTE
+const DAY = 24 * HOUR
+/** Round steps a time axis may use, smallest first. */
+const TICK_STEPS = [
+  ...[1, 2, 5, 10, 15, 30].map((s) => s * SECOND),
+  ...[1, 2, 5, 10, 15, 30].map((m) => m * MINUTE),
+  ...[1, 2, 3, 6, 12].map((h) => h * HOUR),
+]
+
+/** Evenly spaced instants (ms) for a time axis over `[from, to]`: the smallest round step (10 s, 1 min, 15 min, 1 h, …)
+ * that gives at most `count` ticks, each on a multiple of the step by the clock of the zone `utcOffsetMinutes` east of
+ * UTC (default: the browser's), so an hour reads 21:00, 21:15, 21:30, 21:45 rather than wherever the samples fell. */
+export function timeTicks(from: number, to: number, count = 5, utcOffsetMinutes = -new Date(from).getTimezoneOffset()): number[] {
+  if (!(to > from)) return Number.isFinite(from) ? [from] : []
+  const span = to - from
+  const step = TICK_STEPS.find((s) => Math.floor(span / s) + 1 <= count) ?? Math.ceil(span / (count - 1) / DAY) * DAY
+  const offset = utcOffsetMinutes * MINUTE
+  const ticks: number[] = []
+  for (let t = Math.ceil((from + offset) / step) * step - offset; t <= to; t += step) ticks.push(t)
+  return ticks
+}
+
+/** How a tick of a time axis with these `ticks` reads: seconds only when the step is under a minute. */
+export function tickFormat(ticks: number[]): (t: number) => string {
+  const seconds = ticks.length > 1 && ticks[1] - ticks[0] < MINUTE
+  return (t) => formatTime(t, { seconds })
+}

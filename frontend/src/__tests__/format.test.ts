@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { formatDateTime, formatTime } from '../format'
+import { formatDateTime, formatTime, tickFormat, timeTicks } from '../format'
 
 const utc = { timeZone: 'UTC' }
 
@@ -21,5 +21,23 @@ describe('formatDateTime / formatTime', () => {
 
   it("uses the browser's time zone unless told", () => {
     expect(formatTime('2026-12-01T21:49:32Z', { timeZone: 'Asia/Kolkata', locale: 'en-US' })).toBe('03:19:32')
+  })
+})
+
+describe('timeTicks', () => {
+  const at = (hms: string) => Date.parse(`2026-12-01T${hms}Z`)
+  const label = (ticks: number[]) => ticks.map(tickFormat(ticks))
+
+  it('picks the smallest round step giving at most `count` ticks, on multiples of it', () => {
+    expect(label(timeTicks(at('20:50:02'), at('21:49:32'), 5, 0))).toEqual(['21:00', '21:15', '21:30', '21:45'])
+    expect(label(timeTicks(at('09:00:03'), at('09:01:58'), 5, 0))).toEqual(['09:00:30', '09:01:00', '09:01:30'])
+    expect(label(timeTicks(at('00:00:00'), at('23:59:00'), 5, 0))).toEqual(['00:00', '06:00', '12:00', '18:00'])
+  })
+
+  it('aligns to the local clock in a zone off the hour, and copes with a single instant', () => {
+    // UTC+05:30: quarter hours fall on :00/:15/:30/:45 local, which is :30/:45/:00/:15 UTC.
+    const ticks = timeTicks(at('20:50:02'), at('21:49:32'), 5, 330)
+    expect(ticks.map((t) => formatTime(t, { timeZone: 'Asia/Kolkata', seconds: false }))).toEqual(['02:30', '02:45', '03:00', '03:15'])
+    expect(timeTicks(at('09:00:00'), at('09:00:00'))).toEqual([at('09:00:00')])
   })
 })

@@ -1,7 +1,7 @@
 import { screen } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
 import type { NodeSample } from '../../api/client'
-import { KV_CHART_HEIGHT, KV_THRESHOLDS, KvPressureChart, kvPeak, kvPoints } from '../KvPressureChart'
+import { KV_CHART_HEIGHT, KV_THRESHOLDS, KvPressureChart, kvPeak, kvPoints, kvTimeAxis } from '../KvPressureChart'
 import { renderWithMantine } from './render'
 
 const sample = (t: string, kv: number | null, running = 1, waiting = 0): NodeSample => ({
@@ -13,12 +13,25 @@ describe('kvPoints', () => {
   it('sorts oldest first, turns the 0..1 gauge into a percent and keeps gaps as null', () => {
     const points = kvPoints([sample('2026-12-01T09:00:10Z', 0.8234, 3, 2), sample('2026-12-01T09:00:00Z', 0.1), sample('2026-12-01T09:00:20Z', null)])
     expect(points).toEqual([
-      { t: '09:00:00', kv: 10, running: 1, waiting: 0 },
-      { t: '09:00:10', kv: 82.3, running: 3, waiting: 2 },
-      { t: '09:00:20', kv: null, running: 1, waiting: 0 },
+      { t: Date.parse('2026-12-01T09:00:00Z'), kv: 10, running: 1, waiting: 0 },
+      { t: Date.parse('2026-12-01T09:00:10Z'), kv: 82.3, running: 3, waiting: 2 },
+      { t: Date.parse('2026-12-01T09:00:20Z'), kv: null, running: 1, waiting: 0 },
     ])
     expect(kvPeak([sample('2026-12-01T09:00:00Z', 0.5), sample('2026-12-01T09:00:10Z', 0.97)])).toBe(97)
     expect(kvPeak([sample('2026-12-01T09:00:00Z', null)])).toBeNull()
+  })
+})
+
+describe('kvTimeAxis', () => {
+  it('puts the ticks of an hour of uneven heartbeats on round quarter hours, evenly spaced', () => {
+    // As on the fleet page: samples every ~10 s from 20:50:02 to 21:49:32, one late heartbeat and a gap.
+    const times = ['20:50:02', '20:50:12', '20:50:31', '21:02:02', '21:14:02', '21:26:02', '21:49:32']
+    const axis = kvTimeAxis(kvPoints(times.map((t) => sample(`2026-12-01T${t}Z`, 0.3))))
+    expect(axis.type).toBe('number') // a time scale: points sit at their real time, gaps included
+    expect(axis.domain).toEqual([Date.parse('2026-12-01T20:50:02Z'), Date.parse('2026-12-01T21:49:32Z')])
+    expect(axis.ticks.map(axis.tickFormatter)).toEqual(['21:00', '21:15', '21:30', '21:45'])
+    const steps = axis.ticks.slice(1).map((t, i) => t - axis.ticks[i])
+    expect(new Set(steps)).toEqual(new Set([15 * 60_000]))
   })
 })
 
