@@ -7,14 +7,18 @@ import type { TrafficRow } from '../api/client'
 
 export type SortKey = 'model' | 'requests' | 'tokens_per_s' | 'failures' | 'latency_ms_p50' | 'latency_ms_p95' | 'ttft_ms_p50'
 
-const COLUMNS: { key: SortKey; label: string }[] = [
+/** TTFT comes only from streamed requests (a non-streamed answer arrives whole), so a period without one has none. */
+export const TTFT_HELP = 'Time to first token: measured on streamed requests only. — means no streamed request in this period.'
+export const NO_TTFT = 'No streamed request in this period: TTFT is measured on streamed requests only.'
+
+const COLUMNS: { key: SortKey; label: string; help?: string }[] = [
   { key: 'model', label: 'Model' },
   { key: 'requests', label: 'Requests' },
   { key: 'tokens_per_s', label: 'Tokens/s' },
   { key: 'failures', label: 'Errors' },
   { key: 'latency_ms_p50', label: 'p50 ms' },
   { key: 'latency_ms_p95', label: 'p95 ms' },
-  { key: 'ttft_ms_p50', label: 'TTFT p50 ms' },
+  { key: 'ttft_ms_p50', label: 'TTFT p50 ms', help: TTFT_HELP },
 ]
 
 /** Sorted copy; numbers descending by default, names ascending; nulls last either way. */
@@ -46,44 +50,51 @@ export function TrafficTable({ rows, showTenant }: { rows: TrafficRow[]; showTen
   const sorted = sortRows(rows, sort.key, sort.desc)
   const click = (key: SortKey) => setSort((s) => (s.key === key ? { key, desc: !s.desc } : { key, desc: key !== 'model' }))
   return (
-    <Table.ScrollContainer minWidth={760}>
-      <Table striped aria-label="Traffic per adapter">
-        <Table.Thead>
-          <Table.Tr>
-            {showTenant && <Table.Th>Tenant</Table.Th>}
-            {COLUMNS.map((c) => (
-              <Table.Th key={c.key} aria-sort={sort.key === c.key ? (sort.desc ? 'descending' : 'ascending') : 'none'}>
-                <UnstyledButton onClick={() => click(c.key)} fw={600} fz="sm">
-                  {c.label} {sort.key === c.key ? (sort.desc ? '↓' : '↑') : ''}
-                </UnstyledButton>
-              </Table.Th>
-            ))}
-            <Table.Th>Trend</Table.Th>
-          </Table.Tr>
-        </Table.Thead>
-        <Table.Tbody>
-          {sorted.map((r) => {
-            const name = `${r.model}${r.version != null ? ` v${r.version}` : ' (base)'}`
-            return (
-              <Table.Tr key={`${r.tenant}-${r.model}-${r.version}`} data-testid={`traffic-${r.tenant}-${r.model}`}>
-                {showTenant && <Table.Td>{r.tenant}</Table.Td>}
-                <Table.Td>{name}</Table.Td>
-                <Table.Td>
-                  {r.requests} <Text span c="dimmed" size="xs">({r.requests_per_s.toFixed(2)}/s)</Text>
-                </Table.Td>
-                <Table.Td>{r.tokens_per_s.toFixed(1)}</Table.Td>
-                <Table.Td c={r.failures > 0 ? 'red' : undefined}>{r.failures}</Table.Td>
-                <Table.Td>{fmtMs(r.latency_ms_p50)}</Table.Td>
-                <Table.Td>{fmtMs(r.latency_ms_p95)}</Table.Td>
-                <Table.Td>{fmtMs(r.ttft_ms_p50)}</Table.Td>
-                <Table.Td>
-                  <TrafficSparkline values={r.spark} label={`Requests of ${name} over time`} />
-                </Table.Td>
-              </Table.Tr>
-            )
-          })}
-        </Table.Tbody>
-      </Table>
-    </Table.ScrollContainer>
+    <>
+      <Table.ScrollContainer minWidth={760}>
+        <Table striped aria-label="Traffic per adapter">
+          <Table.Thead>
+            <Table.Tr>
+              {showTenant && <Table.Th>Tenant</Table.Th>}
+              {COLUMNS.map((c) => (
+                <Table.Th key={c.key} aria-sort={sort.key === c.key ? (sort.desc ? 'descending' : 'ascending') : 'none'}>
+                  <UnstyledButton onClick={() => click(c.key)} fw={600} fz="sm" title={c.help}>
+                    {c.label} {sort.key === c.key ? (sort.desc ? '↓' : '↑') : ''}
+                  </UnstyledButton>
+                </Table.Th>
+              ))}
+              <Table.Th>Trend</Table.Th>
+            </Table.Tr>
+          </Table.Thead>
+          <Table.Tbody>
+            {sorted.map((r) => {
+              const name = `${r.model}${r.version != null ? ` v${r.version}` : ' (base)'}`
+              return (
+                <Table.Tr key={`${r.tenant}-${r.model}-${r.version}`} data-testid={`traffic-${r.tenant}-${r.model}`}>
+                  {showTenant && <Table.Td>{r.tenant}</Table.Td>}
+                  <Table.Td>{name}</Table.Td>
+                  <Table.Td>
+                    {r.requests} <Text span c="dimmed" size="xs">({r.requests_per_s.toFixed(2)}/s)</Text>
+                  </Table.Td>
+                  <Table.Td>{r.tokens_per_s.toFixed(1)}</Table.Td>
+                  <Table.Td c={r.failures > 0 ? 'red' : undefined}>{r.failures}</Table.Td>
+                  <Table.Td>{fmtMs(r.latency_ms_p50)}</Table.Td>
+                  <Table.Td>{fmtMs(r.latency_ms_p95)}</Table.Td>
+                  <Table.Td title={r.ttft_ms_p50 == null ? NO_TTFT : undefined}>{fmtMs(r.ttft_ms_p50)}</Table.Td>
+                  <Table.Td>
+                    <TrafficSparkline values={r.spark} label={`Requests of ${name} over time`} />
+                  </Table.Td>
+                </Table.Tr>
+              )
+            })}
+          </Table.Tbody>
+        </Table>
+      </Table.ScrollContainer>
+      {rows.some((r) => r.ttft_ms_p50 == null) && (
+        <Text size="xs" c="dimmed" mt="xs">
+          {TTFT_HELP}
+        </Text>
+      )}
+    </>
   )
 }

@@ -40,6 +40,18 @@ describe('TrafficTable', () => {
     expect(header).toHaveAttribute('aria-sort', 'ascending')
   })
 
+  it('explains an empty TTFT: streamed requests only, and "—" when none came in the period', () => {
+    const streamed = { ...row('capitals', 3, 40), ttft_ms_p50: 21.4 }
+    const { rerender } = renderWithMantine(<TrafficTable rows={[streamed, row('sums', 7, 12.5)]} />)
+    expect(screen.getByRole('button', { name: /^TTFT p50 ms/ })).toHaveAttribute('title', expect.stringMatching(/streamed requests only/))
+    const dash = within(screen.getByTestId('traffic-acme-sums')).getByText('—')
+    expect(dash).toHaveAttribute('title', 'No streamed request in this period: TTFT is measured on streamed requests only.')
+    expect(within(screen.getByTestId('traffic-acme-capitals')).getByText('21')).not.toHaveAttribute('title')
+    expect(screen.getByText(/— means no streamed request in this period/)).toBeInTheDocument() // also on touch screens
+    rerender(<TrafficTable rows={[streamed]} />)
+    expect(screen.queryByText(/— means no streamed request/)).toBeNull()
+  })
+
   it('says when there is no traffic', () => {
     renderWithMantine(<TrafficTable rows={[]} />)
     expect(screen.getByText('No traffic in this period.')).toBeInTheDocument()
