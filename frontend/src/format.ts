@@ -54,3 +54,24 @@ export function tickFormat(ticks: number[]): (t: number) => string {
   const seconds = ticks.length > 1 && ticks[1] - ticks[0] < MINUTE
   return (t) => formatTime(t, { seconds })
 }
+
+/** `name` and the pinned version of a model as an application sends it (`capitals` or `capitals@3`). */
+function splitModel(model: string): { name: string; pinned: number | null } {
+  const m = /^(.+)@(\d+)$/.exec(model)
+  return m ? { name: m[1], pinned: Number(m[2]) } : { name: model, pinned: null }
+}
+
+/** The one way the console names an adapter version: `capitals v3`; the base model reads `tiny-llama (base)`.
+ * `model` may be what the application sent, `name@3` included; `version` is the version that answered (null: the
+ * base model). */
+export function versionLabel(model: string, version: number | null): string {
+  const { name } = splitModel(model)
+  return version == null ? `${name} (base)` : `${name} v${version}`
+}
+
+/** A model name as sent, where the version that answered is not known (usage charts): `name@3` reads `name v3`,
+ * anything else as it is. */
+export function modelLabel(model: string): string {
+  const { name, pinned } = splitModel(model)
+  return pinned == null ? model : versionLabel(name, pinned)
+}

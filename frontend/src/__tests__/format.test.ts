@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { formatDateTime, formatTime, tickFormat, timeTicks } from '../format'
+import { formatDateTime, formatTime, modelLabel, tickFormat, timeTicks, versionLabel } from '../format'
 
 const utc = { timeZone: 'UTC' }
 
@@ -39,5 +39,17 @@ describe('timeTicks', () => {
     const ticks = timeTicks(at('20:50:02'), at('21:49:32'), 5, 330)
     expect(ticks.map((t) => formatTime(t, { timeZone: 'Asia/Kolkata', seconds: false }))).toEqual(['02:30', '02:45', '03:00', '03:15'])
     expect(timeTicks(at('09:00:00'), at('09:00:00'))).toEqual([at('09:00:00')])
+  })
+})
+
+describe('versionLabel / modelLabel', () => {
+  it('names a version one way, whether the application sent the name or name@n', () => {
+    expect(versionLabel('capitals', 3)).toBe('capitals v3')
+    expect(versionLabel('capitals@3', 3)).toBe('capitals v3')
+    expect(versionLabel('tiny-llama', null)).toBe('tiny-llama (base)')
+    expect(versionLabel('acme/capitals', 1)).toBe('acme/capitals v1')
+    expect(modelLabel('capitals@2')).toBe('capitals v2')
+    expect(modelLabel('capitals')).toBe('capitals') // the version that answered is not known here
+    expect(modelLabel('odd@name')).toBe('odd@name')
   })
 })

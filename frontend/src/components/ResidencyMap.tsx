@@ -2,6 +2,7 @@
 // cold = only in S3, errored), a pinned marker and the size, with the operator actions the cell allows.
 import { Badge, Button, Group, Stack, Table, Text } from '@mantine/core'
 import type { Node, Placement } from '../api/client'
+import { versionLabel } from '../format'
 import { TierBadge, tierLabel } from './tiers'
 
 export type ActionKind = 'pin' | 'unpin' | 'evict'
@@ -15,7 +16,7 @@ export function buildMap(nodes: Node[], tenant: string | null): { rows: MapRow[]
   for (const n of nodes) {
     for (const p of n.placements) {
       if (tenant && p.tenant !== tenant) continue
-      const row = rows.get(p.version_id) ?? { versionId: p.version_id, tenant: p.tenant, label: `${p.tenant}/${p.adapter} v${p.version}`, cells: {} }
+      const row = rows.get(p.version_id) ?? { versionId: p.version_id, tenant: p.tenant, label: versionLabel(`${p.tenant}/${p.adapter}`, p.version), cells: {} }
       row.cells[n.name] = p
       rows.set(p.version_id, row)
     }

@@ -4,6 +4,7 @@ import { Sparkline } from '@mantine/charts'
 import { Table, Text, UnstyledButton } from '@mantine/core'
 import { useState } from 'react'
 import type { TrafficRow } from '../api/client'
+import { versionLabel } from '../format'
 
 export type SortKey = 'model' | 'requests' | 'tokens_per_s' | 'failures' | 'latency_ms_p50' | 'latency_ms_p95' | 'ttft_ms_p50'
 
@@ -68,7 +69,7 @@ export function TrafficTable({ rows, showTenant }: { rows: TrafficRow[]; showTen
           </Table.Thead>
           <Table.Tbody>
             {sorted.map((r) => {
-              const name = `${r.model}${r.version != null ? ` v${r.version}` : ' (base)'}`
+              const name = versionLabel(r.model, r.version)
               return (
                 <Table.Tr key={`${r.tenant}-${r.model}-${r.version}`} data-testid={`traffic-${r.tenant}-${r.model}`}>
                   {showTenant && <Table.Td>{r.tenant}</Table.Td>}

@@ -3,6 +3,7 @@
 // then appears in the adapter's list and turns ready or rejected live.
 import { Alert, Button, Group, Paper, Progress as Bar, Select, Stack, Text, TextInput } from '@mantine/core'
 import { useRef, useState } from 'react'
+import { versionLabel } from '../format'
 import { s3Uploader } from './s3upload'
 import { pickAdapterFiles, filesFromDrop, type Progress, type Uploader, type UploadHandle } from './upload'
 
@@ -43,7 +44,7 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
     try {
       const { status, body } = await handle.promise
       if (status < 300) {
-        setResult({ ok: true, text: `Uploaded ${body.adapter} v${body.number}: ${body.status}.` })
+        setResult({ ok: true, text: `Uploaded ${versionLabel(body.adapter, body.number)}: ${body.status}.` })
         onUploaded?.(body)
       } else {
         setResult({ ok: false, text: body?.detail ?? `Upload failed (HTTP ${status}).` })

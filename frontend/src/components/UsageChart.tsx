@@ -2,7 +2,7 @@
 import { LineChart } from '@mantine/charts'
 import { Text } from '@mantine/core'
 import type { UsageSeriesRow } from '../api/client'
-import { formatTime } from '../format'
+import { formatTime, modelLabel } from '../format'
 
 export type Metric = 'requests' | 'completion_tokens' | 'prompt_tokens' | 'latency_ms_avg' | 'failures'
 
@@ -23,6 +23,11 @@ export function pivot(rows: UsageSeriesRow[], metric: Metric): { data: Record<st
   return { data, models }
 }
 
+/** One line per model, named in the legend as elsewhere (`name@3` → `name v3`, see `modelLabel`). */
+export function usageSeries(models: string[]) {
+  return models.map((m, i) => ({ name: m, label: modelLabel(m), color: PALETTE[i % PALETTE.length] }))
+}
+
 export function UsageChart({ rows, metric, label }: { rows: UsageSeriesRow[]; metric: Metric; label: string }) {
   if (rows.length === 0) return <Text c="dimmed">No traffic in this period.</Text>
   const { data, models } = pivot(rows, metric)
@@ -33,7 +38,7 @@ export function UsageChart({ rows, metric, label }: { rows: UsageSeriesRow[]; me
         data={data}
         dataKey="t"
         withLegend
-        series={models.map((m, i) => ({ name: m, color: PALETTE[i % PALETTE.length] }))}
+        series={usageSeries(models)}
         curveType="monotone"
       />
     </div>

@@ -1,9 +1,10 @@
 import { Paper, SegmentedControl, Stack, Table, Title } from '@mantine/core'
 import { useQuery } from '@tanstack/react-query'
 import { useState } from 'react'
-import { api, unwrap } from '../api/client'
+import { api, unwrap, type Schemas } from '../api/client'
 import { TrafficTable } from '../components/TrafficTable'
 import { UsageChart, type Metric } from '../components/UsageChart'
+import { versionLabel } from '../format'
 
 const METRICS: { value: Metric; label: string }[] = [
   { value: 'requests', label: 'Requests' },
@@ -12,6 +13,23 @@ const METRICS: { value: Metric; label: string }[] = [
   { value: 'latency_ms_avg', label: 'Latency (ms)' },
   { value: 'failures', label: 'Errors' },
 ]
+
+export type UsageTotal = { label: string; requests: number; prompt_tokens: number; completion_tokens: number }
+
+/** Token totals per adapter version, named as everywhere else (`capitals v3`): a version reached both as `capitals`
+ * and as `capitals@3` is one row. Order kept (the API sorts by model, version). */
+export function usageTotals(rows: Schemas['UsageRow'][]): UsageTotal[] {
+  const out = new Map<string, UsageTotal>()
+  for (const r of rows) {
+    const label = versionLabel(r.model, r.version)
+    const t = out.get(label) ?? { label, requests: 0, prompt_tokens: 0, completion_tokens: 0 }
+    t.requests += r.requests
+    t.prompt_tokens += r.prompt_tokens
+    t.completion_tokens += r.completion_tokens
+    out.set(label, t)
+  }
+  return [...out.values()]
+}
 
 export function Usage() {
   const [metric, setMetric] = useState<Metric>('requests')
@@ -48,17 +66,15 @@ export function Usage() {
           <Table.Thead>
             <Table.Tr>
               <Table.Th>Model</Table.Th>
-              <Table.Th>Version</Table.Th>
               <Table.Th>Requests</Table.Th>
               <Table.Th>Prompt tokens</Table.Th>
               <Table.Th>Completion tokens</Table.Th>
             </Table.Tr>
           </Table.Thead>
           <Table.Tbody>
-            {totals.data?.map((r) => (
-              <Table.Tr key={`${r.model}-${r.version}`}>
-                <Table.Td>{r.model}</Table.Td>
-                <Table.Td>{r.version ?? 'base'}</Table.Td>
+            {usageTotals(totals.data ?? []).map((r) => (
+              <Table.Tr key={r.label}>
+                <Table.Td>{r.label}</Table.Td>
                 <Table.Td>{r.requests}</Table.Td>
                 <Table.Td>{r.prompt_tokens}</Table.Td>
                 <Table.Td>{r.completion_tokens}</Table.Td>

@@ -52,6 +52,12 @@ describe('TrafficTable', () => {
     expect(screen.queryByText(/— means no streamed request/)).toBeNull()
   })
 
+  it('names versions as everywhere else: `name vN`, also for name@n, and `name (base)`', () => {
+    renderWithMantine(<TrafficTable rows={[row('capitals@2', 3, 40, [1], 2), row('tiny-llama', 1, 20, [1], null)]} />)
+    expect(within(screen.getByTestId('traffic-acme-capitals@2')).getByText('capitals v2')).toBeInTheDocument()
+    expect(within(screen.getByTestId('traffic-acme-tiny-llama')).getByText('tiny-llama (base)')).toBeInTheDocument()
+  })
+
   it('says when there is no traffic', () => {
     renderWithMantine(<TrafficTable rows={[]} />)
     expect(screen.getByText('No traffic in this period.')).toBeInTheDocument()

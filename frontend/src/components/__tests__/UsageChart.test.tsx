@@ -1,7 +1,7 @@
 import { screen } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
 import type { UsageSeriesRow } from '../../api/client'
-import { UsageChart, pivot } from '../UsageChart'
+import { UsageChart, pivot, usageSeries } from '../UsageChart'
 import { renderWithMantine } from './render'
 
 const row = (t: string, model: string, requests: number): UsageSeriesRow => ({
@@ -18,6 +18,13 @@ describe('pivot', () => {
       { t: '09:00', capitals: 20, sums: 0 },
       { t: '09:01', capitals: 5, sums: 10 },
     ])
+  })
+})
+
+describe('usageSeries', () => {
+  it('names a pinned model in the legend as `name vN`, like the tables', () => {
+    expect(usageSeries(['capitals', 'capitals@2']).map((s) => s.label)).toEqual(['capitals', 'capitals v2'])
+    expect(usageSeries(['capitals@2'])[0].name).toBe('capitals@2') // the data key stays the model as sent
   })
 })
 
