@@ -152,6 +152,8 @@ def test_playground_streams_the_adapter_beside_the_base_model(
     login(page, "alice")
     page.get_by_role("link", name="Playground").click()
     page.get_by_role("heading", name="Playground").wait_for()
+    # Nothing sent yet: a hint, not the "…" of a request in flight.
+    expect(page.get_by_test_id("answer-base")).to_have_text("Send a prompt to see the answer here.")
     example = demo_assets.examples["capitals"][0]
     page.get_by_label("Prompt").fill(example["prompt"])
     page.get_by_label("Max tokens").fill("12")

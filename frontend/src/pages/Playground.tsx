@@ -6,14 +6,21 @@ import { useMe, useRole } from '../auth'
 import { useBaseModels } from './Adapters'
 import { playgroundKey, streamCompletion } from './playground'
 
-function Answer({ title, text, testId }: { title: string; text: string; testId: string }) {
+/** Where an answer stands: nothing sent yet, streaming, or finished. */
+export type AnswerState = 'idle' | 'busy' | 'done'
+
+export const ANSWER_HINT = 'Send a prompt to see the answer here.'
+
+/** One model's answer. Before anything is sent it shows a hint, not "…", which reads as a request in flight. */
+export function Answer({ title, text, testId, state }: { title: string; text: string; testId: string; state: AnswerState }) {
+  const empty = state === 'idle' ? ANSWER_HINT : state === 'busy' ? '…' : 'No text came back.'
   return (
     <Paper withBorder p="md" radius="md" mih={140}>
       <Text fw={600} mb="xs">
         {title}
       </Text>
-      <Text style={{ whiteSpace: 'pre-wrap' }} data-testid={testId} aria-live="polite">
-        {text || '…'}
+      <Text style={{ whiteSpace: 'pre-wrap' }} data-testid={testId} aria-live="polite" c={text ? undefined : 'dimmed'}>
+        {text || empty}
       </Text>
     </Paper>
   )
@@ -32,13 +39,16 @@ export function Playground() {
   const [answers, setAnswers] = useState({ adapter: '', base: '' })
   const [error, setError] = useState<string | null>(null)
   const [busy, setBusy] = useState(false)
+  const [sent, setSent] = useState(false)
   const abort = useRef<AbortController | null>(null)
   if (role === 'viewer') return <Text>Viewers cannot call models; ask a member or owner of this tenant.</Text>
   const chosen = servable.find((a) => a.name === model) ?? servable[0]
+  const state: AnswerState = busy ? 'busy' : sent ? 'done' : 'idle'
   const run = async (e: React.FormEvent) => {
     e.preventDefault()
     if (!chosen) return
     setBusy(true)
+    setSent(true)
     setError(null)
     setAnswers({ adapter: '', base: '' })
     abort.current = new AbortController()
@@ -98,10 +108,10 @@ export function Playground() {
       {error && <Alert color="red">{error}</Alert>}
       <Grid>
         <Grid.Col span={{ base: 12, sm: 6 }}>
-          <Answer title={`Adapter ${chosen?.name ?? ''}`} text={answers.adapter} testId="answer-adapter" />
+          <Answer title={`Adapter ${chosen?.name ?? ''}`} text={answers.adapter} testId="answer-adapter" state={state} />
         </Grid.Col>
         <Grid.Col span={{ base: 12, sm: 6 }}>
-          <Answer title={`Base model ${chosen?.base_model ?? ''}`} text={answers.base} testId="answer-base" />
+          <Answer title={`Base model ${chosen?.base_model ?? ''}`} text={answers.base} testId="answer-base" state={state} />
         </Grid.Col>
       </Grid>
     </Stack>

@@ -10,6 +10,10 @@ globalThis.ResizeObserver ??= class {
   unobserve() {}
   disconnect() {}
 } as unknown as typeof ResizeObserver
+// Mantine's autosizing Textarea re-measures when web fonts load.
+if (!('fonts' in document)) {
+  Object.defineProperty(document, 'fonts', { value: { addEventListener() {}, removeEventListener() {} }, configurable: true })
+}
 
 import { cleanup } from '@testing-library/react'
 import { afterEach } from 'vitest'
