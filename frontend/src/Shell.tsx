@@ -5,7 +5,7 @@ import { useQueryClient } from '@tanstack/react-query'
 import { NavLink as RouterLink, Navigate, Outlet, useLocation, useNavigate } from 'react-router'
 import { api, currentTenant, setCurrentTenant } from './api/client'
 import { useMe, usePickTenant } from './auth'
-import { landingPath, navItems, type NavItem } from './nav'
+import { landingPath, navItems, tenantPlaceholder, type NavItem } from './nav'
 
 export function Shell() {
   const { data: me, isLoading } = useMe()
@@ -36,7 +36,7 @@ export function Shell() {
           <Group wrap="nowrap" gap="xs">
             <Select
               aria-label="Tenant"
-              placeholder="Pick a tenant"
+              placeholder={tenantPlaceholder(me)}
               data={me.tenants.map((t) => ({ value: t.slug, label: `${t.name} (${t.role})` }))}
               value={tenant}
               onChange={(v) => v && pick(v)}

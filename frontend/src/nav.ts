@@ -48,3 +48,9 @@ export function navItems(me: Me, tenant: string | null): NavItem[] {
 export function landingPath(me: Me): string {
   return me.is_staff ? '/operator/nodes' : '/adapters'
 }
+
+/** What the header's tenant picker says while no tenant is chosen. Staff have a real default, the operator pages
+ * over every tenant, so the picker says so instead of asking; anyone else is asked to pick one. */
+export function tenantPlaceholder(me: Me): string {
+  return me.is_staff ? 'All tenants (operator)' : 'Pick a tenant'
+}

@@ -1,11 +1,11 @@
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query'
-import { screen, within } from '@testing-library/react'
+import { cleanup, screen, within } from '@testing-library/react'
 import { RouterProvider, createMemoryRouter } from 'react-router'
 import { afterEach, describe, expect, it } from 'vitest'
 import type { Me } from '../api/client'
 import { setCurrentTenant } from '../api/client'
 import { renderWithMantine } from '../components/__tests__/render'
-import { landingPath, navItems } from '../nav'
+import { landingPath, navItems, tenantPlaceholder } from '../nav'
 import { Landing, Shell } from '../Shell'
 
 const me = (over: Partial<Me>): Me => ({ username: 'u', email: '', is_staff: false, tenant: 'demo', tenants: [], ...over })
@@ -68,6 +68,22 @@ describe('Shell', () => {
     renderAt(operator, '/keys')
     expect(await screen.findByRole('alert')).toHaveTextContent('Needs the member role in demo; yours is viewer.')
     expect(screen.queryByRole('heading', { name: 'Keys page' })).toBeNull()
+  })
+
+  it('shows the chosen tenant in the header, and an operator with two tenants and none chosen a default, not a question', async () => {
+    const tenants: Me['tenants'] = [{ slug: 'acme', name: 'Acme', role: 'viewer' }, { slug: 'beta', name: 'Beta', role: 'viewer' }]
+    const twoTenants = me({ username: 'operator', is_staff: true, tenant: null, tenants })
+    expect(tenantPlaceholder(twoTenants)).toBe('All tenants (operator)')
+    expect(tenantPlaceholder(me({ tenant: null, tenants }))).toBe('Pick a tenant') // a member of both must choose
+    renderAt(twoTenants, '/operator/nodes')
+    await screen.findByRole('heading', { name: 'Fleet page' })
+    const picker = screen.getByRole('combobox', { name: 'Tenant' })
+    expect(picker).toHaveAttribute('placeholder', 'All tenants (operator)')
+    expect(picker).toHaveValue('')
+    cleanup()
+    renderAt({ ...twoTenants, tenant: 'beta' }, '/operator/nodes')
+    await screen.findByRole('heading', { name: 'Fleet page' })
+    expect(screen.getByRole('combobox', { name: 'Tenant' })).toHaveValue('Beta (viewer)')
   })
 
   it('lands a tenant owner on the adapters', async () => {
