@@ -25,6 +25,10 @@ MAX_COUNT = 2**31 - 1
 MAX_ID = 2**63 - 1  # a bigint primary key; past it the database query raised OverflowError (a 500)
 # Echoed by the agent and compared with the registry (inference.gateway.nodes): strings or absent.
 STRINGS = ("agent_url", "engine_url", "base_model")
+# The agent's ``residency`` summary (inference.node.service.residency_summary): counts and bytes are integers, read as
+# such by the control plane (``fleet_reconcile._hot_bytes``, ``directory._gpu_used``); ``move_seconds`` a number.
+RESIDENCY_INTEGERS = ("gpu", "cpu", "disk", "errored", "pinned", "gpu_bytes", "cpu_bytes", "disk_bytes",
+                      "gpu_slot_bytes", "loads_total")
 
 
 class HeartbeatInvalid(ValueError):
@@ -57,7 +61,41 @@ def _non_negative(field: str, value: Any, *, integer: bool) -> None:
     ok = _is_int(value) if integer else (_is_int(value) or isinstance(value, float))
     if not ok or (isinstance(value, float) and not math.isfinite(value)) or value < 0:
         kind = "an integer" if integer else "a number"
-        raise HeartbeatInvalid(field, f"must be {kind} >= 0 or null, got {value!r}")
+        raise HeartbeatInvalid(field, f"must be {kind} >= 0 or null, got {value!r:.40}")
+
+
+def _finite_everywhere(state: Mapping[str, Any]) -> None:
+    """Refuse NaN and infinities at any depth: ``json.loads`` accepts them, PostgreSQL's jsonb does not (the stored
+    copy of the body failed to write: a 500). Iterative, so a body nested as deep as the parser allows is walked;
+    the path is spelled out only for the value refused."""
+    stack: list[tuple[tuple[Any, ...] | None, Any]] = [(None, state)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            parts: list[str] = []
+            while path is not None:
+                path, key = path
+                parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+            raise HeartbeatInvalid("".join(reversed(parts)).lstrip(".")[:200], f"must be a finite number, got {value!r}")
+        if isinstance(value, Mapping):
+            stack.extend(((path, k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend(((path, i), v) for i, v in enumerate(value))
+
+
+def _residency(summary: Any) -> None:
+    if summary is None:
+        return
+    if not isinstance(summary, Mapping):
+        raise HeartbeatInvalid("residency", f"must be an object or null, got {type(summary).__name__}")
+    for field in RESIDENCY_INTEGERS:
+        value = summary.get(field)
+        _non_negative(f"residency.{field}", value, integer=True)
+        if value is not None and value > MAX_ID:
+            raise HeartbeatInvalid(f"residency.{field}", f"must be at most {MAX_ID}, got {value!r:.40}")
+    for field, value in summary.items():  # move_seconds and figures added later: numbers >= 0
+        if field not in RESIDENCY_INTEGERS and isinstance(value, (int, float)) and not isinstance(value, bool):
+            _non_negative(f"residency.{field}", value, integer=False)
 
 
 def heartbeat_parse(state: Any, *, tiers: Collection[str]) -> tuple[dict[str, Any], list[ReportedAdapter]]:
@@ -73,11 +111,14 @@ def heartbeat_parse(state: Any, *, tiers: Collection[str]) -> tuple[dict[str, An
     Raises:
         HeartbeatInvalid: not an object; ``node`` not a string; ``agent_url``, ``engine_url`` or ``base_model``
             present but not a string; ``healthy`` not a boolean; a count that is not an integer in [0, 2**31 - 1]; ``kv_cache_usage_perc`` outside [0, 1]; any other top-level number negative or not finite;
+            NaN or an infinity at any depth; ``residency`` not an object, a count or byte figure of it not an
+            integer in [0, 2**63 - 1], or another number of it negative;
             ``adapters`` not a list, longer than 10,000, or an entry with a bad ``lora_name``, ``lora_int_id`` < 1,
             an unknown ``tier``, non-boolean ``pinned``/``served``, or a duplicate ``lora_int_id``.
     """
     if not isinstance(state, Mapping):
         raise HeartbeatInvalid("body", "must be the agent's state JSON object")
+    _finite_everywhere(state)
     if not isinstance(state.get("node"), str):
         raise HeartbeatInvalid("node", "must be the node's name")
     if not isinstance(state.get("healthy", False), bool):
@@ -97,6 +138,7 @@ def heartbeat_parse(state: Any, *, tiers: Collection[str]) -> tuple[dict[str, An
     for field, value in state.items():  # figures added later (residency bytes...) follow the same rule
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             _non_negative(field, value, integer=False)
+    _residency(state.get("residency"))
     raw = state.get("adapters", [])
     if not isinstance(raw, list):
         raise HeartbeatInvalid("adapters", "must be a list")

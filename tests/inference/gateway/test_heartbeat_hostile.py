@@ -39,6 +39,18 @@ def internal() -> Any:
     ({"num_requests_running": 2**63}, "num_requests_running"),
     ({"max_lora_rank": 2**31}, "max_lora_rank"),
     ({"adapters": [{"lora_name": "x", "lora_int_id": 2**63, "tier": "hot"}]}, "lora_int_id"),  # was a 500
+    # The agent's residency summary: NaN or an infinity anywhere failed the jsonb write (a 500); the others were
+    # stored and crashed the reconciler's int() (fleet_reconcile._hot_bytes) or skewed a tenant's GPU bytes.
+    ({"residency": {"move_seconds": float("nan")}}, "residency.move_seconds"),
+    ({"residency": {"move_seconds": float("inf")}}, "residency.move_seconds"),
+    ({"residency": {"move_seconds": -1.0}}, "residency.move_seconds"),
+    ({"residency": {"gpu": float("nan")}}, "residency.gpu"),
+    ({"residency": {"gpu_slot_bytes": "lots"}}, "residency.gpu_slot_bytes"),
+    ({"residency": {"gpu_slot_bytes": -10**18}}, "residency.gpu_slot_bytes"),
+    ({"residency": {"gpu_slot_bytes": 2**64}}, "residency.gpu_slot_bytes"),
+    ({"residency": "not an object"}, "residency"),
+    ({"adapters": [{"lora_name": "x", "lora_int_id": 1, "tier": "hot", "extra": {"x": [float("-inf")]}}]},
+     "adapters[0].extra.x[0]"),
 ])
 def test_bad_field_is_a_400_naming_it_and_changes_nothing(internal: Client, token: str, extra: dict[str, Any],
                                                           field: str) -> None:
@@ -48,6 +60,19 @@ def test_bad_field_is_a_400_naming_it_and_changes_nothing(internal: Client, toke
     assert resp.status_code == 400, resp.content
     assert resp.json()["code"] == "invalid" and field in resp.json()["detail"]
     assert list(Node.objects.values()) == before
+
+
+def test_the_agents_own_residency_summary_is_accepted(internal: Client, token: str) -> None:
+    from inference.node.service import residency_summary
+
+    adapters = [{"lora_name": "acme--a--1", "lora_int_id": 1, "tier": "hot", "pinned": True, "served": True}]
+    engine = {"slot_bytes": 4096, "bytes": {"1": 2048}, "loads_total": 3,
+              "moves": {"disk_to_cpu_s": 0.0125, "cpu_to_gpu_s": 0.001}}
+    for summary in (residency_summary(adapters, engine, 1 << 20), residency_summary(adapters, None, 0)):
+        resp = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, "residency": summary}),
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+        assert resp.status_code == 200, resp.content
+        assert Node.objects.get(name="n1").state["residency"] == summary
 
 
 @pytest.mark.parametrize("auth", ["valid", "bogus"])
