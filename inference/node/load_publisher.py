@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -29,6 +30,10 @@ TTL_MS = 5000
 _WANTED = ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running",
            "vllm:num_preemptions_total", "vllm:lora_requests_info")
 _RUNNING_LORAS = 'running_lora_adapters="'
+# A running batch holds at most ``max_loras`` adapters; a longer list is no engine's, and counts as unknown.
+MAX_RUNNING_LORAS = 1024
+_COUNTS = ("num_requests_waiting", "num_requests_running")
+_OPTIONAL_COUNTS = ("waiting_capacity", "waiting_deferred")
 
 
 def load_key(node_name: str) -> str:
@@ -60,6 +65,8 @@ def scan_load(text: str, *, at_s: float, scheduling_policy: str = "fcfs") -> Nod
             value = float(raw)
         except ValueError:
             continue
+        if not math.isfinite(value):  # NaN or +Inf: int() of a sum raised, and a NaN series hid newer ones
+            continue
         name = head.split("{", 1)[0]
         if name == "vllm:lora_requests_info":  # every label set is a series; its value is the update's Unix time
             if newest_info is None or value > newest_info[0]:
@@ -80,18 +87,44 @@ def scan_load(text: str, *, at_s: float, scheduling_policy: str = "fcfs") -> Nod
                     else tuple(n for n in (p.strip() for p in newest_info[1].split(",")) if n))
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def load_decode(raw: bytes | str | None) -> NodeLoad | None:
-    """A published value back into a :class:`NodeLoad`; None for a missing or malformed one."""
+    """A published value back into a :class:`NodeLoad`; None for a missing or malformed one.
+
+    Every field is checked, as a heartbeat is (``inference.gateway.heartbeat``): the value comes from a node, and the
+    gateway's request path compares and adds these figures, where a string or NaN raised on every request.
+    ``running_loras`` that is not a list of strings, or longer than ``MAX_RUNNING_LORAS``, counts as unknown (None).
+    """
     if not raw:
         return None
     try:
         data = json.loads(raw)
-        fields = {k: data[k] for k in NodeLoad.__dataclass_fields__ if k in data}
-        if fields.get("running_loras") is not None:
-            fields["running_loras"] = tuple(str(n) for n in fields["running_loras"])
-        return NodeLoad(**fields)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, RecursionError):
         return None
+    if not isinstance(data, dict) or not _number(data.get("at_s")):
+        return None
+    fields = {k: data[k] for k in NodeLoad.__dataclass_fields__ if k in data}
+    if not all(_number(fields.get(k, 0)) for k in ("kv_cache_usage_perc", "num_preemptions_total")):
+        return None
+    if not all(_count(fields.get(k, 0)) for k in _COUNTS):
+        return None
+    if not all(fields.get(k) is None or _count(fields[k]) for k in _OPTIONAL_COUNTS):
+        return None
+    if not isinstance(fields.get("scheduling_policy", ""), str):
+        return None
+    running = fields.get("running_loras")
+    if running is not None:
+        ok = (isinstance(running, list) and len(running) <= MAX_RUNNING_LORAS
+              and all(isinstance(n, str) for n in running))
+        fields["running_loras"] = tuple(running) if ok else None
+    return NodeLoad(**fields)
 
 
 class LoadPublisher:

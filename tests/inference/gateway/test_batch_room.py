@@ -41,3 +41,25 @@ def test_sends_since_the_figures_count_in_the_batch_until_newer_figures() -> Non
     board.loads = {**board.loads, "node-1": NodeLoad(at_s=100.2, running_loras=("globex--sql",))}
     board.version += 1
     assert board.overlay(fleet, now_s=100.3, max_age_s=1.0).nodes[0].running_loras == {"globex--sql"}
+
+
+def test_a_malformed_published_value_counts_as_unknown_figures_and_never_raises() -> None:
+    """A node's published load is checked as a heartbeat is: a string or NaN figure raised in the overlay and the
+    admission gate on every request, and a string ``running_loras`` was read letter by letter (a full batch)."""
+    import json
+
+    from inference.fleet.admission import SaturationConfig, node_saturated
+
+    board = LoadBoard()
+    names = ["node-1", "node-2"]
+    garbage = [json.dumps({"at_s": "100", "num_requests_waiting": 1}), '{"at_s": 100.0, "num_requests_waiting": NaN}']
+    board.apply(names, garbage)
+    assert board.get("node-1") is None and board.get("node-2") is None
+    for name in names:
+        node_saturated(board.get(name), now_s=100.1, config=SaturationConfig())
+
+    board.apply(names, [json.dumps({"at_s": 100.0, "running_loras": "globex--sql"}),
+                        json.dumps({"at_s": 100.0, "running_loras": [f"x--{i}" for i in range(100_000)]})])
+    view = board.overlay(_fleet(None), now_s=100.1, max_age_s=1.0)
+    assert [n.running_loras for n in view.nodes] == [None, None]  # unknown: residency decides
+    assert node_choose(view, TARGET).name == "node-1"

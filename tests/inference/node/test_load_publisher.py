@@ -65,6 +65,33 @@ def test_the_newest_lora_series_names_the_running_batch() -> None:
     assert load_decode(json.dumps({"at_s": 1.0, "running_loras": ["a--x", "b--y"]})).running_loras == ("a--x", "b--y")
 
 
+def test_non_finite_values_are_skipped_never_raised() -> None:
+    """``scan_load`` never raises: a NaN or +Inf count made int() raise, so the node published nothing at all, and a
+    NaN lora_requests_info series (compared with ``>``) hid every newer one."""
+    text = "\n".join([
+        "vllm:num_requests_waiting{engine=\"0\"} NaN", "vllm:num_requests_waiting{engine=\"1\"} 2.0",
+        "vllm:num_requests_running +Inf", 'vllm:num_requests_waiting_by_reason{reason="capacity"} NaN',
+        "vllm:kv_cache_usage_perc -Inf", "vllm:kv_cache_usage_perc 0.25",
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="old--a",waiting_lora_adapters=""} NaN',
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="new--b",waiting_lora_adapters=""} 30.0',
+    ])
+
+    load = scan_load(text, at_s=1.0)
+
+    assert (load.num_requests_waiting, load.num_requests_running, load.waiting_capacity) == (2, 0, None)
+    assert (load.kv_cache_usage_perc, load.running_loras) == (0.25, ("new--b",))
+
+
+def test_decode_refuses_ill_typed_figures_and_ignores_an_ill_typed_batch() -> None:
+    for bad in ({"at_s": "1.0"}, {"at_s": float("nan")}, {"at_s": 1.0, "num_requests_waiting": "7"},
+                {"at_s": 1.0, "num_requests_running": 2.5}, {"at_s": 1.0, "kv_cache_usage_perc": None},
+                {"at_s": 1.0, "waiting_capacity": -1}, {"at_s": 1.0, "scheduling_policy": 1}, [1.0]):
+        assert load_decode(json.dumps(bad)) is None, bad
+    for batch in ("a--x", {"a--x": 1}, 5, ["a--x", 1], ["x"] * 5000):
+        load = load_decode(json.dumps({"at_s": 1.0, "running_loras": batch}))
+        assert load is not None and load.running_loras is None, batch  # unknown, not letters or keys
+
+
 def test_decode_round_trip_and_garbage() -> None:
     load = NodeLoad(at_s=1.5, kv_cache_usage_perc=0.2, num_requests_waiting=3, waiting_capacity=3)
     from dataclasses import asdict
