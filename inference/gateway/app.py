@@ -893,7 +893,11 @@ def _engine_error(status: int, data: Any, target: TargetView, *, node_name: str 
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         engine_message = str(data["error"].get("message") or "")
         engine_param = str(data["error"].get("param") or "")
-    if status == 400 and (limit := _context_error(engine_message, engine_param, target, endpoint)) is not None:
+    try:
+        limit = _context_error(engine_message, engine_param, target, endpoint) if status == 400 else None
+    except ValueError:  # a figure past int()'s 4,300 digits (sys.get_int_max_str_digits): no engine's, and no 500
+        limit = None
+    if limit is not None:
         return limit
     context = re.search(r"maximum context length is (\d+)", engine_message)
     if status == 400 and (context or engine_param in ("input_tokens", "input_text")):

@@ -67,6 +67,18 @@ def test_context_refusals_name_the_field_and_the_fix(body: dict[str, Any], endpo
     assert "acme--" not in error.message and "vLLM" not in error.message and "Please" not in error.message
 
 
+@pytest.mark.parametrize("message", [
+    "max_tokens=" + "9" * 5000 + " cannot be greater than max_model_len=2048.",
+    "maximum context length is " + "9" * 5000 + " tokens. However, you requested 5 tokens (1 in the messages, 4 in "
+    "the completion).",
+    "maximum context length is 512 tokens. However, your prompt contains " + "9" * 5000 + " input tokens",
+])
+def test_a_figure_past_ints_digit_limit_is_no_500(message: str) -> None:
+    """int() refuses more than 4,300 digits (a ValueError, which escaped as a 500): the generic 400 instead."""
+    error = _engine_error(400, _vllm(message, "max_tokens"), TARGET, endpoint="completions")
+    assert error.status == 400 and "acme--" not in error.message
+
+
 def test_other_refusals_keep_the_generic_answer() -> None:
     error = _engine_error(400, _vllm("temperature must be non-negative, got -1.", "temperature"), TARGET)
     assert (error.code, error.param) == ("invalid_request", "temperature")
