@@ -37,3 +37,9 @@ def test_a_bad_slug_names_the_field_and_the_rule() -> None:
     with pytest.raises(CommandError, match=r"slug 'Acme--x': Use 1-40 lowercase letters"):
         _run("Acme--x")
     assert not Tenant.objects.exists()
+
+
+def test_a_key_that_cannot_be_minted_is_a_one_line_error_and_leaves_no_keyless_tenant() -> None:
+    with pytest.raises(CommandError, match=r"Key not created: name 'kkkk"):
+        _run("acme", "--key-name", "k" * 101)  # ApiKey.name holds 100
+    assert not Tenant.objects.exists()
