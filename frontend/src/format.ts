@@ -10,19 +10,26 @@ export type FormatOptions = { timeZone?: string; locale?: string }
 const CLOCK = { hourCycle: 'h23', hour: '2-digit', minute: '2-digit' } as const
 
 const toDate = (value: TimeInput) => (value instanceof Date ? value : new Date(value))
+/** What an unreadable instant shows (Intl throws a RangeError on an invalid date, which would take the page down). */
+const NO_TIME = '—'
+const valid = (d: Date) => !Number.isNaN(d.getTime())
 
 /** A date and time: the locale's date order, then a 24-hour `HH:MM:SS` (e.g. "12/01/2026, 21:49:32" in en-US). */
 export function formatDateTime(value: TimeInput, opts: FormatOptions = {}): string {
+  const date = toDate(value)
+  if (!valid(date)) return NO_TIME
   return new Intl.DateTimeFormat(opts.locale, {
     year: 'numeric', month: '2-digit', day: '2-digit', ...CLOCK, second: '2-digit', timeZone: opts.timeZone,
-  }).format(toDate(value))
+  }).format(date)
 }
 
 /** A time of day on a 24-hour clock: `HH:MM:SS`, or `HH:MM` with `seconds: false` (chart axes). */
 export function formatTime(value: TimeInput, opts: FormatOptions & { seconds?: boolean } = {}): string {
+  const date = toDate(value)
+  if (!valid(date)) return NO_TIME
   return new Intl.DateTimeFormat(opts.locale, {
     ...CLOCK, ...(opts.seconds === false ? {} : { second: '2-digit' }), timeZone: opts.timeZone,
-  }).format(toDate(value))
+  }).format(date)
 }
 
 const SECOND = 1000

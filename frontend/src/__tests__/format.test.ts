@@ -19,6 +19,12 @@ describe('formatDateTime / formatTime', () => {
     expect(formatTime(Date.parse(midnight), { ...utc, locale: 'en-US' })).toBe('00:05:00')
   })
 
+  it('writes an unreadable instant as "—" instead of throwing', () => {
+    expect(formatTime(Number.NaN)).toBe('—')
+    expect(formatTime('not a time')).toBe('—')
+    expect(formatDateTime('')).toBe('—')
+  })
+
   it("uses the browser's time zone unless told", () => {
     expect(formatTime('2026-12-01T21:49:32Z', { timeZone: 'Asia/Kolkata', locale: 'en-US' })).toBe('03:19:32')
   })

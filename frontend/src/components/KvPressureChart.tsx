@@ -30,6 +30,9 @@ export function kvTimeAxis(points: KvPoint[]) {
   return { type: 'number' as const, scale: 'time' as const, domain: [from, to], ticks, tickFormatter: tickFormat(ticks) }
 }
 
+/** The tooltip's heading: the hovered sample's time. Recharts also calls it with no label while nothing is hovered. */
+export const kvTooltipLabel = (t: unknown): string => (typeof t === 'number' ? formatTime(t) : '')
+
 /** The threshold lines. Each label sits just below its line (Recharts' `insideTop…`), the two at opposite ends: with
  * Mantine's default (`insideBottomLeft`, above the line) both stacked at the left in the thin bands under 100 %. */
 export const KV_THRESHOLDS: ChartReferenceLineProps[] = [
@@ -54,7 +57,7 @@ export function KvPressureChart({ node, samples }: { node: string; samples: Node
         data={points}
         dataKey="t"
         xAxisProps={kvTimeAxis(points)}
-        tooltipProps={{ labelFormatter: (t) => formatTime(Number(t)) }}
+        tooltipProps={{ labelFormatter: kvTooltipLabel }}
         yAxisProps={{ domain: [0, 100] }}
         unit=" %"
         withDots={false}

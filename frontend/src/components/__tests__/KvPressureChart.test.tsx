@@ -1,7 +1,7 @@
 import { screen } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
 import type { NodeSample } from '../../api/client'
-import { KV_CHART_HEIGHT, KV_THRESHOLDS, KvPressureChart, kvPeak, kvPoints, kvTimeAxis } from '../KvPressureChart'
+import { KV_CHART_HEIGHT, KV_THRESHOLDS, KvPressureChart, kvPeak, kvPoints, kvTimeAxis, kvTooltipLabel } from '../KvPressureChart'
 import { renderWithMantine } from './render'
 
 const sample = (t: string, kv: number | null, running = 1, waiting = 0): NodeSample => ({
@@ -32,6 +32,11 @@ describe('kvTimeAxis', () => {
     expect(axis.ticks.map(axis.tickFormatter)).toEqual(['21:00', '21:15', '21:30', '21:45'])
     const steps = axis.ticks.slice(1).map((t, i) => t - axis.ticks[i])
     expect(new Set(steps)).toEqual(new Set([15 * 60_000]))
+  })
+
+  it('heads the tooltip with the sample time, and with nothing while no point is hovered', () => {
+    expect(kvTooltipLabel(Date.parse('2026-12-01T21:49:32Z'))).toBe('21:49:32')
+    expect(kvTooltipLabel(undefined)).toBe('') // Recharts renders the tooltip content before any hover
   })
 })
 
