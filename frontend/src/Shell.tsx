@@ -28,12 +28,13 @@ export function Shell() {
   return (
     <AppShell header={{ height: 60 }} navbar={{ width: 220, breakpoint: 'sm', collapsed: { mobile: !opened } }} padding="md">
       <AppShell.Header>
-        <Group h="100%" px="md" justify="space-between" wrap="nowrap">
-          <Group wrap="nowrap" gap="sm">
+        {/* At 390 px the picker takes whatever the title leaves (it shrinks, never pushes out of the header). */}
+        <Group h="100%" px="md" justify="space-between" wrap="nowrap" gap="sm">
+          <Group wrap="nowrap" gap="sm" style={{ flexShrink: 0 }}>
             <Burger opened={opened} onClick={toggle} hiddenFrom="sm" size="sm" aria-label="Toggle navigation" />
             <Title order={3}>Quiver</Title>
           </Group>
-          <Group wrap="nowrap" gap="xs">
+          <Group wrap="nowrap" gap="xs" justify="flex-end" style={{ flex: 1, minWidth: 0 }}>
             <Select
               aria-label="Tenant"
               placeholder={tenantPlaceholder(me)}
@@ -41,7 +42,8 @@ export function Shell() {
               value={tenant}
               onChange={(v) => v && pick(v)}
               allowDeselect={false}
-              w={{ base: 150, sm: 240 }}
+              maw={280}
+              style={{ flex: 1, minWidth: 0 }}
               comboboxProps={{ withinPortal: true }}
             />
             <Button variant="subtle" onClick={logout} visibleFrom="xs">

@@ -168,7 +168,8 @@ def test_screenshots_of_every_page_at_both_widths(
 ) -> None:
     from tests.console.fleet_data import seed_fleet
 
-    tenant = TenantFactory(slug="acme", name="Acme")
+    # A name a little longer than "Acme": at 390 px the header's picker must still show it whole.
+    tenant = TenantFactory(slug="acme", name="Acme Labs")
     seed_fleet(tenant, base_model)  # nodes with history, placements and traffic, so no chart is empty
     make_user("alice", tenant)
     make_user("operator", staff=True)
@@ -186,6 +187,11 @@ def test_screenshots_of_every_page_at_both_widths(
                 if width == "mobile":  # nothing may overflow the 390 px viewport horizontally
                     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
                     assert overflow <= 0, (path, overflow)
+                    picker = page.get_by_role("banner").get_by_role("combobox", name="Tenant", exact=True)
+                    box = picker.bounding_box()
+                    assert box is not None and box["x"] + box["width"] <= WIDTHS["mobile"][0], (path, box)
+                    expect(picker).to_have_value(re.compile(r"^Acme Labs \("))
+                    assert picker.evaluate("e => e.scrollWidth <= e.clientWidth"), (path, "tenant name cut off")
                 name = "tenant-picker" if path == "/" else path.strip("/").replace("/", "-")
                 screenshot(page, f"{user}-{name}")
 
