@@ -20,7 +20,7 @@ from django.utils import timezone
 from psycopg.errors import DeadlockDetected
 
 from adapters_app.models import AdapterVersion, BaseModel
-from adapters_app.purge import GC_ORPHAN_COPY, purge_node_copy
+from adapters_app.purge import purge_node_orphans
 from adapters_app.selectors import adapter_version_no_effect_refused, adapter_version_untrained
 from adapters_app.services import adapter_version_effect_record
 from inference.gateway.models import Node, Placement
@@ -82,10 +82,9 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         versions = list(AdapterVersion.objects.select_related("adapter__tenant").filter(pk__in=reported))
         owned = {v.pk for v in versions if reported[v.pk].get("lora_name") == v.served_name}
         ours = {v.pk for v in versions if v.pk in owned and v.adapter.base_model_id == node.base_model_id}
-        # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node.
-        for version_id, entry in reported.items():
-            if version_id not in owned:
-                purge_node_copy(node.pk, entry["lora_name"], reason=GC_ORPHAN_COPY)
+        # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node (bounded
+        # per report: the names come from the node).
+        purge_node_orphans(node.pk, [e["lora_name"] for v, e in reported.items() if v not in owned])
         # Only what this node was asked to load: the token proves which node speaks, not that it was given the
         # version. Rows persist across control-plane restarts (PostgreSQL), and an engine that reloads a name it
         # still serves from disk, a pin or an evict all act on a row that a warm already marked.

@@ -129,6 +129,25 @@ def test_versions_are_recorded_only_under_their_own_name(internal: Client, base_
     assert Placement.objects.get().tier == "warm"
 
 
+def test_a_report_of_many_made_up_copies_records_a_bounded_number_of_purges(
+        internal: Client, base_model: Any, monkeypatch: pytest.MonkeyPatch, django_assert_max_num_queries: Any) -> None:
+    """Names no version owns come from the node: one purge row, query and task each made a report of 10,000
+    made-up names take 17 s (longer as the rows grew), every heartbeat. Now a few queries and at most
+    ``NODE_ORPHANS_PER_REPORT`` new purges per report, and at most ``NODE_PENDING_MAX`` pending on the node."""
+    from adapters_app import purge
+
+    monkeypatch.setattr(purge, "NODE_PENDING_MAX", 100, raising=False)
+    token = _register("n1")
+    entries = [{"lora_name": f"x--y--{i}", "lora_int_id": i + 1, "tier": "hot"} for i in range(2000)]
+    with django_assert_max_num_queries(40):
+        assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
+    pending = Purge.objects.filter(kind="node", node_id=Node.objects.get(name="n1").pk, done_at=None)
+    assert pending.count() == purge.NODE_ORPHANS_PER_REPORT
+    for _ in range(3):
+        assert _beat(internal, token, _state("n1", adapters=entries)).status_code == 200
+    assert pending.count() == 100 and len(set(pending.values_list("lora_name", flat=True))) == 100
+
+
 def test_rotation_revokes_the_old_token(internal: Client, base_model: Any) -> None:
     old = _register("n1")
     _, new = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
