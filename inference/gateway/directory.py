@@ -150,17 +150,14 @@ def load_target(tenant_id: int, model: str) -> TargetView | str:
                       version_id=version.pk, version_number=version.number, r=version.r)
 
 
-def _gpu_used(state: Any) -> int:
-    if isinstance(state, (str, bytes)):
+def _gpu_used(value: Any) -> int:
+    """The heartbeat's ``residency.gpu`` (jsonb, as read by :func:`load_fleet`): GPU slots holding an adapter."""
+    if isinstance(value, (str, bytes)):
         try:
-            state = json.loads(state)
+            value = json.loads(value)
         except ValueError:
             return 0
-    residency = state.get("residency") if isinstance(state, dict) else None
-    try:
-        return int((residency.get("gpu", 0) if isinstance(residency, dict) else 0) or 0)
-    except (TypeError, ValueError):
-        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def load_fleet() -> FleetView:
@@ -176,7 +173,10 @@ def load_fleet() -> FleetView:
     fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT id, name, key_generation, engine_url, base_model_id, max_lora_rank, max_loras, state, "
+            # Only the one figure of the stored heartbeat used here: the whole body (10,000 adapters, up to 4 MB)
+            # cost every process ~15 ms per node per read, twice a second.
+            "SELECT id, name, key_generation, engine_url, base_model_id, max_lora_rank, max_loras, "
+            "state -> 'residency' -> 'gpu', "
             "num_requests_running, num_requests_waiting, kv_cache_usage_perc "
             f"FROM {Node._meta.db_table} WHERE healthy = %s AND last_heartbeat_at >= %s "  # noqa: S608 (names, not input)
             "AND base_model_id IS NOT NULL ORDER BY id",
@@ -194,9 +194,9 @@ def load_fleet() -> FleetView:
     nodes = tuple(
         NodeView(pk=pk, name=name, engine_url=engine_url.rstrip("/"), base_model_id=base_model_id,
                  key=node_credentials(name, generation).key, max_lora_rank=max_lora_rank, max_loras=max_loras,
-                 gpu_used=_gpu_used(state), num_requests_running=running or 0, num_requests_waiting=waiting or 0,
+                 gpu_used=_gpu_used(gpu), num_requests_running=running or 0, num_requests_waiting=waiting or 0,
                  kv_cache_usage_perc=kv or 0.0)
-        for pk, name, generation, engine_url, base_model_id, max_lora_rank, max_loras, state, running, waiting, kv
+        for pk, name, generation, engine_url, base_model_id, max_lora_rank, max_loras, gpu, running, waiting, kv
         in node_rows
     )
     placements: dict[int, list[PlacementView]] = {}
