@@ -317,3 +317,36 @@ def test_a_pin_the_engine_lost_is_sent_again(setup: dict[str, Any], django_captu
     with django_capture_on_commit_callbacks() as converged:
         fleet_reconcile()
     assert converged == []
+
+
+def test_a_pass_reads_each_nodes_stored_heartbeat_a_bounded_number_of_times(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trim read the node's whole stored heartbeat once per resident or served row: quadratic in the adapters a
+    node holds (400 served from disk: 400 copies of a body listing 400 adapters, each pass)."""
+    import json
+
+    from inference.gateway.models import TenantResidencyQuota
+
+    version = setup["version"]
+    n0, _ = setup["nodes"]
+    versions = AdapterVersion.objects.bulk_create([
+        AdapterVersion(tenant=version.tenant, adapter=version.adapter, number=i, sha256=f"{i:064x}", size_bytes=10,
+                       s3_prefix=f"v{i}/", files=[], status="rejected", r=8) for i in range(2, 402)])
+    Placement.objects.bulk_create([Placement(node=n0, adapter_version=v, tier="staged", served=True, load_issued_at=
+                                             timezone.now()) for v in versions])
+    state = {"residency": {"gpu_slot_bytes": 1000},
+             "adapters": [{"lora_name": v.served_name, "lora_int_id": v.pk, "tier": "staged", "pinned": False,
+                           "served": True} for v in versions]}
+    Node.objects.filter(pk=n0.pk).update(state=state)
+    TenantResidencyQuota.objects.create(tenant=version.tenant, max_gpu_bytes=10**9)
+    decoded: list[int] = []
+    loads = json.loads
+
+    def counting_loads(data: Any, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(len(data))
+        return loads(data, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting_loads)
+    with django_capture_on_commit_callbacks():
+        fleet_reconcile()
+    assert sum(decoded) < 10 * len(json.dumps(state)), (len(decoded), sum(decoded))
