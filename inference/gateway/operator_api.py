@@ -70,7 +70,7 @@ class NodeOutputSerializer(serializers.ModelSerializer):
 
     ``gpu_used`` / ``cpu_used``: adapters in GPU slots / in the engine's CPU cache (GPU residents included) from the
     last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
-    with status >= 400 in the last 5 minutes (gateway metering).
+    with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure).
     """
     base_model = serializers.CharField(source="base_model.base_model_name", allow_null=True, default=None)
     placements = PlacementOutputSerializer(many=True, source="placements_sorted")
@@ -139,7 +139,7 @@ class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             queryset=Placement.objects.select_related("adapter_version__adapter__tenant").order_by(
                 "adapter_version__adapter__tenant__slug", "adapter_version__adapter__name", "-adapter_version__number"),
         )).annotate(failed_requests_5m=Subquery(
-            UsageRecord.objects.filter(node=OuterRef("pk"), created_at__gte=recent, status_code__gte=400)
+            UsageRecord.objects.filter(node=OuterRef("pk"), created_at__gte=recent, status_code__gte=500)
             .values("node").annotate(n=Count("id")).values("n")[:1])).order_by("name")
 
     @extend_schema(parameters=[SamplesQuerySerializer], responses=NodeSampleSerializer(many=True))

@@ -988,7 +988,7 @@ export interface components {
          *
          *     ``gpu_used`` / ``cpu_used``: adapters in GPU slots / in the engine's CPU cache (GPU residents included) from the
          *     last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
-         *     with status >= 400 in the last 5 minutes (gateway metering).
+         *     with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure).
          */
         NodeOutput: {
             name: string;

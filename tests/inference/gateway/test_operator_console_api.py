@@ -76,7 +76,7 @@ def test_nodes_list_shows_slots_used_preemptions_and_recent_failures(op: APIClie
                                                                      make_client: Any) -> None:
     node_heartbeat(node=node, state=_state(0.4, 7, gpu=2, cpu=3))
     _, tenant, _ = make_client()
-    for status in (200, 503, 502):
+    for status in (200, 503, 502, 400, 429, 499):  # a caller's own 4xx is not the node failing
         UsageRecord.objects.create(tenant=tenant, node=node, model_name="x", endpoint="completions",
                                    status_code=status, latency_ms=1.0)
     UsageRecord.objects.create(tenant=tenant, node=node, model_name="x", endpoint="completions", status_code=500,
