@@ -954,8 +954,8 @@ def _context_error(engine_message: str, engine_param: str, target: TargetView,
     if (output := _OUTPUT_OVER_CONTEXT.search(engine_message)) is not None:
         field, asked, context = output.group(1), int(output.group(2)), int(output.group(3))
         return GatewayError(
-            400, f"Invalid '{field}': {asked} exceeds the context of {model}, {context} tokens, which must hold the "
-            f"prompt as well; lower '{field}' to at most {context} minus the prompt's length in tokens.",
+            400, f"Invalid '{field}': {asked} exceeds the context of {model}, {context} tokens; lower '{field}' to at "
+            f"most {context} (a completion that does not fit beside the prompt stops early, finish_reason \"length\").",
             code="context_length_exceeded", param=field)
     if (total := _SUM_OVER_CONTEXT.search(engine_message)) is not None:
         field = engine_param if engine_param in ("max_tokens", "max_completion_tokens") else "max_tokens"

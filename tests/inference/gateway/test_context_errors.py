@@ -45,8 +45,8 @@ SUM_OVER = _vllm("This model's maximum context length is 2048 tokens. However, y
 
 @pytest.mark.parametrize(("body", "endpoint", "param", "says"), [
     (OUTPUT_OVER, "completions", "max_tokens",
-     "Invalid 'max_tokens': 5000 exceeds the context of model `support-bot`, 2048 tokens, which must hold the prompt "
-     "as well; lower 'max_tokens' to at most 2048 minus the prompt's length in tokens."),
+     "Invalid 'max_tokens': 5000 exceeds the context of model `support-bot`, 2048 tokens; lower 'max_tokens' to at "
+     "most 2048 (a completion that does not fit beside the prompt stops early, finish_reason \"length\")."),
     (CHAT_OUTPUT_OVER, "chat/completions", "max_completion_tokens",
      "Invalid 'max_completion_tokens': 4096 exceeds the context of model `support-bot`, 2048 tokens"),
     (SUM_OVER, "completions", "max_tokens",
