@@ -82,3 +82,12 @@ export function modelLabel(model: string): string {
   const { name, pinned } = splitModel(model)
   return pinned == null ? model : versionLabel(name, pinned)
 }
+
+/** A request rate for people: per second from 1/s up (`2.5/s`), per minute below it (`0.3/min`, `16/min`), so a
+ * low but real rate never reads as `0.00/s`. `perSecond` is requests per second (≥ 0). */
+export function formatRate(perSecond: number): string {
+  if (!Number.isFinite(perSecond) || perSecond <= 0) return '0/s'
+  if (perSecond >= 1) return `${perSecond >= 10 ? perSecond.toFixed(0) : perSecond.toFixed(1)}/s`
+  const perMinute = perSecond * 60
+  return `${perMinute >= 10 ? perMinute.toFixed(0) : perMinute.toFixed(1)}/min`
+}

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { formatDateTime, formatTime, modelLabel, tickFormat, timeTicks, versionLabel } from '../format'
+import { formatDateTime, formatRate, formatTime, modelLabel, tickFormat, timeTicks, versionLabel } from '../format'
 
 const utc = { timeZone: 'UTC' }
 
@@ -57,5 +57,15 @@ describe('versionLabel / modelLabel', () => {
     expect(modelLabel('capitals@2')).toBe('capitals v2')
     expect(modelLabel('capitals')).toBe('capitals') // the version that answered is not known here
     expect(modelLabel('odd@name')).toBe('odd@name')
+  })
+})
+
+describe('formatRate', () => {
+  it('never writes a real but low rate as 0.00/s', () => {
+    expect(formatRate(16 / 3600)).toBe('0.3/min')
+    expect(formatRate(0.5)).toBe('30/min')
+    expect(formatRate(2.54)).toBe('2.5/s')
+    expect(formatRate(42.4)).toBe('42/s')
+    expect(formatRate(0)).toBe('0/s')
   })
 })

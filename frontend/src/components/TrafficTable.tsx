@@ -4,7 +4,7 @@ import { Sparkline } from '@mantine/charts'
 import { Table, Text, UnstyledButton } from '@mantine/core'
 import { useState } from 'react'
 import type { TrafficRow } from '../api/client'
-import { versionLabel } from '../format'
+import { formatRate, versionLabel } from '../format'
 
 export type SortKey = 'model' | 'requests' | 'tokens_per_s' | 'failures' | 'latency_ms_p50' | 'latency_ms_p95' | 'ttft_ms_p50'
 
@@ -75,7 +75,7 @@ export function TrafficTable({ rows, showTenant }: { rows: TrafficRow[]; showTen
                   {showTenant && <Table.Td>{r.tenant}</Table.Td>}
                   <Table.Td>{name}</Table.Td>
                   <Table.Td>
-                    {r.requests} <Text span c="dimmed" size="xs">({r.requests_per_s.toFixed(2)}/s)</Text>
+                    {r.requests} <Text span c="dimmed" size="xs">({formatRate(r.requests_per_s)})</Text>
                   </Table.Td>
                   <Table.Td>{r.tokens_per_s.toFixed(1)}</Table.Td>
                   <Table.Td c={r.failures > 0 ? 'red' : undefined}>{r.failures}</Table.Td>

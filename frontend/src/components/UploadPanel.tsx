@@ -74,7 +74,7 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
         <Group grow align="flex-start" wrap="wrap">
           <TextInput
             label="Adapter name"
-            description="Lowercase letters, digits, hyphens; applications send it as `model`."
+            description={'Lowercase letters, digits, hyphens; applications send it as the "model" field.'}
             value={adapter}
             onChange={(e) => setAdapter(e.currentTarget.value)}
             disabled={lockAdapter || busy}
