@@ -123,9 +123,12 @@ def fleet_reconcile(*, now: float | None = None) -> int:
                     continue
                 if name not in d.pinned_nodes and not _prewarm(d, name, plan, fits, loaded, intents):
                     continue
-                repin = False
+                repin = new_pin = False
                 if name in d.pinned_nodes:
-                    Placement.objects.get_or_create(node=node_by_name[name], adapter_version=versions[d.version_id])
+                    row, _ = Placement.objects.get_or_create(node=node_by_name[name],
+                                                             adapter_version=versions[d.version_id])
+                    # An operator's new pin goes out on this pass, whatever backoff an earlier warm of the pair left.
+                    new_pin = not row.pinned
                     Placement.objects.filter(node=node_by_name[name], adapter_version_id=d.version_id).update(
                         pinned=True)
                     if name in loaded[d.version_id]:
@@ -135,7 +138,7 @@ def fleet_reconcile(*, now: float | None = None) -> int:
                         repin = True  # loaded, but the engine holds no pin (it restarted, or the pin failed)
                 elif versions[d.version_id].tenant_id in no_gpu_room:
                     continue  # a load lands in a GPU slot; this tenant has none left (its requests still load it)
-                if not warm_backoff_due(backoff_next.get(pair), now=now, config=BACKOFF):
+                if not new_pin and not warm_backoff_due(backoff_next.get(pair), now=now, config=BACKOFF):
                     skipped += 1  # its last warms failed or were undone: asked again after its backoff
                     continue
                 _, enqueued = placement_request_warm_enqueued(versions[d.version_id], node=node_by_name[name],
