@@ -53,7 +53,8 @@ def traffic(client: OpenAI, examples: Mapping[str, Sequence[Mapping[str, str]]],
 def serve_until_interrupted(web_url: str, logins: Sequence[Login], client: OpenAI,
                             examples: Mapping[str, Sequence[Mapping[str, str]]]) -> None:
     """Print the console URL and logins, keep light traffic flowing, and return on Ctrl-C."""
-    print(f"\n== the console is up: {web_url}/ ==")
+    print(f"\n== the console is up: {web_url} ==")
+    print(f"  The README's examples: use {web_url} in place of http://localhost:8000")
     for login in logins:
         print(f"  {login.who:<52} username {login.username:<14} password {login.password}")
     print(f"  API key of the demo tenant (for curl and OpenAI clients): {client.api_key}")
