@@ -60,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Imported here, after the shim: some vLLM modules bind `importlib.metadata.version` at import.
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    from inference.node import vllm_metrics_fix
+
+    vllm_metrics_fix.install()  # before the API server builds its stat loggers
+
     sys.argv = ["vllm", "serve", *args]
     vllm_main()
 

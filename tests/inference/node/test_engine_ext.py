@@ -96,6 +96,11 @@ def test_mixed_batch_matches_transformers_and_peft(
     assert mismatches == []
     # The adapters really change the output (else the comparison above would prove little).
     assert results[0][1] != results[1][1] and results[0][1] != results[2][1]
+    # Batches of both adapters, one, and none came and went; vLLM keeps one lora_requests_info series per mix, and
+    # inference.node.vllm_metrics_fix keeps only the current one.
+    series = [line for line in engine_http.get("/metrics").text.splitlines()
+              if line.startswith("vllm:lora_requests_info{")]
+    assert len(series) == 1, series
 
 
 def test_add_lora_uses_the_given_id_and_serves_the_name(
