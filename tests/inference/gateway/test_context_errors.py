@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -17,6 +16,7 @@ from inference.gateway.app import GatewayApp, _engine_error
 from inference.gateway.snapshot import NodeView, TargetView
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
+from tests.fixtures.engine_answer import EngineAnswer
 
 TARGET = TargetView(requested="support-bot", base_model_id=1, base_model_name="tiny-llama",
                     served_name="acme--support-bot--7", version_id=7, version_number=1)
@@ -84,15 +84,6 @@ def test_other_refusals_keep_the_generic_answer() -> None:
     assert (error.code, error.param) == ("invalid_request", "temperature")
 
 
-class _Answer:
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status_code, self._raw = status, json.dumps(body).encode()
-
-    async def aread(self) -> bytes:
-        return self._raw
-
-    async def aclose(self) -> None:
-        pass
 
 
 @pytest.mark.django_db
@@ -110,8 +101,8 @@ def test_the_caller_gets_the_named_field_through_the_gateway(monkeypatch: pytest
     AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
                                   s3_prefix="x/", files=[], status="ready")
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Answer:
-        return _Answer(400, engine_answer)
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> EngineAnswer:
+        return EngineAnswer(400, engine_answer)
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)

@@ -3,7 +3,6 @@ shape with our own message, never a 401 that makes its good key look revoked, an
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -18,21 +17,13 @@ from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
+from tests.fixtures.engine_answer import EngineAnswer
 
 NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
 # What the engine's guard (inference.node.engine_ext) answers a wrong node key with.
 REFUSAL = {"error": {"message": "Unauthorized", "type": "invalid_request_error", "code": "unauthorized"}}
 
 
-class _Answer:
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status_code, self._raw = status, json.dumps(body).encode()
-
-    async def aread(self) -> bytes:
-        return self._raw
-
-    async def aclose(self) -> None:
-        pass
 
 
 @pytest.mark.django_db
@@ -48,8 +39,8 @@ def test_an_engine_refusing_the_node_key_is_a_502_not_the_callers_401(
                                   s3_prefix="x/", files=[], status="ready")
     recorded: list[int] = []
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Answer:
-        return _Answer(engine_status, REFUSAL)
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> EngineAnswer:
+        return EngineAnswer(engine_status, REFUSAL)
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NODE

@@ -4,7 +4,6 @@ before the client sees an error; a request waiting for a warm asks for it again 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import replace
 from typing import Any
@@ -20,39 +19,28 @@ from inference.gateway.app import MAX_REROUTES, GatewayApp
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
+from tests.fixtures.engine_answer import EngineAnswer
 
 NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
 
 
-class _Answer:
-    """The part of an upstream response the gateway reads for a non-streamed answer."""
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status_code, self._raw = status, json.dumps(body).encode()
-        self.closed = False
-
-    async def aread(self) -> bytes:
-        return self._raw
-
-    async def aclose(self) -> None:
-        self.closed = True
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, statuses: list[int]) -> tuple[httpx.Response, list[Any], list[_Answer]]:
+def _run(monkeypatch: pytest.MonkeyPatch, statuses: list[int]) -> tuple[httpx.Response, list[Any], list[EngineAnswer]]:
     tenant = TenantFactory()
     _, key = api_key_create(tenant, name="app")
     adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
     AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
                                   s3_prefix="x/", files=[], status="ready")
-    answers: list[_Answer] = []
+    answers: list[EngineAnswer] = []
     marked: list[Any] = []
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Answer:
+    async def upstream_post(url: str, *, content: bytes, node_key: str) -> EngineAnswer:
         status = statuses[min(len(answers), len(statuses) - 1)]
         body = ({"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}} if status == 200 else
                 {"error": {"message": "The model `t--bot--1` does not exist.", "type": "NotFoundError", "code": 404}})
-        answers.append(_Answer(status, body))
+        answers.append(EngineAnswer(status, body))
         return answers[-1]
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
