@@ -3,8 +3,8 @@
 Two CPU vLLM nodes (the tiny demo model, ``max_loras`` 2, ``max_cpu_loras`` 4), their agents, the internal
 listener, a Celery worker and beat (the reconcile loop re-plans replicas from request rates every 30 s, as in
 production) and two gateway processes on the same fleet: one routes with Quiver's policy
-(``QUIVER_ROUTING_POLICY=affinity``, ``inference.fleet.routing.route``), the other round-robin over every live node
-of the base model (``round_robin``, ``inference.fleet.routing.route_round_robin``), loading the adapter on demand
+(``QUIVER_ROUTING_POLICY=affinity``, ``inference.policy.routing.route``), the other round-robin over every live node
+of the base model (``round_robin``, ``inference.policy.routing.route_round_robin``), loading the adapter on demand
 where the turn falls, as a round-robin load balancer in front of on-demand-loading engines does.
 
 The default regime is issue 6's: 16 adapters (random PEFT, r 8 on q,v) against 2 nodes × 4 CPU slots, twice the
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=4",
                                "-Q", "celery,validation,placement", "-n", "bench@%h", "--loglevel=WARNING"], env)
         # Beat as in production: the usage drain gives the reconcile loop its request rates, and every 30 s it
-        # re-plans replicas from them (hot adapters on more nodes, inference.fleet.placement.place).
+        # re-plans replicas from them (hot adapters on more nodes, inference.policy.placement.place).
         procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING",
                              "-s", str(args.workdir / "celerybeat-schedule")], env)
         engines: dict[str, tuple[str, str]] = {}

@@ -1,5 +1,5 @@
 """The import contracts in pyproject.toml ([tool.importlinter]) hold: apps are layered with no cycles, the pure
-decisions (inference.fleet) and the node agent (inference.node) import no Django."""
+decisions (inference.policy) and the node agent (inference.node) import no Django."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.fleet.admission import NodeLoad
+from inference.policy.admission import NodeLoad
 from inference.gateway import metrics as gateway_metrics
 from inference.node import residency_metrics
 

@@ -250,26 +250,26 @@ QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
 # interval, deleted after the retention.
 QUIVER_NODE_SAMPLE_INTERVAL_S = env.float("QUIVER_NODE_SAMPLE_INTERVAL_S", default=10.0)
 QUIVER_NODE_SAMPLE_RETENTION_S = env.int("QUIVER_NODE_SAMPLE_RETENTION_S", default=86400)
-# Node choice per request: "affinity" (Quiver's residency-first inference.fleet.routing.route) or "round_robin"
+# Node choice per request: "affinity" (Quiver's residency-first inference.policy.routing.route) or "round_robin"
 # (route_round_robin, the baseline scripts/bench_fleet measures it against).
 QUIVER_ROUTING_POLICY = env.str("QUIVER_ROUTING_POLICY", default="affinity")
 if QUIVER_ROUTING_POLICY not in ("affinity", "round_robin"):
     raise ImproperlyConfigured(f"QUIVER_ROUTING_POLICY={QUIVER_ROUTING_POLICY!r}: use affinity or round_robin.")
-# Routing's bounded-load factor (inference.fleet.routing.RouteConfig.load_bound): a request leaves its adapter's home
+# Routing's bounded-load factor (inference.policy.routing.RouteConfig.load_bound): a request leaves its adapter's home
 # for another holder once the home carries more than this x the candidates' mean load (+1). Raise it where a reload
 # costs more than queueing behind the home's requests (CPU nodes, small batches: scripts/bench_fleet).
 QUIVER_ROUTING_LOAD_BOUND = env.float("QUIVER_ROUTING_LOAD_BOUND", default=1.35)
 if not 1.0 <= QUIVER_ROUTING_LOAD_BOUND <= 1000.0:
     raise ImproperlyConfigured(f"QUIVER_ROUTING_LOAD_BOUND={QUIVER_ROUTING_LOAD_BOUND!r}: use a number from 1 (spill "
                                "at the mean load) to 1000 (never spill off the home for load).")
-# Placement's miss cost (inference.fleet.placement.PlacementConfig.miss_cost): the extra work, in requests, of a
+# Placement's miss cost (inference.policy.placement.PlacementConfig.miss_cost): the extra work, in requests, of a
 # request that needs an engine load. 0 suits GPUs serving long generations (a load is small beside one); on the CPU
 # dev node, where a 16-token request takes tens of ms and a control-plane warm a few hundred, ~3 (scripts/bench_fleet).
 QUIVER_PLACEMENT_MISS_COST = env.float("QUIVER_PLACEMENT_MISS_COST", default=0.0)
 if not 0.0 <= QUIVER_PLACEMENT_MISS_COST <= 1000.0:
     raise ImproperlyConfigured(f"QUIVER_PLACEMENT_MISS_COST={QUIVER_PLACEMENT_MISS_COST!r}: use a number from 0 "
                                "to 1000 (requests' worth of work per engine load).")
-# Placement's replica worth (inference.fleet.placement.PlacementConfig.replica_worth): where more versions have traffic
+# Placement's replica worth (inference.policy.placement.PlacementConfig.replica_worth): where more versions have traffic
 # than the fleet has CPU slots, a rate-driven extra replica must carry at least this many times the slot frontier's
 # rate. 8 fits the simulator's 500 versions over 256 slots; lower replicates a dominant head adapter on small fleets.
 QUIVER_PLACEMENT_REPLICA_WORTH = env.float("QUIVER_PLACEMENT_REPLICA_WORTH", default=8.0)
@@ -293,7 +293,7 @@ QUIVER_GATEWAY_UPSTREAM_POOL = env.int("QUIVER_GATEWAY_UPSTREAM_POOL", default=5
 # Platform-wide caps on a request's choices (n, best_of) and logprobs (OpenAI's own logprobs cap is 5).
 QUIVER_GATEWAY_MAX_N = env.int("QUIVER_GATEWAY_MAX_N", default=8)
 QUIVER_GATEWAY_MAX_LOGPROBS = env.int("QUIVER_GATEWAY_MAX_LOGPROBS", default=5)
-# Admission from KV pressure (inference.fleet.admission, inference.gateway.admission): a node is saturated at
+# Admission from KV pressure (inference.policy.admission, inference.gateway.admission): a node is saturated at
 # QUEUE waiting requests or KV use >= KV (GIE's defaults); figures older than MAX_AGE_S are unknown (= admit).
 # When every eligible node is saturated a request waits in the gateway, in VTC order across tenants, for at most
 # MAX_WAIT_S, with at most MAX_QUEUE waiting per gateway process; past either it gets 429 + Retry-After.
@@ -303,22 +303,22 @@ QUIVER_ADMISSION_MAX_AGE_S = env.float("QUIVER_ADMISSION_MAX_AGE_S", default=0.2
 QUIVER_ADMISSION_MAX_WAIT_S = env.float("QUIVER_ADMISSION_MAX_WAIT_S", default=15.0)
 QUIVER_ADMISSION_MAX_QUEUE = env.int("QUIVER_ADMISSION_MAX_QUEUE", default=1000)
 # Running slots per node across all gateway processes (0 = no budget), and the slots no single tenant may take:
-# a newcomer then finds a slot at once instead of queueing behind a flooder (inference.fleet.admission.slot_free).
+# a newcomer then finds a slot at once instead of queueing behind a flooder (inference.policy.admission.slot_free).
 # Size SLOTS below the engines' max_num_seqs (the CPU dev engine runs 32).
 QUIVER_ADMISSION_NODE_SLOTS = env.int("QUIVER_ADMISSION_NODE_SLOTS", default=0)
 QUIVER_ADMISSION_SLOT_RESERVE = env.int("QUIVER_ADMISSION_SLOT_RESERVE", default=2)
 # With a slot budget (NODE_SLOTS > 0), while other tenants are active on a node its heaviest tenant starts at most
 # one request there per START_SPACING_S (about one prefill step; per gateway process): starts taken together come
-# back as waves of simultaneous prefills (inference.fleet.admission.start_spaced). It caps that tenant at
+# back as waves of simultaneous prefills (inference.policy.admission.start_spaced). It caps that tenant at
 # 1 / START_SPACING_S starts a second per node: lower it for nodes that start more. 0 = off.
 QUIVER_ADMISSION_START_SPACING_S = env.float("QUIVER_ADMISSION_START_SPACING_S", default=0.05)
 # While other tenants are active on a node, the tenant holding most of its running requests streams in chunks of
 # this many tokens (vLLM's per-request stream_interval; the first token still goes out at once): fewer chunks for the
-# node's host to build, relay and meter (inference.fleet.admission.stream_interval). 1 = a chunk per token always.
+# node's host to build, relay and meter (inference.policy.admission.stream_interval). 1 = a chunk per token always.
 QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL = env.int("QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL", default=8)
 # How often each gateway process re-reads node load and the shared VTC counters from Redis.
 QUIVER_ADMISSION_REFRESH_S = env.float("QUIVER_ADMISSION_REFRESH_S", default=0.05)
-# Requests-per-minute limits are also paced (GCRA, inference.fleet.admission.rpm_pace): bursts of BURST_S seconds
+# Requests-per-minute limits are also paced (GCRA, inference.policy.admission.rpm_pace): bursts of BURST_S seconds
 # worth of the limit, at least BURST_MIN requests (never more than the limit); BURST_S 60 = the plain minute window.
 QUIVER_LIMIT_BURST_S = env.float("QUIVER_LIMIT_BURST_S", default=1.0)
 QUIVER_LIMIT_BURST_MIN = env.int("QUIVER_LIMIT_BURST_MIN", default=20)

@@ -18,9 +18,9 @@ from devtools.simulate.fleet import FleetSpec, SimNode
 from devtools.simulate.policies import BASELINES, Policy, QuiverPolicy
 from devtools.simulate.run import METRICS, Result, simulate
 from devtools.simulate.workload import WorkloadSpec, generate, popularity_share
-from inference.fleet.eviction import EvictionPolicy
-from inference.fleet.placement import PlacementConfig
-from inference.fleet.routing import RouteConfig
+from inference.policy.eviction import EvictionPolicy
+from inference.policy.placement import PlacementConfig
+from inference.policy.routing import RouteConfig
 
 POLICIES = ("quiver", "random", "round_robin", "least_loaded", "lru_where_loaded")
 

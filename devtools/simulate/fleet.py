@@ -1,4 +1,4 @@
-"""Simulated nodes: vLLM's two LoRA caches (``inference.fleet.engine_model``), a byte-budgeted disk cache, a
+"""Simulated nodes: vLLM's two LoRA caches (``inference.policy.engine_model``), a byte-budgeted disk cache, a
 request queue and one loader that performs swaps and loads one at a time."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from inference.fleet.engine_model import LoRAEngineModel
-from inference.fleet.tiers import Tier
+from inference.policy.engine_model import LoRAEngineModel
+from inference.policy.tiers import Tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Policies under test. ``quiver`` calls the production decisions; the baselines leave eviction to vLLM's LRU.
 
-- ``quiver``: ``inference.fleet.placement.place`` every ``replan_s`` over decayed request rates (what the
-  reconciler does), ``inference.fleet.routing.route`` per request, ``inference.fleet.eviction.choose_victims`` before
+- ``quiver``: ``inference.policy.placement.place`` every ``replan_s`` over decayed request rates (what the
+  reconciler does), ``inference.policy.routing.route`` per request, ``inference.policy.eviction.choose_victims`` before
   each engine load (the agent removes the victims, so the engine's own LRU never picks) and for the disk cache.
 - ``random``, ``round_robin``: the node at random / in turn.
 - ``least_loaded``: today's Quiver: a version's first request warms it on the node with the fewest resident
@@ -18,10 +18,10 @@ from functools import lru_cache
 
 from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import SimNode
-from inference.fleet.eviction import EvictionConfig, EvictionPolicy, Resident, choose_victims, decayed_hits
-from inference.fleet.hrw import hrw_weight
-from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
-from inference.fleet.routing import Candidate, RouteConfig, route
+from inference.policy.eviction import EvictionConfig, EvictionPolicy, Resident, choose_victims, decayed_hits
+from inference.policy.hrw import hrw_weight
+from inference.policy.placement import Demand, PlacementConfig, PlacementNode, place, slotted
+from inference.policy.routing import Candidate, RouteConfig, route
 
 BASE = "base"
 
@@ -135,7 +135,7 @@ def _hrw(adapter: int, node: str) -> int:
 
 
 class QuiverPolicy(Policy):
-    """The production decisions of ``inference.fleet``."""
+    """The production decisions of ``inference.policy``."""
 
     name = "quiver"
 

@@ -13,7 +13,7 @@ from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import FleetSpec, SimNode
 from devtools.simulate.policies import Policy
 from devtools.simulate.workload import Trace
-from inference.fleet.tiers import Tier
+from inference.policy.tiers import Tier
 
 METRICS = ("served_gpu", "served_cpu", "served_disk", "served_cold", "loads_per_1k", "s3_fetches_per_1k",
            "bytes_moved", "added_ms_p50", "added_ms_p99", "load_imbalance")

@@ -1,6 +1,6 @@
 """The admission gate: hold requests in the gateway while every eligible node is saturated, release them fairly.
 
-Decisions are ``inference.fleet.admission``'s pure functions; this module keeps the state and does the I/O.
+Decisions are ``inference.policy.admission``'s pure functions; this module keeps the state and does the I/O.
 
 - **Fast path.** The request's node is chosen as always (routing sees the fresh figures, ``LoadBoard.overlay``); if
   that node is not saturated and nobody is queued in this process, the request goes at once. Cost: a dict read
@@ -20,15 +20,15 @@ Decisions are ``inference.fleet.admission``'s pure functions; this module keeps 
   minimum) are kept per process, since each process knows only its own backlog.
 - **Running slots.** With ``QUIVER_ADMISSION_NODE_SLOTS`` > 0 a node also counts as full once that many requests are in
   flight on it from all gateway processes, and one tenant may hold at most ``slots - QUIVER_ADMISSION_SLOT_RESERVE``
-  of them (``inference.fleet.admission.slot_free``). This process's holds are exact; the other processes' come from
+  of them (``inference.policy.admission.slot_free``). This process's holds are exact; the other processes' come from
   Redis (``quiver:slots:proc:<id>``, published and re-read each tick, so they are at most a tick old). A hold is
   released when its request ends (or after the proxy timeout, should its end never be seen), and a release wakes the
   dispatcher at once, so a freed slot goes to the next request in VTC order without waiting for the tick.
 - **Start spacing.** With a slot budget, while other tenants are active on a node its heaviest tenant starts at
-  most one request there per ``QUIVER_ADMISSION_START_SPACING_S`` (``inference.fleet.admission.start_spaced``).
+  most one request there per ``QUIVER_ADMISSION_START_SPACING_S`` (``inference.policy.admission.start_spaced``).
 - **Coarse chunks for the heaviest tenant.** While other tenants are active on a node, a stream of the tenant holding
   most of its running requests asks vLLM for ``QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL`` tokens per chunk
-  (``inference.fleet.admission.stream_interval``): the node's host builds, relays and meters fewer chunks.
+  (``inference.policy.admission.stream_interval``): the node's host builds, relays and meters fewer chunks.
 - **Unknown figures** (no agent publishing, Redis away, older than 250 ms) are not saturated: admit (fail open).
 """
 
@@ -48,7 +48,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from inference.fleet.admission import (
+from inference.policy.admission import (
     SaturationConfig,
     SlotConfig,
     node_saturated,
@@ -273,7 +273,7 @@ class AdmissionGate:
     def engine_stream_interval(self, node: NodeView, tenant: str) -> int | None:
         """vLLM's ``stream_interval`` for a stream ``tenant`` just started on ``node`` (its hold counted), or None
         for a chunk per token: coarse chunks for the node's heaviest tenant while others are active there
-        (``inference.fleet.admission.stream_interval``, ``QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL``)."""
+        (``inference.policy.admission.stream_interval``, ``QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL``)."""
         own, others, _ = self._activity(node.name, tenant)
         return stream_interval(tenant_in_flight=own, others_in_flight=others,
                                coarse=settings.QUIVER_ADMISSION_HEAVY_STREAM_INTERVAL)

@@ -32,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from config.echo import clip
-from inference.fleet.routing import RouteConfig
+from inference.policy.routing import RouteConfig
 from inference.gateway import hygiene, metrics
 from inference.gateway.admission import AdmissionGate
 from inference.gateway.bus import subscribe_forever

@@ -1,6 +1,6 @@
 """The reconcile loop's latest plan, shared through Redis so a cold request's warm goes to the version's home.
 
-``fleet_reconcile`` computes every version's replica set (``inference.fleet.placement.place``: HRW order, bounded
+``fleet_reconcile`` computes every version's replica set (``inference.policy.placement.place``: HRW order, bounded
 load by request rate, sticky to where it is held) but pre-warms only what fits the CPU slots; the rest load on their
 next request. That request's warm must land where the plan put the version, or each cold version lands on whichever
 node looks emptiest at that moment and every node ends up cycling through every version (what the simulator, which
@@ -10,7 +10,7 @@ it in-process for ``PLAN_CACHE_S`` and stop asking for ``PLAN_BACKOFF_S`` after 
 never holds up the gateway's database thread for more than one socket timeout; a missing plan falls back to the
 least-resident node.
 
-The reconciler's warm backoff per (version, node) (``inference.fleet.backoff``) is kept the same way, in a second
+The reconciler's warm backoff per (version, node) (``inference.policy.backoff``) is kept the same way, in a second
 hash (:func:`warm_backoff_load`, :func:`warm_backoff_save`), so a pass on any worker sees the last pass's; without
 Redis, or while it is away, this process's own copy stands in.
 """
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import redis
 from django.conf import settings
 
-from inference.fleet.backoff import WarmBackoff
+from inference.policy.backoff import WarmBackoff
 from inference.gateway.bus import sync_client
 
 logger = logging.getLogger(__name__)

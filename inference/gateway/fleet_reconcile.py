@@ -1,12 +1,12 @@
-"""The reconcile loop: converge what nodes report (``Placement``) toward what is wanted (``inference.fleet.placement``
+"""The reconcile loop: converge what nodes report (``Placement``) toward what is wanted (``inference.policy.placement``
 over live nodes, recent request rates and operators' ``VersionIntent``), through the existing warm tasks.
 
 Idempotent and crash-safe: it reads only committed rows and asks for warms through ``placement_request_warm``, which
 skips a version that is resident or already warming; running it twice, or after a control-plane restart, enqueues
 nothing new for a converged fleet. It adds replicas and pins, the replicas only where they fit the nodes' CPU slots
-hottest first (``inference.fleet.placement.slotted``; a version past them loads on its next request), and it trims:
+hottest first (``inference.policy.placement.slotted``; a version past them loads on its next request), and it trims:
 replicas above a version's ``max_replicas`` (the plan's nodes kept), then tenants over their ``max_gpu_bytes`` quota
-lose their own GPU-resident adapters, least used first (``inference.fleet.eviction.eviction_order``). Pins are never
+lose their own GPU-resident adapters, least used first (``inference.policy.eviction.eviction_order``). Pins are never
 trimmed. Making room on a full node is the agent's job (``QUIVER_EVICTION_POLICY`` on the node); an operator can
 evict now through the API.
 """
@@ -26,15 +26,15 @@ from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
-from inference.fleet.backoff import (
+from inference.policy.backoff import (
     WarmBackoff,
     WarmBackoffConfig,
     warm_backoff_asked,
     warm_backoff_due,
     warm_backoff_loaded,
 )
-from inference.fleet.eviction import Resident, eviction_order
-from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, slotted
+from inference.policy.eviction import Resident, eviction_order
+from inference.policy.placement import Demand, PlacementConfig, PlacementNode, place, slotted
 from inference.gateway.fleet_plan import plan_all, plan_publish, warm_backoff_load, warm_backoff_save
 from inference.gateway.models import Node, Placement, TenantResidencyQuota, UsageRecord, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live, placement_request_warm_enqueued
@@ -50,7 +50,7 @@ def fleet_reconcile(*, now: float | None = None) -> int:
     """One pass over every base model with live nodes; returns how many warms and evictions it enqueued (a warm
     ``placement_request_warm`` skipped, already in flight or resident, is not counted).
 
-    Each (version, node) warm backs off while it keeps failing or being undone (``inference.fleet.backoff``: 30 s
+    Each (version, node) warm backs off while it keeps failing or being undone (``inference.policy.backoff``: 30 s
     doubling to 15 min, reset once the engine holds it); the states live beside the plan (``fleet_plan``).
 
     Args:
@@ -217,7 +217,7 @@ def fleet_trim(*, plans: dict[int, tuple[str, ...]], intents: dict[int, VersionI
       a dead node's rows count for nothing and get no eviction (its agent cannot answer; its rows go cold when it
       comes back or is deregistered);
     - per tenant with ``TenantResidencyQuota.max_gpu_bytes``: GPU-resident (``hot``) bytes, each counted as its
-      node's rank-padded slot (``residency.gpu_slot_bytes`` in the heartbeat; ``inference.fleet.eviction``), above
+      node's rank-padded slot (``residency.gpu_slot_bytes`` in the heartbeat; ``inference.policy.eviction``), above
       the quota are evicted from the tenant's own unpinned adapters, fewest recent requests first.
     """
     victims: list[int] = []

@@ -2,7 +2,7 @@
 
 Each action writes the operator's intent (``VersionIntent``, ``TenantResidencyQuota``; never touched by heartbeats),
 one ``FleetAuditRecord`` (who, what, target, before → after) and, where the engine must act now, enqueues the existing
-warm/evict tasks on commit. Rules: at most ``max_loras − 1`` pins per node (``inference.fleet.eviction.check_pin``),
+warm/evict tasks on commit. Rules: at most ``max_loras − 1`` pins per node (``inference.policy.eviction.check_pin``),
 a tenant's ``max_pinned`` quota.
 """
 
@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from adapters_app.models import AdapterVersion
-from inference.fleet.eviction import PinLimitError, check_pin
+from inference.policy.eviction import PinLimitError, check_pin
 from inference.gateway.models import FleetAuditRecord, Node, Placement, TenantResidencyQuota, VersionIntent
 from inference.gateway.placement import RESIDENT, nodes_live
 from inference.gateway.tasks import placement_evict_task, placement_warm_task
@@ -135,7 +135,7 @@ def placement_evict_now(placement: Placement, *, actor: str) -> None:
 
 def version_replicas_set(version: AdapterVersion, *, min_replicas: int, max_replicas: int | None,
                          actor: str) -> VersionIntent:
-    """Set the version's replica bounds (``inference.fleet.placement`` reads them as ``Demand.min/max_replicas``).
+    """Set the version's replica bounds (``inference.policy.placement`` reads them as ``Demand.min/max_replicas``).
 
     Raises:
         FleetActionError: 400 ``invalid_replicas`` (``min_replicas`` < 1 or ``max_replicas`` < ``min_replicas``).

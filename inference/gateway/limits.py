@@ -1,7 +1,7 @@
 """Per-tenant and per-key limits, atomic in Redis across every gateway process (in process without Redis).
 
 Requests per minute and tokens per minute use fixed one-minute windows (AIBrix's limiter, shared/notes/admission.md
-§5); requests are also paced over the minute (GCRA, ``inference.fleet.admission.rpm_pace``: bursts of about a second's
+§5); requests are also paced over the minute (GCRA, ``inference.policy.admission.rpm_pace``: bursts of about a second's
 worth, as OpenAI quantizes its limits), so a client cannot pour its whole minute into the engines at once; concurrency is a sorted set of leases that expire on their own, so a process that dies mid-request frees its
 slots after ``lease_s``; a stream that outlives its lease renews it (:meth:`RateLimiter.renew`, every third of the
 lease while the relay runs), since the proxy timeout bounds each read, not the whole stream. One Lua script checks every scope (tenant, key) and only then increments them all: no
@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from inference.fleet.admission import rpm_pace
+from inference.policy.admission import rpm_pace
 from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import Limits
 

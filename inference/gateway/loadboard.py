@@ -3,7 +3,7 @@
 The request path only reads a dict (``LoadBoard.get``), so admission costs nothing measurable when nodes are not
 saturated. The admission tick (every ``QUIVER_ADMISSION_REFRESH_S``, default 50 ms; 200 ms while every node is calm)
 MGETs one key per live node (``inference.node.load_publisher``). With the agent scraping every 100 ms, figures are at
-most ~160 ms old when the gateway decides, unless calm; older ones count as unknown (``inference.fleet.admission``).
+most ~160 ms old when the gateway decides, unless calm; older ones count as unknown (``inference.policy.admission``).
 
 The board also counts what this process sent each node since its figures were taken, less what ended there since
 (``sent_since``): the in-flight credit that keeps the admission queue from releasing a burst between two scrapes,
@@ -13,7 +13,7 @@ concurrency 64 ran at 0.18× the engine's throughput in ``scripts/bench_gateway`
 
 Routing also sees which adapters each node's running batch holds (``NodeView.running_loras``): the engine's own list
 as last published, plus the adapters this process sent the node after those figures were taken, so that requests
-decided between two scrapes see the batches they fill (``inference.fleet.routing``'s ``batch_full``).
+decided between two scrapes see the batches they fill (``inference.policy.routing``'s ``batch_full``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from inference.fleet.admission import NodeLoad
+from inference.policy.admission import NodeLoad
 from inference.gateway.snapshot import FleetView
 from inference.node.load_publisher import load_decode, load_key
 

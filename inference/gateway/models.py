@@ -130,8 +130,8 @@ class VersionIntent(models.Model):
 
 class TenantResidencyQuota(models.Model):
     """A tenant's share of the fleet: at most ``max_pinned`` pinned versions and ``max_gpu_bytes`` of GPU slots
-    (rank-padded bytes, ``inference.fleet.eviction.gpu_slot_bytes``); null = no limit. Over it, the tenant's own
-    adapters are evicted first (``inference.fleet.eviction``)."""
+    (rank-padded bytes, ``inference.policy.eviction.gpu_slot_bytes``); null = no limit. Over it, the tenant's own
+    adapters are evicted first (``inference.policy.eviction``)."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="residency_quota")
     max_pinned = models.PositiveIntegerField(null=True, blank=True)

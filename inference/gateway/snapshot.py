@@ -12,9 +12,9 @@ import hmac
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from inference.fleet.hrw import hrw_weight
-from inference.fleet.routing import Candidate, RouteConfig, RouteDecision, route, route_round_robin
-from inference.fleet.tiers import FROM_DB_WORD, Tier
+from inference.policy.hrw import hrw_weight
+from inference.policy.routing import Candidate, RouteConfig, RouteDecision, route, route_round_robin
+from inference.policy.tiers import FROM_DB_WORD, Tier
 
 RESIDENT_TIERS = frozenset({"warm", "hot"})
 
@@ -128,7 +128,7 @@ DEFAULT_ROUTE_CONFIG = RouteConfig()
 def _candidate(node: NodeView, tier: Tier, version_id: int | str, served_name: str | None = None) -> Candidate:
     batch = node.running_loras
     in_batch = batch is not None and served_name is not None and served_name in batch
-    # Room for one more adapter in the running batch: vLLM defers the request otherwise (inference.fleet.routing).
+    # Room for one more adapter in the running batch: vLLM defers the request otherwise (inference.policy.routing).
     full = (batch is not None and served_name is not None and not in_batch and node.max_loras > 0
             and len(batch) >= node.max_loras and tier is not Tier.ERRORED)
     return Candidate(node=node.name, tier=tier, gpu_slots=node.max_loras, gpu_used=node.gpu_used,
@@ -141,13 +141,13 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
                 config: RouteConfig = DEFAULT_ROUTE_CONFIG) -> NodeView | None:
     """The node to send ``target`` to now, or None (no live node; for an adapter: none serves it yet).
 
-    ``inference.fleet.routing.route`` over the live nodes that hold the version (``hot`` = GPU slot, ``warm`` = CPU
+    ``inference.policy.routing.route`` over the live nodes that hold the version (``hot`` = GPU slot, ``warm`` = CPU
     cache, ``staged`` but still served by name = disk), fed from the nodes' last heartbeats: residency first, never a
     saturated node while another qualifies, bounded load, ties by HRW rank (its docstring has the rules and sources).
     Base-model requests go where the fewest GPU LoRA slots are busy. This is the gateway's one node-choice call.
     ``policy`` ``round_robin`` (``QUIVER_ROUTING_POLICY``, the benchmark's baseline) takes the ``turn``-th of all
     live nodes of the base model able to load the version's rank, whether or not they hold it, as a round-robin load
-    balancer in front of engines that load on demand does (``inference.fleet.routing.route_round_robin``); the
+    balancer in front of engines that load on demand does (``inference.policy.routing.route_round_robin``); the
     gateway then warms the version there if needed (``FleetView.serves``). ``config`` carries the thresholds
     (``QUIVER_ROUTING_LOAD_BOUND`` in the gateway).
     """
@@ -181,7 +181,7 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
     ]
     # A home of the reconciler's plan that does not hold it yet is a candidate too (cold, in the placement): the
     # plan moved it there (bounded load by rate), and the caller warms it where this returns (as the simulator
-    # routes; inference.fleet.routing ranks the placement first, after the saturation and load filters).
+    # routes; inference.policy.routing ranks the placement first, after the saturation and load filters).
     candidates += [_candidate(by_name[h], Tier.ERRORED if by_name[h].pk in errored else Tier.COLD, target.version_id,
                               target.served_name)
                    for h in sorted(homes) if by_name[h].pk not in held] if held else []

@@ -51,7 +51,7 @@ class NodeSettings:
         scheduling_policy: `QUIVER_SCHEDULING_POLICY`, the engine's `--scheduling-policy` (`priority`, as
             `inference.node.launch` starts it, or `fcfs`); the gateway sends `priority` only to `priority` engines.
         eviction_policy: `QUIVER_EVICTION_POLICY`, `lru` | `lfu` | `cost` (default `lfu`): which adapter leaves
-            the engine's CPU cache when a load needs room (``inference.fleet.eviction.choose_victims``), chosen by
+            the engine's CPU cache when a load needs room (``inference.policy.eviction.choose_victims``), chosen by
             the agent before vLLM's own LRU would.
         effect_probe: `QUIVER_EFFECT_PROBE` (default on, `0` turns it off): after each load, compare a short greedy
             completion with and without the adapter (``NodeAgent.probe_effect``).

@@ -1,7 +1,7 @@
 """Publish this node's engine load to Redis several times a second, for the gateway's admission gate.
 
 Heartbeats (every few seconds, through PostgreSQL) are too slow for admission: the gateway decides on figures no
-older than 250 ms (``inference.fleet.admission``). So the agent scrapes its engine's ``/metrics`` every
+older than 250 ms (``inference.policy.admission``). So the agent scrapes its engine's ``/metrics`` every
 ``QUIVER_LOAD_PUBLISH_MS`` (default 100 ms), keeps only the few admission gauges, and writes them as one small JSON
 value under ``quiver:node:load:<node name>`` (expiring after 5 s, so a dead agent's figures vanish). Every gateway
 process reads those keys in the background (``inference.gateway.loadboard``). Timestamps are the agent's wall
@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from inference.fleet.admission import NodeLoad
+from inference.policy.admission import NodeLoad
 
 logger = logging.getLogger(__name__)
 KEY_PREFIX = "quiver:node:load:"

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference.fleet.eviction import (
+from inference.policy.eviction import (
     AllPinnedError,
     EvictionConfig,
     EvictionPolicy,

@@ -8,7 +8,7 @@ own RPC: ``await engine_client.collective_rpc("quiver_lora_residency")``. The li
 (shared/notes/fleet.md §1, §7.1). Engine metrics only show adapters with requests in flight (vllm#45325), so this is
 the one source that tells an idle GPU-resident adapter from one that was dropped to disk.
 
-It also makes the node's eviction policy (``QUIVER_EVICTION_POLICY``, ``inference.fleet.eviction``) choose the
+It also makes the node's eviction policy (``QUIVER_EVICTION_POLICY``, ``inference.policy.eviction``) choose the
 victim of every load that finds the CPU cache full, the engine's own in-request reloads included
 (``_evict_by_policy``).
 """
@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from inference.fleet.eviction import (
+from inference.policy.eviction import (
     AllPinnedError,
     EvictionConfig,
     EvictionPolicy,
@@ -88,7 +88,7 @@ def _count_engine_activity() -> bool:
 
 def note_steps(ids: set[int], now: float, half_life_s: float | None = None) -> None:
     """Add one scheduler step to each id's decayed count in :data:`HITS` (LFU with decay, as the agent and the
-    simulator count: ``inference.fleet.eviction.decayed_hits``, halving every ``half_life_s``, default the
+    simulator count: ``inference.policy.eviction.decayed_hits``, halving every ``half_life_s``, default the
     policy's 600 s)."""
     half_life = EVICTION.half_life_s if half_life_s is None else half_life_s
     for i in ids:
@@ -111,7 +111,7 @@ def policy_victim(registered: Any, *, in_use: set[int], now: float, config: Evic
             what the agent set since: ``QuiverWorkerExtension.quiver_set_eviction_policy``).
 
     Returns:
-        A ``lora_int_id`` from ``registered`` (``inference.fleet.eviction.choose_victims`` over recency
+        A ``lora_int_id`` from ``registered`` (``inference.policy.eviction.choose_victims`` over recency
         :data:`LAST_USED`, frequency :data:`HITS` and reload cost ``disk_reload_ms``; ties go to the LRU-oldest), or
         None when every resident is pinned or in use.
     """

@@ -19,7 +19,7 @@ import pytest
 
 from demo.assets import DemoAssets
 from devtools.proc import free_port
-from inference.fleet.hrw import hrw_weight
+from inference.policy.hrw import hrw_weight
 from inference.gateway.metering import usage_drain
 from inference.gateway.models import Node, UsageRecord
 from inference.gateway.node_keys import node_credentials

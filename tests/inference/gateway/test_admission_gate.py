@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from inference.fleet.admission import NodeLoad
+from inference.policy.admission import NodeLoad
 from inference.gateway.admission import COUNTERS_KEY, AdmissionGate
 from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import FleetView, NodeView

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.fleet.admission import NodeLoad
+from inference.policy.admission import NodeLoad
 from inference.gateway.loadboard import LoadBoard
 from inference.gateway.snapshot import FleetView, NodeView, PlacementView, TargetView, node_choose
 
@@ -48,7 +48,7 @@ def test_a_malformed_published_value_counts_as_unknown_figures_and_never_raises(
     admission gate on every request, and a string ``running_loras`` was read letter by letter (a full batch)."""
     import json
 
-    from inference.fleet.admission import SaturationConfig, node_saturated
+    from inference.policy.admission import SaturationConfig, node_saturated
 
     board = LoadBoard()
     names = ["node-1", "node-2"]

@@ -210,7 +210,7 @@ def test_with_more_versions_than_cpu_slots_only_the_hottest_are_warmed_ahead(
 def test_a_version_held_on_both_nodes_stays_on_the_home_of_the_last_pass(
         setup: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
     """The plan of the last pass (in Redis) breaks the tie between two holders, so a re-plan does not move it."""
-    from inference.fleet.hrw import hrw_order
+    from inference.policy.hrw import hrw_order
     from inference.gateway.fleet_plan import plan_all, plan_forget, plan_publish
 
     version = setup["version"]

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload, adapter_version_validate
-from inference.fleet.routing import RouteConfig
+from inference.policy.routing import RouteConfig
 from inference.gateway.directory import load_fleet, load_target
 from inference.gateway.models import Node, Placement
 from inference.gateway.nodes import node_register

@@ -15,7 +15,7 @@ import torch
 from peft import PeftModel
 
 from demo.tiny_model import load_base
-from inference.fleet.engine_model import LoRAEngineModel
+from inference.policy.engine_model import LoRAEngineModel
 from tests.fixtures.vllm import RunningEngine
 
 PROMPTS = ["the red cat sees", "one big dog runs and", "a king reads the book", "blue river"]
@@ -232,7 +232,7 @@ def test_node_key_guards_quiver_and_stock_lora_routes(clean_vllm_engine: Running
 def test_residency_is_the_engines_own_gpu_and_cpu_lists(
     engine_http: httpx.Client, clean_vllm_engine: RunningEngine, tiny_adapters: dict[str, Path]
 ) -> None:
-    """The reported GPU/CPU split is vLLM's LoRA manager's, and matches ``inference.fleet``'s model of its LRUs."""
+    """The reported GPU/CPU split is vLLM's LoRA manager's, and matches ``inference.policy``'s model of its LRUs."""
     model = LoRAEngineModel(clean_vllm_engine.max_loras, clean_vllm_engine.max_cpu_loras)
     ids = {f"acme--res{i}": 900 + i for i in range(3)}
     for name, lora_id in ids.items():

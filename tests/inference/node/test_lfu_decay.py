@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from inference.fleet.eviction import EvictionConfig, EvictionPolicy
+from inference.policy.eviction import EvictionConfig, EvictionPolicy
 from inference.node.service import NodeAgent
 
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from vllm.lora.model_manager import AdapterLRUCache, LRUCacheLoRAModelManager
 
-from inference.fleet.eviction import EvictionConfig, EvictionPolicy
+from inference.policy.eviction import EvictionConfig, EvictionPolicy
 from inference.node import worker_ext
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from inference.fleet.engine_model import LoRAEngineModel
-from inference.fleet.eviction import (
+from inference.policy.engine_model import LoRAEngineModel
+from inference.policy.eviction import (
     AllPinnedError,
     EvictionConfig,
     EvictionPolicy,
@@ -14,7 +14,7 @@ from inference.fleet.eviction import (
     decayed_hits,
     gpu_slot_bytes,
 )
-from inference.fleet.tiers import Tier, tier_from_word
+from inference.policy.tiers import Tier, tier_from_word
 
 LRU, LFU, COST = (EvictionConfig(policy=p, half_life_s=100.0) for p in EvictionPolicy)
 

@@ -15,7 +15,7 @@ node that holds it with room: vLLM's scheduler defers such a request until one o
 admitting their new requests meanwhile (``vllm/v1/core/sched/scheduler.py``), while a load from the node's disk or
 CPU cache costs about a millisecond on the CPU node and far less than a wait for a batch on a GPU (scripts/bench_fleet
 measures both; GIE's LoRA affinity scores an active adapter 1.0 and room for one more 0.8, shared/notes/anchors.md §5.6).
-Nodes in the version's placement (its HRW replica set, ``inference.fleet.placement``) win over spill-over nodes;
+Nodes in the version's placement (its HRW replica set, ``inference.policy.placement``) win over spill-over nodes;
 then nodes that hold the version in the engine (GPU slot or CPU cache: no engine load); among those the less loaded
 node wins before the GPU/CPU difference, because a CPU→GPU swap (~0.1 s) costs less than queueing and because
 GPU-first would send all of a replicated version's traffic to the one replica that happens to hold a slot, starving
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from inference.fleet.tiers import IN_ENGINE, Tier
+from inference.policy.tiers import IN_ENGINE, Tier
 
 # llm-d/llm-d-router#2792 tiers; ERRORED never serves.
 TIER_SCORE: dict[Tier, float] = {Tier.GPU: 1.0, Tier.CPU: 0.7, Tier.DISK: 0.3, Tier.COLD: 0.0, Tier.ERRORED: -1.0}
@@ -50,7 +50,7 @@ class Candidate(NamedTuple):
         waiting: ``vllm:num_requests_waiting`` (requests).
         kv_cache_usage_perc: ``vllm:kv_cache_usage_perc``, 0..1.
         in_placement: the node is in the version's replica set.
-        hrw: the HRW weight of (version, node) (``inference.fleet.hrw.hrw_weight``), the tie-breaker.
+        hrw: the HRW weight of (version, node) (``inference.policy.hrw.hrw_weight``), the tie-breaker.
         in_batch: the version has a request in the node's running batch now (the engine's
             ``running_lora_adapters``): a new one joins that batch without taking another of its ``max_loras``.
         batch_full: the node's running batch already holds ``gpu_slots`` other adapters, so vLLM's scheduler would

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inference.fleet.eviction import AllPinnedError
-from inference.fleet.tiers import Tier
+from inference.policy.eviction import AllPinnedError
+from inference.policy.tiers import Tier
 
 
 class LoRAEngineModel:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from inference.fleet.placement import Demand, PlacementConfig, PlacementNode, place, replicas_wanted
+from inference.policy.placement import Demand, PlacementConfig, PlacementNode, place, replicas_wanted
 
 
 def nodes(n: int = 4, *, slots: int = 4, rank: int = 16, base: str = "m") -> list[PlacementNode]:
@@ -117,7 +117,7 @@ def test_losing_a_node_moves_only_its_versions(dropped: str) -> None:
 
 
 def test_slotted_pairs_fill_cpu_slots_pins_first_then_hottest() -> None:
-    from inference.fleet.placement import slotted
+    from inference.policy.placement import slotted
 
     fleet = nodes(2, slots=2)
     demands = [demand(1, 1.0, pinned_nodes=frozenset({"n0"})), demand(2, 9.0), demand(3, 5.0), demand(4, 3.0),

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from inference.fleet.hrw import hrw_order, hrw_weight
-from inference.fleet.routing import Candidate, RouteConfig, route
-from inference.fleet.tiers import Tier
+from inference.policy.hrw import hrw_order, hrw_weight
+from inference.policy.routing import Candidate, RouteConfig, route
+from inference.policy.tiers import Tier
 
 
 def cand(node: str, tier: Tier = Tier.COLD, *, used: int = 8, running: int = 0, waiting: int = 0, kv: float = 0.1,
@@ -81,7 +81,7 @@ def test_hrw_order_stable_and_minimal_remap() -> None:
 
 
 def test_round_robin_baseline_ignores_residency_and_takes_turns() -> None:
-    from inference.fleet.routing import route_round_robin
+    from inference.policy.routing import route_round_robin
 
     pool = [cand("b", Tier.DISK), cand("a", Tier.GPU)]
     assert [route_round_robin(pool, turn=t).node for t in range(4)] == ["a", "b", "a", "b"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.fleet.backoff import (
+from inference.policy.backoff import (
     WarmBackoff,
     WarmBackoffConfig,
     warm_backoff_asked,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.fleet.admission import (
+from inference.policy.admission import (
     NodeLoad,
     SaturationConfig,
     SlotConfig,

@@ -2,7 +2,7 @@
 
 Everything here takes frozen snapshots and returns decisions; nothing reads the database, the network or the clock
 (the caller passes ``now_s``), so the gateway, the workers, the unit tests and ``./scripts/simulate`` run the same
-code (shared/notes/conventions.md, "Decisions are pure").
+code (docs/architecture.md, "Decisions are pure").
 
 - ``tiers``: residency words (GPU slot, engine CPU cache, node disk, S3 only, errored) and the DB's names for them.
 - ``hrw``: rendezvous (highest-random-weight) hashing.

@@ -2,7 +2,7 @@
 
 - *Eligible nodes* serve the version's base model, accept its rank (``r ≤ --max-lora-rank``, the engine rejects the
   rest: ``vllm/lora/peft_helper.py``) and have the bytes for it.
-- *Order*: the version's HRW ranking of the eligible nodes (``inference.fleet.hrw``): stable, and a lost node only
+- *Order*: the version's HRW ranking of the eligible nodes (``inference.policy.hrw``): stable, and a lost node only
   remaps the versions that had it (shared/notes/fleet.md §3).
 - *Replicas*: ``k = ceil(rate / (replica_util × mean node rate))`` clamped to ``[min_replicas, max_replicas]`` and the
   eligible count: one replica while a version fits in a share of one node, more as its request rate grows, back to
@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from inference.fleet.hrw import hrw_order
+from inference.policy.hrw import hrw_order
 
 
 @dataclass(frozen=True, slots=True)
