@@ -52,10 +52,11 @@ from adapters_app.services import (
     adapter_version_record,
 )
 from adapters_app.validation import UploadRejected, check_upload_names, iter_archive
-from config.echo import clip
-from config.exceptions import QuiverError
+from common.echo import clip
+from common.exceptions import QuiverError
 from tenants.models import Tenant, slug_validator
-from workers.enqueue import enqueue_on_commit
+from workers import schedule
+from workers.enqueue import enqueue_on_commit, task_named
 
 logger = logging.getLogger(__name__)
 
@@ -307,9 +308,7 @@ def upload_complete_file(upload: Upload, *, name: str, parts: Sequence[Mapping[s
             if all(f["completed"] for f in upload.files):
                 upload.state = Upload.State.VERIFYING
                 fields.append("state")
-                from adapters_app.tasks import upload_verify_task
-
-                enqueue_on_commit(upload_verify_task, upload.pk)
+                enqueue_on_commit(schedule.UPLOAD_VERIFY, upload.pk)
             upload.save(update_fields=fields)
             return upload
     error = upload.error or {}
@@ -436,8 +435,7 @@ def _verify_failed(upload: Upload, code: str, detail: str) -> Upload:
 def uploads_sweep(*, now: Any = None) -> dict[str, int]:
     """Beat job: abort expired open uploads, re-send stuck verifications, abort S3 multipart uploads no open upload
     owns (older than ``QUIVER_GC_GRACE_S``). Returns counts ``{"expired", "resent", "orphans"}``."""
-    from adapters_app.tasks import upload_verify_task
-
+    upload_verify_task = task_named(schedule.UPLOAD_VERIFY)
     now = now or timezone.now()
     expired = 0
     for upload in Upload.objects.filter(state=Upload.State.OPEN, expires_at__lte=now):

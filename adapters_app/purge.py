@@ -25,6 +25,8 @@ from django.utils import timezone
 from adapters_app import storage
 from adapters_app.models import AdapterVersion, Purge, Upload
 from adapters_app.signals import NodeCopyDropFailed, fleet_port
+from workers import schedule
+from workers.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 BACKOFF_FIRST_S = 10
@@ -39,11 +41,8 @@ NODE_PENDING_MAX = 1000
 
 
 def _enqueue_on_commit(purges: Iterable[Purge]) -> None:
-    from adapters_app.tasks import purge_run_task
-    from workers.enqueue import enqueue_on_commit
-
     for purge in purges:
-        enqueue_on_commit(purge_run_task, purge.pk)
+        enqueue_on_commit(schedule.PURGE_RUN, purge.pk)
 
 
 def _run_on_commit(purges: Iterable[Purge]) -> None:

@@ -24,7 +24,6 @@ from adapters_app import storage
 from adapters_app.models import Adapter, AdapterVersion, BaseModel
 from adapters_app.purge import purge_s3_keys
 from adapters_app.signals import adapter_deleting, base_model_registered
-from adapters_app.tasks import adapter_version_validate_task
 from adapters_app.validation import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -35,9 +34,10 @@ from adapters_app.validation import (
     iter_archive,
     validate_adapter_dir,
 )
-from config.echo import clip
-from config.exceptions import QuiverError
+from common.echo import clip
+from common.exceptions import QuiverError
 from tenants.models import Tenant
+from workers import schedule
 from workers.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
@@ -339,7 +339,7 @@ def adapter_version_record(
             )
             version.full_clean()
             version.save()
-            enqueue_on_commit(adapter_version_validate_task, version.pk)
+            enqueue_on_commit(schedule.VALIDATE, version.pk)
     if existing is not None:
         storage.delete_keys(o.key for o in stored)
         if existing.status == AdapterVersion.Status.REJECTED and existing.files:
@@ -358,7 +358,7 @@ def adapter_version_revalidate(version: AdapterVersion) -> AdapterVersion:
         if AdapterVersion.objects.filter(pk=version.pk, status=AdapterVersion.Status.REJECTED).update(
             status=AdapterVersion.Status.UPLOADED, validation_report=None, validated_at=None, validation_attempts=0
         ):
-            enqueue_on_commit(adapter_version_validate_task, version.pk)
+            enqueue_on_commit(schedule.VALIDATE, version.pk)
     version.refresh_from_db()
     return version
 

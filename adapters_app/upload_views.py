@@ -23,8 +23,8 @@ from rest_framework.response import Response
 
 from adapters_app import direct_upload
 from adapters_app.models import Upload
-from config.exceptions import QuiverError
-from config.parsers import JSONParser
+from common.exceptions import QuiverError
+from common.parsers import JSONParser
 from tenants.viewsets import TenantScopedViewSet
 
 MAX_XML_BYTES = 2 * 1024 * 1024  # 10,000 parts of ~100 bytes each, with room

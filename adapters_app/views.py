@@ -20,8 +20,8 @@ from adapters_app.serializers import (
     AdapterVersionOutputSerializer,
     BaseModelOutputSerializer,
 )
-from config.exceptions import QuiverError
-from config.parsers import JSONParser
+from common.exceptions import QuiverError
+from common.parsers import JSONParser
 from tenants.models import Membership
 from tenants.permissions import DEFAULT_ROLE_MAP
 from tenants.viewsets import TenantScopedViewSet

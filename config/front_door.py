@@ -162,7 +162,7 @@ def credentials_refusal(authorization: str, session_key: str | None) -> tuple[in
 
 
 DATABASE_UNAVAILABLE = (503, "database_unavailable", "The database is unavailable right now; retry in a few seconds.")
-RETRY_AFTER_S = 5  # as config.exceptions answers for the same error inside Django
+RETRY_AFTER_S = 5  # as common.exceptions answers for the same error inside Django
 
 
 def checked_upload_refusal(authorization: str, session_key: str | None, *,

@@ -5,7 +5,8 @@ from django.contrib import admin
 from django.urls import path
 
 from config.urls import handler400, handler403, handler404, handler500, healthz
-from inference.gateway import internal_views
+from inference.fleet import internal_views
+from inference.gateway import views as gateway_views
 from tenants.admin_login import admin_login
 
 urlpatterns = [
@@ -13,7 +14,7 @@ urlpatterns = [
     path("admin/login/", admin_login),  # throttled like the console login
     path("admin/", admin.site.urls),
     path("healthz", healthz),
-    path("metrics", internal_views.metrics),
+    path("metrics", gateway_views.metrics),
 ]
 
 __all__ = ["urlpatterns", "handler400", "handler403", "handler404", "handler500"]

@@ -12,7 +12,7 @@ async views under WSGI).
 A sync streaming response (whitenoise's static files, any ``FileResponse``) gets an async iterator here before it is
 sent: given the sync one, Django warns ("StreamingHttpResponse must consume synchronous iterators in order to serve
 them asynchronously") and reads the whole body into a list first. Streaming views of our own yield asynchronously
-already (the usage CSV export, ``inference.gateway.api``).
+already (the usage CSV export, ``inference.metering.api``).
 """
 
 from __future__ import annotations

@@ -10,17 +10,17 @@ from rest_framework.routers import SimpleRouter
 from adapters_app.upload_views import UploadViewSet
 from adapters_app.views import AdapterVersionViewSet, AdapterViewSet, BaseModelViewSet
 from config.console import console_index
-from inference.gateway.api import UsageViewSet
-from inference.gateway.fleet_api import (
+from inference.fleet.api.fleet import (
     OperatorAuditViewSet,
     OperatorPlacementViewSet,
     OperatorQuotaViewSet,
     OperatorVersionViewSet,
     ResidencyViewSet,
 )
-from inference.gateway.node_registry_api import NodeRegistryViewSet
-from inference.gateway.operator_api import OperatorTrafficViewSet
-from inference.gateway.operator_tenants import OperatorTenantViewSet
+from inference.fleet.api.operator import OperatorTrafficViewSet
+from inference.fleet.api.registry import NodeRegistryViewSet
+from inference.fleet.api.tenants import OperatorTenantViewSet
+from inference.metering.api import UsageViewSet
 from tenants.auth_views import LoginView, LogoutView, MeView, SessionView, TenantPickView
 from tenants.views import ApiKeyViewSet, MemberViewSet, TenantLimitsViewSet
 

@@ -299,8 +299,8 @@ def _warm_where_placed(env: dict[str, str], names: list[str], timeout_s: float =
     from django.db.models import Q
 
     from adapters_app.models import AdapterVersion
-    from inference.gateway.models import Placement
-    from inference.gateway.placement import node_select_for_warm, placement_warm
+    from inference.fleet.models import Placement
+    from inference.fleet.warming import node_select_for_warm, placement_warm
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -330,12 +330,12 @@ def _warm_where_placed(env: dict[str, str], names: list[str], timeout_s: float =
 
 
 def _plan_summary() -> str:
-    """The reconciler's last plan (``inference.gateway.fleet_plan``) as "node: adapters"; run after
+    """The reconciler's last plan (``inference.fleet.plan``) as "node: adapters"; run after
     ``_warm_where_placed`` set Django up."""
     from django.db import connections
 
     from adapters_app.models import AdapterVersion
-    from inference.gateway.fleet_plan import plan_all
+    from inference.fleet.plan import plan_all
 
     plan = plan_all()
     names = dict(AdapterVersion.objects.filter(pk__in=plan).values_list("pk", "adapter__name"))

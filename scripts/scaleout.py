@@ -352,8 +352,8 @@ def residency() -> dict[str, Any]:
     from django.db import connections
 
     from adapters_app.models import BaseModel
-    from inference.gateway.models import Node, Placement
-    from inference.gateway.placement import nodes_live
+    from inference.fleet.models import Node, Placement
+    from inference.fleet.nodes import nodes_live
 
     live = {n.name for b in BaseModel.objects.all() for n in nodes_live(b)}
     nodes: dict[str, Any] = {node.name: {"live": node.name in live, "adapters": {}}

@@ -14,7 +14,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
 
-from config.echo import clip
+from common.echo import clip
 from tenants.authentication import TenantPrincipal
 from tenants.models import ApiKey, Membership, Tenant
 
@@ -54,8 +54,8 @@ def tenant_choices(user: User) -> list[tuple[Tenant, str]]:
 
 
 def _session_access(request: Request, user: User) -> Access:
-    # Imported here: DRF loads this module while rest_framework.views (which config.exceptions needs) is loading.
-    from config.exceptions import QuiverError
+    # Imported here: DRF loads this module while rest_framework.views (which common.exceptions needs) is loading.
+    from common.exceptions import QuiverError
 
     wanted = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT_KEY)
     membership = None

@@ -20,8 +20,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.echo import clip
-from config.exceptions import QuiverError
+from common.echo import clip
+from common.exceptions import QuiverError
 from tenants import services
 from tenants.access import SESSION_TENANT_KEY, tenant_choices
 from tenants.models import Membership

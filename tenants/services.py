@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from config.echo import clip
+from common.echo import clip
 from tenants.models import LIMIT_FIELDS, ApiKey, LoginFailure, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 
@@ -75,7 +75,7 @@ def api_key_create(
             cannot mint a stronger key) or outside ``grantable`` (what the creating user's role may grant), an
             expiry in the past, or one later than the granting key's own (``expires_at``: a key cannot mint a key
             that outlives it; without ``expires_at`` the new key inherits the granting key's expiry).
-        config.exceptions.QuiverError: 403 ``quota_exceeded`` when the tenant has ``max_api_keys`` active keys.
+        common.exceptions.QuiverError: 403 ``quota_exceeded`` when the tenant has ``max_api_keys`` active keys.
     """
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:
@@ -99,7 +99,7 @@ def api_key_create(
                                                  "mints cannot outlive it. Pick an earlier expiry."})
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
-    from config.exceptions import QuiverError  # here: DRF imports this module while config.exceptions loads
+    from common.exceptions import QuiverError  # here: DRF imports this module while common.exceptions loads
 
     with transaction.atomic():
         # The tenant row lock makes count-then-insert race-free across concurrent requests.

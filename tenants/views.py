@@ -18,8 +18,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.echo import clip
-from config.exceptions import QuiverError
+from common.echo import clip
+from common.exceptions import QuiverError
 from tenants import services
 from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE

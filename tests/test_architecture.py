@@ -18,7 +18,7 @@ def test_import_contracts_are_kept() -> None:
 
 
 def test_every_routed_and_scheduled_task_is_registered(settings) -> None:  # type: ignore[no-untyped-def]
-    from config.celery_app import app
+    from workers.celery_app import app
 
     app.loader.import_default_modules()
     named = {v["task"] for v in settings.CELERY_BEAT_SCHEDULE.values()} | set(settings.CELERY_TASK_ROUTES)

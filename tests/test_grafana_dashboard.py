@@ -10,9 +10,9 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.policy.admission import NodeLoad
 from inference.gateway import metrics as gateway_metrics
 from inference.node import residency_metrics
+from inference.policy.admission import NodeLoad
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "platform" / "grafana" / "quiver.json"

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from inference.gateway.models import Node
-from inference.gateway.node_keys import node_credentials
+from inference.fleet.models import Node
+from inference.fleet.node_keys import node_credentials
 
 pytestmark = pytest.mark.django_db
 SCRIPT = Path(__file__).resolve().parents[1] / "platform" / "k8s" / "register-nodes.py"

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
-from inference.gateway.models import UsageRecord
+from inference.metering.models import UsageRecord
 from tenants.models import Tenant
 from tenants.services import api_key_create, membership_create
 from tests.fixtures.tenancy import UPLOAD, TenantScopedAPITests
@@ -140,7 +140,7 @@ class TestUsageRollups(TenantScopedAPITests):
     def make_object(self, tenant: Tenant) -> dict[str, Any]:
         from django.utils import timezone
 
-        from inference.gateway.models import UsageRollup
+        from inference.metering.models import UsageRollup
 
         UsageRollup.objects.create(tenant=tenant, minute=timezone.now().replace(second=0, microsecond=0),
                                    model_name="rolled", requests=1, errors=0, prompt_tokens=1, completion_tokens=1,
@@ -153,7 +153,7 @@ class TestResidency(TenantScopedAPITests):
     list_field = "adapter"
 
     def make_object(self, tenant: Tenant) -> dict[str, Any]:
-        from inference.gateway.models import Node, Placement
+        from inference.fleet.models import Node, Placement
 
         version = _ready_adapter(tenant, "resident")
         node, _ = Node.objects.get_or_create(name="iso-node", defaults={"agent_url": "http://a", "engine_url": "http://e"})
@@ -164,7 +164,7 @@ class TestResidency(TenantScopedAPITests):
 # --- The matrix itself can fail: remove tenant scoping from a family's read path and its tests must go red.
 
 def _unscoped_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inference.gateway.api as usage_api
+    import inference.metering.api as usage_api
 
     real = usage_api.usage_summary
     monkeypatch.setattr(usage_api, "usage_summary", lambda qs, **kw: real(UsageRecord.objects.all(), **kw))
@@ -179,7 +179,7 @@ def _unscoped_gateway_models(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _empty_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inference.gateway.api as usage_api
+    import inference.metering.api as usage_api
 
     monkeypatch.setattr(usage_api, "usage_summary", lambda qs, **kw: [])
 

@@ -14,6 +14,8 @@ from typing import Any
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from workers import schedule
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 env = environ.Env()
 
@@ -64,6 +66,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "tenants",
     "adapters_app",
+    "inference.metering",
+    "inference.fleet",
     "inference.gateway",
 ]
 
@@ -163,11 +167,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.HasScope"],
     "DEFAULT_PARSER_CLASSES": [
-        "config.parsers.JSONParser",
+        "common.parsers.JSONParser",
         "rest_framework.parsers.MultiPartParser",
         "rest_framework.parsers.FormParser",
     ],
-    "EXCEPTION_HANDLER": "config.exceptions.exception_handler",
+    "EXCEPTION_HANDLER": "common.exceptions.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -178,7 +182,7 @@ REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    # Serverless broker for the demo (kombu's filesystem transport; shared/notes/services.md "Celery").
+    # Serverless broker for the demo (kombu's filesystem transport, docs/architecture.md "Local").
     _queue_dir = env("CELERY_FILESYSTEM_DIR", default=str(BASE_DIR / "var" / "celery"))
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": _queue_dir, "data_folder_out": _queue_dir, "processed_folder": _queue_dir + "-done",
@@ -188,26 +192,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = 600
 CELERY_TASK_SOFT_TIME_LIMIT = 540
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
-CELERY_TASK_ROUTES = {
-    "adapters_app.tasks.adapter_version_validate_task": {"queue": "validation"},
-    "adapters_app.tasks.upload_verify_task": {"queue": "validation"},
-    "inference.gateway.tasks.placement_warm_task": {"queue": "placement"},
-    "inference.gateway.tasks.placement_evict_task": {"queue": "placement"},
-    "inference.gateway.tasks.fleet_reconcile_task": {"queue": "placement"},
-}
-CELERY_BEAT_SCHEDULE = {
-    "node-mark-stale": {"task": "inference.gateway.tasks.node_mark_stale_task", "schedule": 15.0},
-    "fleet-reconcile": {"task": "inference.gateway.tasks.fleet_reconcile_task", "schedule": 30.0},
-    # Nothing stuck, nothing orphaned (adapters_app.purge).
-    "validation-sweep": {"task": "adapters_app.tasks.validation_sweep_task",
-                         "schedule": env.float("QUIVER_SWEEP_INTERVAL_S", default=60.0)},
-    "purge-reconcile": {"task": "adapters_app.tasks.purge_reconcile_task", "schedule": 30.0},
-    "gc-s3-orphans": {"task": "adapters_app.tasks.gc_s3_orphans_task", "schedule": 3600.0},
-    "upload-sweep": {"task": "adapters_app.tasks.upload_sweep_task", "schedule": 300.0},
-    "usage-drain": {"task": "inference.gateway.tasks.usage_drain_task", "schedule": 1.0},
-    "usage-rollup": {"task": "inference.gateway.tasks.usage_rollup_task", "schedule": 60.0},
-    "usage-retention": {"task": "inference.gateway.tasks.usage_retention_task", "schedule": 3600.0},
-}
+CELERY_TASK_ROUTES = schedule.TASK_ROUTES
+CELERY_BEAT_SCHEDULE = schedule.beat_schedule(validation_sweep_s=env.float("QUIVER_SWEEP_INTERVAL_S", default=60.0))
 # A child killed mid-task (OOM, SIGKILL) puts its acks_late task back on the queue instead of acking it.
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 QUIVER_SWEEP_UPLOADED_AFTER_S = env.int("QUIVER_SWEEP_UPLOADED_AFTER_S", default=120)
@@ -244,9 +230,9 @@ QUIVER_PUBLIC_ADMIN = env.bool("QUIVER_PUBLIC_ADMIN", default=False)
 QUIVER_MAX_UPLOAD_BYTES = env.int("QUIVER_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
 QUIVER_MAX_ARCHIVE_MEMBERS = env.int("QUIVER_MAX_ARCHIVE_MEMBERS", default=64)
 # QUIVER_NODE_SECRET, read per environment: every node's key and heartbeat token are derived from it
-# (inference.gateway.node_keys); nodes hold only their own.
+# (inference.fleet.node_keys); nodes hold only their own.
 QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
-# Node gauges kept over time for the console's fleet charts (inference.gateway.node_samples): one row per node per
+# Node gauges kept over time for the console's fleet charts (inference.fleet.node_samples): one row per node per
 # interval, deleted after the retention.
 QUIVER_NODE_SAMPLE_INTERVAL_S = env.float("QUIVER_NODE_SAMPLE_INTERVAL_S", default=10.0)
 QUIVER_NODE_SAMPLE_RETENTION_S = env.int("QUIVER_NODE_SAMPLE_RETENTION_S", default=86400)
@@ -325,7 +311,7 @@ QUIVER_LIMIT_BURST_MIN = env.int("QUIVER_LIMIT_BURST_MIN", default=20)
 QUIVER_USAGE_STREAM = "quiver:usage"
 QUIVER_USAGE_GROUP = "usage-writers"
 # Raw usage records older than this many days are deleted (usage-retention beat task); 0 keeps them forever.
-# The per-minute rollups (inference.gateway.rollups) are kept.
+# The per-minute rollups (inference.metering.rollups) are kept.
 QUIVER_USAGE_RETENTION_DAYS = env.int("QUIVER_USAGE_RETENTION_DAYS", default=90)
 # Minutes this recent are recomputed on every rollup run: a record is written when its request ends (a stream up to
 # QUIVER_PROXY_TIMEOUT_S after it arrived, after a warm wait), but counts in the minute it arrived.

@@ -45,9 +45,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
 from django.conf import settings
 
+from common.redis import async_client
+from inference.gateway import metrics
+from inference.gateway.errors import GatewayError
+from inference.gateway.loadboard import LoadBoard
+from inference.gateway.snapshot import FleetView, NodeView
 from inference.policy.admission import (
     SaturationConfig,
     SlotConfig,
@@ -60,10 +64,6 @@ from inference.policy.admission import (
     vtc_lift,
     vtc_pick,
 )
-from inference.gateway import metrics
-from inference.gateway.errors import GatewayError
-from inference.gateway.loadboard import LoadBoard
-from inference.gateway.snapshot import FleetView, NodeView
 
 logger = logging.getLogger(__name__)
 COUNTERS_KEY = "quiver:vtc:served"
@@ -459,8 +459,7 @@ class AdmissionGate:
 
     def _client(self) -> Any:
         if self._redis is None:
-            self._redis = aioredis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL, socket_timeout=1,
-                                                  socket_connect_timeout=1)
+            self._redis = async_client(socket_timeout=1, connect_timeout=1)
         return self._redis
 
     async def sync(self, node_names: Iterable[str]) -> None:

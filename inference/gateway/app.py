@@ -31,8 +31,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from config.echo import clip
-from inference.policy.routing import RouteConfig
+from common.echo import clip
+from inference.fleet.warming import placement_mark_not_served, warm_for_request
 from inference.gateway import hygiene, metrics
 from inference.gateway.admission import AdmissionGate
 from inference.gateway.bus import subscribe_forever
@@ -40,7 +40,6 @@ from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError
 from inference.gateway.limits import RateLimiter, estimate_prompt_tokens, limits_mode_log
 from inference.gateway.limits import Scope as LimitScope
-from inference.gateway.metering import usage_row
 from inference.gateway.snapshot import FleetView, KeyView, NodeView, TargetView, node_choose
 from inference.gateway.upstream import (
     UpstreamError,
@@ -51,6 +50,8 @@ from inference.gateway.upstream import (
     upstream_post,
 )
 from inference.gateway.usage_sink import UsageSink
+from inference.metering.usage import usage_row
+from inference.policy.routing import RouteConfig
 
 logger = logging.getLogger(__name__)
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat/completions"}
@@ -89,45 +90,6 @@ def _touch_last_used(key_pk: int) -> None:
     now = timezone.now()
     interval = timedelta(seconds=settings.QUIVER_API_KEY_LAST_USED_INTERVAL_S)
     ApiKey.objects.filter(pk=key_pk).exclude(last_used_at__gt=now - interval).update(last_used_at=now)
-
-
-def _warm_request(version_id: int, node_id: int | None = None) -> int | None:
-    """Ask a worker to warm the version on node ``node_id`` (round-robin's pick, or the node an earlier ask chose)
-    while that node is live; without one, on its first live home in the reconciler's plan
-    (``inference.gateway.fleet_plan``); else on the least-resident live node. Returns the node's pk; None when no
-    live node serves its base model."""
-    from adapters_app.models import AdapterVersion
-    from inference.gateway.fleet_plan import plan_homes
-    from inference.gateway.models import Placement
-    from inference.gateway.placement import node_select_for_warm, nodes_live, placement_request_warm
-
-    version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
-        pk=version_id).first()
-    if version is None:
-        return None
-    live = nodes_live(version.adapter.base_model)
-    node = live.filter(pk=node_id).first() if node_id is not None else None
-    if node is None and node_id is None:
-        # The version's home in the reconciler's plan, so each node cycles through its own share of the versions.
-        homes = plan_homes(version.pk)
-        failed = set(Placement.objects.filter(adapter_version=version, tier=Placement.Tier.ERRORED)
-                     .values_list("node__name", flat=True))  # a home where its load fails is skipped
-        by_name = {n.name: n for n in live.filter(name__in=set(homes) - failed, max_lora_rank__gte=version.r or 0)}
-        node = next((by_name[h] for h in homes if h in by_name), None)
-    if node is None:
-        # No plan for it, or the node named stopped heartbeating since (killed): the best live one instead.
-        node = node_select_for_warm(version.adapter.base_model, r=version.r)
-    if node is None:
-        return None
-    placement_request_warm(version, node=node)
-    return node.pk
-
-
-def _not_served(node_id: int, version_id: int) -> None:
-    """The engine of node ``node_id`` answered 404 for version ``version_id``: record it (``placement_mark_not_served``)."""
-    from inference.gateway.placement import placement_mark_not_served
-
-    placement_mark_not_served(node_id, version_id)
 
 
 # What a request without max_tokens may generate: vLLM's completions default, and a budget for chat. Under a TPM
@@ -316,7 +278,7 @@ class GatewayApp:
                 # MOVE_WAIT_S): bench_fleet's re-plans moved tail adapters every 30 s and set its p99 TTFT.
                 self._move(target.version_id, pinned_to)
                 return holder
-        warm_node = await db_call(_warm_request, target.version_id, pinned_to)
+        warm_node = await db_call(warm_for_request, target.version_id, pinned_to)
         if warm_node is None:
             raise no_node
         asked_at = time.monotonic()
@@ -351,7 +313,7 @@ class GatewayApp:
                 # bench_fleet). Same node while it is live (a warm in flight makes this a no-op,
                 # placement_request_warm); once it is gone (killed, refusing connections), the best live node.
                 asked_again = time.monotonic()
-                rewarm_node = await db_call(_warm_request, target.version_id, warm_node if warm_live else None)
+                rewarm_node = await db_call(warm_for_request, target.version_id, warm_node if warm_live else None)
                 if rewarm_node is None:
                     raise no_node
                 warm_node = rewarm_node
@@ -382,7 +344,7 @@ class GatewayApp:
     @staticmethod
     async def _move_warm(version_id: int, node_pk: int) -> None:
         try:
-            await db_call(_warm_request, version_id, node_pk)
+            await db_call(warm_for_request, version_id, node_pk)
         except GatewayError as exc:  # the database is away: the next request (or the reconciler) asks again
             logger.warning("gateway.move_warm_failed", extra={"version_id": version_id, "error": exc.message})
 
@@ -547,7 +509,7 @@ class GatewayApp:
                         await response.aclose()
                         logger.info("gateway.adapter_not_served", extra={"node": node.name,
                                                                          "version_id": target.version_id})
-                        await db_call(_not_served, node.pk, target.version_id)
+                        await db_call(placement_mark_not_served, node.pk, target.version_id)
                         self.directory.invalidate("fleet")
                         try:
                             node = await self.node_for(target)

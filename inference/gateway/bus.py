@@ -14,26 +14,14 @@ import logging
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 from django.conf import settings
 
+from common.redis import async_client, sync_client
 from inference.gateway.directory import Directory
 
 logger = logging.getLogger(__name__)
 # Seconds between liveness pings on an idle subscription (and redis-py's health check interval).
 PING_S = 5.0
-_client: redis.Redis | None = None
-
-
-def sync_client() -> redis.Redis | None:
-    """This process's shared Redis client for ``QUIVER_GATEWAY_REDIS_URL``, or None when it is unset."""
-    global _client
-    if not settings.QUIVER_GATEWAY_REDIS_URL:
-        return None
-    if _client is None:
-        _client = redis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    return _client
-
 
 def invalidation_publish(kind: str, ident: Any = None) -> None:
     """Tell every gateway process to drop cached ``kind`` entries for ``ident`` (see ``Directory.invalidate``).
@@ -55,7 +43,7 @@ async def subscribe_forever(directory: Directory) -> None:
     if not url:
         return
     while True:
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=PING_S)
+        client = async_client(socket_timeout=None, health_check_interval=PING_S)
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(settings.QUIVER_GATEWAY_BUS_CHANNEL)

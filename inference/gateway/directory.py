@@ -23,13 +23,13 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
+from inference.fleet.node_keys import node_credentials
 from inference.gateway.errors import GatewayError
-from inference.gateway.node_keys import node_credentials
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, PlacementView, TargetView
 
 logger = logging.getLogger(__name__)
 V = TypeVar("V")
-DB_RETRY_AFTER_S = 5  # as the control-plane API answers (config.exceptions)
+DB_RETRY_AFTER_S = 5  # as the control-plane API answers (common.exceptions)
 
 def _kept_connection_ok() -> bool:
     """Whether the thread holds a connection that psycopg does not already know to be closed or broken (no round
@@ -162,13 +162,13 @@ def _gpu_used(value: Any) -> int:
 
 def load_fleet() -> FleetView:
     """Live nodes (healthy, heartbeat within ``QUIVER_NODE_STALE_AFTER_S``), every placement on them that serves or
-    failed (two queries), and the reconciler's last plan (one Redis read, ``inference.gateway.fleet_plan``).
+    failed (two queries), and the reconciler's last plan (one Redis read, ``inference.fleet.plan``).
 
     Plain SQL over the models' tables rather than querysets: every gateway process runs this each
     ``QUIVER_GATEWAY_FLEET_REFRESH_S``, and building the two querysets' SQL and model instances was most of its CPU
     (cProfile: 1.9 ms a call here, about 0.4 ms as plain SQL)."""
-    from inference.gateway.fleet_plan import plan_all
-    from inference.gateway.models import Node, Placement
+    from inference.fleet.models import Node, Placement
+    from inference.fleet.plan import plan_all
 
     fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
     with connection.cursor() as cursor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.http import JsonResponse
 
-from config.echo import clip
+from common.echo import clip
 
 
 class GatewayError(Exception):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from config.echo import clip
+from common.echo import clip
 from inference.gateway.errors import GatewayError
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -29,9 +29,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from inference.policy.admission import rpm_pace
+from common.redis import async_client
 from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import Limits
+from inference.policy.admission import rpm_pace
 
 logger = logging.getLogger(__name__)
 WINDOW_S = 60
@@ -328,8 +329,7 @@ class RateLimiter:
 
     def _client(self) -> Any:
         if self._redis is None:
-            self._redis = aioredis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL, socket_timeout=2,
-                                                  socket_connect_timeout=2)
+            self._redis = async_client(socket_timeout=2)
             self._script = self._redis.register_script(ADMIT_LUA)
             self._settle_script = self._redis.register_script(SETTLE_LUA)
             self._renew_script = self._redis.register_script(RENEW_LUA)

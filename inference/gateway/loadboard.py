@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from inference.policy.admission import NodeLoad
 from inference.gateway.snapshot import FleetView
 from inference.node.load_publisher import load_decode, load_key
+from inference.policy.admission import NodeLoad
 
 
 class LoadBoard:

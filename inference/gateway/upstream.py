@@ -5,7 +5,7 @@ connection each time (issue 7 "Why"). A pooled httpx client still cost about 1.8
 completion here (pure-Python h11 parsing, anyio layers, cookie handling: cProfile of the gateway under
 ``scripts/bench_gateway`` load), most of the request path's CPU; aiohttp's session with its C parser costs about
 0.75 ms for the same exchange, so the engines are called through it. The session is bound to the event loop that
-made it, so one is kept per loop. Each node's own key (``inference.gateway.node_client.node_key``, its engine's
+made it, so one is kept per loop. Each node's own key (``inference.fleet.node_client.node_key``, its engine's
 ``VLLM_API_KEY``) goes on each request; tenants never hold it.
 
 Errors: :class:`UpstreamRefused` when nothing reached the engine (safe to try another node), :class:`UpstreamError`

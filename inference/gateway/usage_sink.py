@@ -20,8 +20,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from common.redis import async_client
 from inference.gateway.directory import db_call
-from inference.gateway.metering import usage_records_write
+from inference.metering.usage import usage_records_write
 
 logger = logging.getLogger(__name__)
 MAX_BUFFER = 100_000
@@ -61,7 +62,7 @@ class UsageSink:
             await db_call(usage_records_write, rows)
             return
         if self._redis is None:
-            self._redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+            self._redis = async_client(socket_timeout=5)
         pipe = self._redis.pipeline(transaction=False)
         for row in rows:
             pipe.xadd(settings.QUIVER_USAGE_STREAM, {"r": json.dumps(row, separators=(",", ":"))})

@@ -1,5 +1,6 @@
 """The Django side of ``/v1/*``: ``GET /v1/models``, ``GET /v1/models/{id}``, and OpenAI-shaped 404/405 for every
-other ``/v1/`` path. The completion routes are served by the lean app in ``inference.gateway.app``.
+other ``/v1/`` path; and the gateway's Prometheus ``/metrics`` on the internal listener. The completion routes are
+served by the lean app in ``inference.gateway.app``.
 """
 
 from __future__ import annotations
@@ -7,12 +8,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET
 
 from adapters_app.models import BaseModel
 from adapters_app.selectors import adapter_list_servable
+from inference.gateway import metrics as gateway_metrics
 from inference.gateway.directory import db_call
 from inference.gateway.errors import GatewayError
 from tenants.authentication import bearer_token
@@ -92,3 +95,10 @@ def unknown_route(request: HttpRequest, rest: str = "") -> HttpResponseBase:
     """Any other ``/v1/`` path: OpenAI's JSON 404 (never Django's HTML page)."""
     return GatewayError(404, f"Unknown route {request.path}; see the OpenAI API reference for the paths served.",
                         code="not_found").response()
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """``GET /metrics``: the gateway's Prometheus figures (``inference.gateway.metrics``); internal listener only."""
+    body, content_type = gateway_metrics.render()
+    return HttpResponse(body, content_type=content_type)

@@ -98,7 +98,7 @@ def _count(value: Any) -> bool:
 def load_decode(raw: bytes | str | None) -> NodeLoad | None:
     """A published value back into a :class:`NodeLoad`; None for a missing or malformed one.
 
-    Every field is checked, as a heartbeat is (``inference.gateway.heartbeat``): the value comes from a node, and the
+    Every field is checked, as a heartbeat is (``inference.fleet.heartbeat``): the value comes from a node, and the
     gateway's request path compares and adds these figures, where a string or NaN raised on every request.
     ``running_loras`` that is not a list of strings, or longer than ``MAX_RUNNING_LORAS``, counts as unknown (None).
     """

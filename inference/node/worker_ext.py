@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from inference.node.config import eviction_policy_from_env
 from inference.policy.eviction import (
     AllPinnedError,
     EvictionConfig,
@@ -29,7 +30,6 @@ from inference.policy.eviction import (
     decayed_hits,
     disk_reload_ms,
 )
-from inference.node.config import eviction_policy_from_env
 
 # Per process (the worker): engine loads (disk -> CPU copy, ``WorkerLoRAManager._load_adapter``) per lora_int_id,
 # and per id the scheduler steps that used it and the monotonic time of the last one (``_apply_adapters``, called

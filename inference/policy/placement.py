@@ -323,3 +323,50 @@ def slotted(plan: Mapping[int, tuple[str, ...]], demands: Sequence[Demand],
                 free[name] -= 1
                 out.add((d.version_id, name))
     return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmCandidate:
+    """A live node that could load a version a request is waiting for.
+
+    Attributes:
+        name: node name.
+        max_lora_rank: the engine's ``--max-lora-rank`` (a larger ``r`` is refused by vLLM).
+        failed: its last load of this version failed (placement ``errored``).
+    """
+
+    name: str
+    max_lora_rank: int
+    failed: bool = False
+
+
+def warm_target(version_id: int, *, r: int, candidates: Sequence[WarmCandidate], homes: Sequence[str] = (),
+                named: str | None = None) -> str | None:
+    """The node that loads ``version_id`` now, because a request (or a newly ready version) needs it somewhere.
+
+    The gateway (through ``inference.fleet.warming.warm_for_request``), a new version's first placement
+    (``placement_on_ready``) and ``scripts/simulate`` all ask this one function.
+
+    Args:
+        version_id: the version's ``lora_int_id`` (its HRW key, as in :func:`place`).
+        r: the adapter's rank; nodes with a smaller ``max_lora_rank`` are not eligible.
+        candidates: the live nodes of the version's base model.
+        homes: the reconciler's last plan for the version, preferred first (``[]`` when it has none).
+        named: a node asked for by name (the router's pick, or the node an earlier ask chose); kept while live.
+
+    Returns:
+        ``named`` when it is a candidate; else the first eligible home whose load did not fail; else the version's
+        HRW-first eligible node (loads that failed last), which is the node :func:`place` puts a one-replica version
+        on when no load bound applies. None when no candidate is eligible.
+    """
+    live = {c.name: c for c in candidates}
+    if named is not None and named in live:
+        return named
+    eligible = {name: c for name, c in live.items() if c.max_lora_rank >= r}
+    for home in homes:
+        c = eligible.get(home)
+        if c is not None and not c.failed:
+            return home
+    ranked = hrw_order(version_id, eligible)
+    ranked.sort(key=lambda name: eligible[name].failed)  # stable: HRW order within each group
+    return ranked[0] if ranked else None

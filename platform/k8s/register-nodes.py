@@ -3,7 +3,7 @@
 Run in the control-plane image, with the control plane's settings and ``QUIVER_NODE_SECRET``:
 ``python platform/k8s/register-nodes.py``. Every node is a one-pod StatefulSet of its own (platform/k8s/nodes),
 labelled ``app.kubernetes.io/component=node`` and ``quiver.io/node=<node name>``. For each one the Job calls
-``inference.gateway.nodes.node_register`` with its pod's stable URLs (``http://<statefulset>-0.node.<namespace>.svc``
+``inference.fleet.nodes.node_register`` with its pod's stable URLs (``http://<statefulset>-0.node.<namespace>.svc``
 port 8000 for the engine, 8100 for the agent) and writes the node's key and heartbeat token into the Secret its pod
 mounts as ``credentials`` (keys ``key`` and ``token``), so no pod can read another node's. Re-running is safe:
 registration keeps a node's credentials (``--rotate`` on ``quiver_node_register`` issues new ones), so adding a
@@ -96,9 +96,9 @@ def register(nodes: list[NodeSet], *, namespace: str, base_model: str) -> dict[s
     """Register ``nodes``; ``{secret name: Secret data}`` holding each one's credentials (base64 ``key``, ``token``).
 
     Raises:
-        inference.gateway.nodes.NodeRefused: e.g. 400 ``base_model_not_found``.
+        inference.fleet.nodes.NodeRefused: e.g. 400 ``base_model_not_found``.
     """
-    from inference.gateway.nodes import node_register
+    from inference.fleet.nodes import node_register
 
     out: dict[str, dict[str, str]] = {}
     for n in nodes:
@@ -114,7 +114,7 @@ def main(api: KubeApi | None = None, environ: Mapping[str, str] = os.environ) ->
     import django
 
     django.setup()
-    from inference.gateway.nodes import NodeRefused
+    from inference.fleet.nodes import NodeRefused
 
     api = api or KubeApi.in_cluster()
     namespace = environ.get("POD_NAMESPACE", "quiver")

@@ -22,9 +22,9 @@ from adapters_app.purge import (
     versions_stuck,
 )
 from adapters_app.services import adapter_delete, adapter_version_upload, adapter_version_validate
-from config.celery_app import app as celery_app
-from inference.gateway.models import Node
-from inference.gateway.nodes import node_register
+from inference.fleet.models import Node
+from inference.fleet.nodes import node_register
+from workers.celery_app import app as celery_app
 
 pytestmark = pytest.mark.django_db
 

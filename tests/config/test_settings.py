@@ -32,7 +32,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)
 
 
-@pytest.mark.parametrize("entry", ["config.asgi", "config.wsgi", "config.celery_app", "manage"])
+@pytest.mark.parametrize("entry", ["config.asgi", "config.wsgi", "workers.celery_app", "manage"])
 def test_every_entry_point_defaults_to_production(entry: str) -> None:
     code = ("import runpy, sys; sys.argv = ['manage.py', 'check']; runpy.run_path('manage.py', run_name='__main__')"
             if entry == "manage" else

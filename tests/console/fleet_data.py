@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
-from inference.gateway.models import Node, NodeSample, Placement, UsageRecord
+from inference.fleet.models import Node, NodeSample, Placement
+from inference.metering.models import UsageRecord
 from tenants.models import Tenant
 
 

@@ -202,7 +202,7 @@ def test_operator_pins_and_evicts_with_confirmation_and_sees_the_audit_log(
     from django.utils import timezone
 
     from adapters_app.services import adapter_create
-    from inference.gateway.models import FleetAuditRecord, Node, Placement
+    from inference.fleet.models import FleetAuditRecord, Node, Placement
 
     tenant = TenantFactory(slug="acme", name="Acme")
     adapter = adapter_create(tenant, name="capitals", base_model_name="tiny-llama")

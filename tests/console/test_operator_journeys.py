@@ -13,7 +13,8 @@ import pytest
 from playwright.sync_api import expect
 
 from demo.assets import DemoAssets
-from inference.gateway.models import FleetAuditRecord, Node, Placement, UsageRecord
+from inference.fleet.models import FleetAuditRecord, Node, Placement
+from inference.metering.models import UsageRecord
 from tests.console.conftest import login, screenshot
 from tests.factories import TenantFactory
 

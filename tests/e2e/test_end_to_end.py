@@ -21,9 +21,10 @@ from adapters_app.storage import delete_keys, s3_client
 from demo.api_client import upload_adapter, wait_validated
 from demo.assets import DemoAssets
 from demo.tiny_model import load_base
-from inference.gateway.metering import usage_drain
-from inference.gateway.models import Placement, UsageRecord
-from inference.gateway.node_client import node_call
+from inference.fleet.models import Placement
+from inference.fleet.node_client import node_call
+from inference.metering.models import UsageRecord
+from inference.metering.usage import usage_drain
 from tenants.services import api_key_create, api_key_revoke
 from tests.factories import TenantFactory
 from tests.fixtures.reference import greedy_ids

@@ -19,17 +19,17 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from demo.api_client import upload_adapter, wait_validated
-from inference.gateway.fleet_reconcile import fleet_reconcile
-from inference.gateway.fleet_services import (
+from inference.fleet.models import Node, Placement
+from inference.fleet.node_client import node_call
+from inference.fleet.node_keys import node_credentials
+from inference.fleet.reconcile import fleet_reconcile
+from inference.fleet.services import (
     FleetActionError,
     placement_evict_now,
     tenant_residency_quota_set,
     version_pin,
     version_replicas_set,
 )
-from inference.gateway.models import Node, Placement
-from inference.gateway.node_client import node_call
-from inference.gateway.node_keys import node_credentials
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
 

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from inference.gateway.metering import usage_drain
-from inference.gateway.models import UsageRecord
+from inference.metering.models import UsageRecord
+from inference.metering.usage import usage_drain
 from tenants.services import api_key_create, limits_set
 from tests.factories import TenantFactory
 from tests.fixtures.stack import GatewayProcess

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from django.db import connection
 
-from inference.gateway.metering import usage_drain
-from inference.gateway.models import UsageRecord
+from inference.metering.models import UsageRecord
+from inference.metering.usage import usage_drain
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
 from tests.fixtures.stack import GatewayProcess

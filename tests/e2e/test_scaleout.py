@@ -25,11 +25,10 @@ from typing import Any
 import httpx
 import pytest
 
-from config.celery_app import app as celery_app
 from demo.api_client import upload_adapter, wait_validated
 from devtools.proc import free_port
-from inference.gateway.node_keys import node_credentials
-from inference.gateway.nodes import node_register
+from inference.fleet.node_keys import node_credentials
+from inference.fleet.nodes import node_register
 from inference.node.launch import EngineConfig
 from tenants.services import api_key_create, limits_set
 from tests.factories import TenantFactory
@@ -42,6 +41,7 @@ from tests.fixtures.stack import (
     start_uvicorn,
 )
 from tests.fixtures.vllm import TEST_NODE_NAME, TINY_SERVED_NAME, RunningEngine, engine_running
+from workers.celery_app import app as celery_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]

@@ -19,11 +19,12 @@ import pytest
 
 from demo.assets import DemoAssets
 from devtools.proc import free_port
-from inference.policy.hrw import hrw_weight
-from inference.gateway.metering import usage_drain
-from inference.gateway.models import Node, UsageRecord
-from inference.gateway.node_keys import node_credentials
+from inference.fleet.models import Node
+from inference.fleet.node_keys import node_credentials
+from inference.metering.models import UsageRecord
+from inference.metering.usage import usage_drain
 from inference.node.launch import EngineConfig
+from inference.policy.hrw import hrw_weight
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
 from tests.fixtures.stack import RunningAgent, agent_running, node_live

@@ -65,7 +65,7 @@ def test_sigkill_mid_validation_still_ends_ready(isolated_worker, make_client, b
                                                  monkeypatch) -> None:
     import adapters_app.services
     from adapters_app.tasks import adapter_version_validate_task
-    from config.celery_app import app
+    from workers.celery_app import app
 
     pid, relay, broker = isolated_worker
     # The upload's own enqueue would go to the shared broker; this test sends the task to its private worker.

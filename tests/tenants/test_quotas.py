@@ -12,7 +12,7 @@ from django.db import connection
 from adapters_app import storage
 from adapters_app.models import Adapter
 from adapters_app.services import adapter_create
-from config.exceptions import QuiverError
+from common.exceptions import QuiverError
 from tenants.models import Tenant
 from tenants.services import api_key_create, api_key_revoke
 from tests.factories import TenantFactory

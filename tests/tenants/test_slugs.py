@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from adapters_app.services import adapter_create
-from config.exceptions import QuiverError
+from common.exceptions import QuiverError
 from tenants.models import Tenant
 from tenants.services import limits_set, tenant_create
 

@@ -15,7 +15,7 @@ from kombu.exceptions import OperationalError
 from adapters_app import tasks as adapter_tasks
 from adapters_app.models import Adapter, AdapterVersion
 from adapters_app.purge import versions_stuck
-from inference.gateway import tasks as fleet_tasks
+from inference.fleet import tasks as fleet_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit runs inside the request, as in production
 

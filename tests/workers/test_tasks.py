@@ -12,7 +12,7 @@ from adapters_app import services as adapter_services
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload
 from adapters_app.tasks import VALIDATE_RETRIES, adapter_version_validate_task
-from inference.gateway.tasks import placement_warm_task
+from inference.fleet.tasks import placement_warm_task
 
 pytestmark = pytest.mark.django_db
 

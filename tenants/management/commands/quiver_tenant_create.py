@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from config.exceptions import QuiverError
+from common.exceptions import QuiverError
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
 

@@ -14,11 +14,11 @@ import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from inference.policy.admission import NodeLoad
 from inference.gateway.admission import COUNTERS_KEY, AdmissionGate
 from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import FleetView, NodeView
 from inference.node.load_publisher import load_key
+from inference.policy.admission import NodeLoad
 
 NODE = NodeView(pk=1, name="n1", engine_url="http://n1", base_model_id=1)
 

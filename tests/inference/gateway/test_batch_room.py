@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from inference.policy.admission import NodeLoad
 from inference.gateway.loadboard import LoadBoard
 from inference.gateway.snapshot import FleetView, NodeView, PlacementView, TargetView, node_choose
+from inference.policy.admission import NodeLoad
 
 TARGET = TargetView(requested="support", base_model_id=1, base_model_name="tiny", served_name="acme--support",
                     version_id=7, version_number=1, r=8)

@@ -14,9 +14,9 @@ from django.conf import settings
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create, adapter_delete
-from inference.gateway import metering
-from inference.gateway.metering import usage_drain, usage_row
-from inference.gateway.models import UsageRecord
+from inference.metering import usage as metering
+from inference.metering.models import UsageRecord
+from inference.metering.usage import usage_drain, usage_row
 from tenants.services import api_key_create, api_key_revoke, limits_set
 from tests.factories import TenantFactory
 from tests.fixtures.stack import GatewayProcess

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.policy.admission import rpm_pace
 from inference.gateway.errors import GatewayError
 from inference.gateway.limits import RateLimiter, Scope, _duration, estimate_prompt_tokens
 from inference.gateway.snapshot import Limits
+from inference.policy.admission import rpm_pace
 
 
 @pytest.fixture(autouse=True, params=["redis", "in_process"])

@@ -48,7 +48,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, statuses: list[int]) -> tuple[httpx.Re
 
     monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
-    monkeypatch.setattr(gateway_app, "_not_served", lambda node_id, version_id: marked.append((node_id, version_id)))
+    monkeypatch.setattr(gateway_app, "placement_mark_not_served", lambda node_id, version_id: marked.append((node_id, version_id)))
 
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=GatewayApp(background=False))
@@ -91,7 +91,7 @@ def test_a_request_waiting_for_a_warm_asks_again_while_its_adapter_is_not_served
     settings.QUIVER_WARM_WAIT_S = 1.0
     monkeypatch.setattr(gateway_app, "REWARM_S", 0.25)
     asks: list[tuple[int, int | None]] = []
-    monkeypatch.setattr(gateway_app, "_warm_request", lambda version_id, node_id=None: asks.append(
+    monkeypatch.setattr(gateway_app, "warm_for_request", lambda version_id, node_id=None: asks.append(
         (version_id, node_id)) or NODE.pk)
     fleet = FleetView(nodes=(NODE,), placements={}, read_at=0.0)  # the node never serves the version
 
@@ -145,7 +145,7 @@ def test_a_request_waiting_for_a_warm_asks_another_node_once_the_first_is_gone(
         asks.append(node_id)
         return NODE.pk if len(asks) == 1 else other.pk  # the first ask picks n1; later ones the live n2
 
-    monkeypatch.setattr(gateway_app, "_warm_request", warm_request)
+    monkeypatch.setattr(gateway_app, "warm_for_request", warm_request)
 
     async def fleet_now(*_: Any) -> FleetView:
         nonlocal polls
@@ -174,7 +174,7 @@ def test_a_move_to_the_plans_home_serves_from_the_holder_at_once_and_warms_the_h
     other = NodeView(pk=2, name="n2", engine_url="http://engine-2.invalid", base_model_id=1, max_lora_rank=16)
     settings.QUIVER_WARM_WAIT_S = 30.0
     asks: list[int | None] = []
-    monkeypatch.setattr(gateway_app, "_warm_request", lambda version_id, node_id=None: asks.append(node_id) or 2)
+    monkeypatch.setattr(gateway_app, "warm_for_request", lambda version_id, node_id=None: asks.append(node_id) or 2)
     held = PlacementView(node_id=NODE.pk, version_id=7, tier="warm", served=True)
 
     async def fleet_now(*_: Any) -> FleetView:
@@ -211,7 +211,7 @@ def test_a_warm_whose_node_left_the_fleet_is_asked_of_another_node(
         asks.append(node_id)
         return node_id if node_id is not None else other.pk
 
-    monkeypatch.setattr(gateway_app, "_warm_request", warm_request)
+    monkeypatch.setattr(gateway_app, "warm_for_request", warm_request)
     polls = 0
 
     async def fleet_now(*_: Any) -> FleetView:

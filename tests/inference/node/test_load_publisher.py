@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from inference.policy.admission import NodeLoad
 from inference.node.load_publisher import LoadPublisher, load_decode, load_key, scan_load
 from inference.node.metrics import parse_engine_metrics
+from inference.policy.admission import NodeLoad
 
 DATA = Path(__file__).parent / "data"
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 from vllm.lora.model_manager import AdapterLRUCache, LRUCacheLoRAModelManager
 
-from inference.policy.eviction import EvictionConfig, EvictionPolicy
 from inference.node import worker_ext
+from inference.policy.eviction import EvictionConfig, EvictionPolicy
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,57 @@
+"""Node-facing routes (``/internal/v1/*``), served only on the internal listener (``config.internal_asgi``).
+
+Authenticated with each node's own heartbeat token, never a tenant key (``inference.fleet.nodes``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from inference.fleet.nodes import NodeRefused, node_heartbeat_accept
+from inference.fleet.plan import plan_all
+from tenants.authentication import bearer_token
+
+
+@csrf_exempt
+@require_POST
+def heartbeat(request: HttpRequest) -> JsonResponse:
+    """``POST /internal/v1/nodes/heartbeat``: a node agent's ``/v1/state`` JSON; answers ``{"node", "healthy",
+    "elsewhere"}``.
+
+    ``elsewhere``: the ``lora_int_id`` of each adapter the node reports that the reconciler's last plan
+    (``inference.fleet.plan``) places on other nodes only. The agent ranks those below the ones planned for
+    it when it must evict (``NodeAgent.note_plan``): without it, a copy left by spill-over or a re-plan held a slot on
+    a node the router no longer sends that adapter to (bench_fleet: one node did 2.5x the other's loads).
+
+    Errors are ``{"detail", "code"}``: 401 ``invalid_node_token``, 400 ``invalid``/``invalid_json``, 403
+    ``node_identity_mismatch``, 409 ``node_urls_changed``/``base_model_mismatch``; a refused heartbeat changes nothing.
+    """
+    token = bearer_token(request.headers.get("Authorization", "")) or ""
+    try:
+        body = json.loads(request.body)
+    except (ValueError, RecursionError):  # RecursionError: JSON nested past the parser's depth
+        body = None  # refused as 400 once the token is checked
+    try:
+        node = node_heartbeat_accept(token=token, body=body)
+    except NodeRefused as exc:
+        return JsonResponse({"detail": exc.detail, "code": exc.code}, status=exc.status)
+    return JsonResponse({"node": node.name, "healthy": node.healthy,
+                         "elsewhere": planned_elsewhere(node.name, body.get("adapters", []))})
+
+
+def planned_elsewhere(node_name: str, adapters: list[dict[str, Any]]) -> list[int]:
+    """The ``lora_int_id`` of the entries in ``adapters`` (a validated heartbeat's list) that the last plan puts on
+    at least one node and not on ``node_name``; ``[]`` without a plan (Redis away: the agent then ranks by policy
+    alone)."""
+    plan = plan_all()
+    out = []
+    for entry in adapters:
+        nodes = plan.get(entry["lora_int_id"])
+        if nodes and node_name not in nodes:
+            out.append(entry["lora_int_id"])
+    return out

@@ -1,0 +1,207 @@
+"""Operator actions on the fleet's desired state (pins, replicas, tenant residency quotas, evict now).
+
+Each action writes the operator's intent (``VersionIntent``, ``TenantResidencyQuota``; never touched by heartbeats),
+one ``FleetAuditRecord`` (who, what, target, before → after) and, where the engine must act now, enqueues the existing
+warm/evict tasks on commit. Rules: at most ``max_loras − 1`` pins per node (``inference.policy.eviction.check_pin``),
+a tenant's ``max_pinned`` quota.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from adapters_app.models import AdapterVersion
+from inference.fleet.models import (
+    RESIDENT,
+    FleetAuditRecord,
+    Node,
+    Placement,
+    TenantResidencyQuota,
+    VersionIntent,
+)
+from inference.fleet.nodes import nodes_live
+from inference.policy.eviction import PinLimitError, check_pin
+from tenants.models import Tenant
+from workers import schedule
+from workers.enqueue import enqueue_on_commit
+
+TIERS = [t.value for t in Placement.Tier]
+
+
+class FleetActionError(Exception):
+    """A refused action: HTTP ``status``, stable ``code``, and a ``detail`` naming the fix."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+
+
+def _intent_json(intent: VersionIntent) -> dict[str, Any]:
+    return {"min_replicas": intent.min_replicas, "max_replicas": intent.max_replicas,
+            "pinned_fleet": intent.pinned_fleet, "pinned_nodes": list(intent.pinned_nodes)}
+
+
+def _audit(actor: str, action: str, target: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    FleetAuditRecord.objects.create(actor=actor, action=action, target=target, before=before, after=after)
+
+
+def _target(version: AdapterVersion) -> str:
+    return f"{version.adapter.tenant.slug}/{version.adapter.name}@{version.number}"
+
+
+def version_intent_get(version: AdapterVersion) -> VersionIntent:
+    """The version's desired state (created with defaults on first use)."""
+    intent, _ = VersionIntent.objects.get_or_create(adapter_version=version)
+    return intent
+
+
+def _pin_nodes(version: AdapterVersion, node: Node | None) -> list[Node]:
+    if node is not None:
+        return [node]
+    held = Placement.objects.filter(Q(tier__in=RESIDENT) | Q(served=True), adapter_version=version,
+                                    node__in=nodes_live(version.adapter.base_model)).select_related("node")
+    return [p.node for p in held]
+
+
+def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> VersionIntent:
+    """Pin ``version`` on ``node`` (or on every live node holding it when None) and have the agents pin it now.
+
+    Raises:
+        FleetActionError: 409 ``pin_limit`` (the node already has ``max_loras − 1`` pins), 409
+            ``residency_quota_exceeded`` (the tenant's ``max_pinned``), 409 ``not_resident`` (fleet pin, held nowhere).
+    """
+    with transaction.atomic():
+        intent = VersionIntent.objects.select_for_update().get(pk=version_intent_get(version).pk)
+        before = _intent_json(intent)
+        nodes = _pin_nodes(version, node)
+        if not nodes:
+            raise FleetActionError(409, "not_resident", "No live node holds this version; pin it on a named node.")
+        # The tenant's own quota first: it names the fix the tenant's operator can make.
+        quota = TenantResidencyQuota.objects.filter(tenant=version.tenant).first()
+        if quota is not None and quota.max_pinned is not None:
+            others = VersionIntent.objects.filter(adapter_version__tenant=version.tenant).exclude(
+                adapter_version=version).filter(Q(pinned_fleet=True) | ~Q(pinned_nodes=[])).count()
+            if others + 1 > quota.max_pinned:
+                raise FleetActionError(409, "residency_quota_exceeded",
+                                       f"tenant may pin {quota.max_pinned} versions; unpin one or raise the quota")
+        for n in nodes:
+            pinned = Placement.objects.filter(node=n, pinned=True).exclude(adapter_version=version).count()
+            try:
+                check_pin(pinned, n.max_loras)
+            except PinLimitError as exc:
+                raise FleetActionError(409, "pin_limit", f"node {n.name}: {exc}") from exc
+        if node is None:
+            intent.pinned_fleet = True
+        else:
+            intent.pinned_nodes = sorted({*intent.pinned_nodes, node.name})
+        intent.save()
+        _audit(actor, "pin", _target(version), before, _intent_json(intent))
+        for n in nodes:
+            placement, _ = Placement.objects.get_or_create(node=n, adapter_version=version)
+            Placement.objects.filter(pk=placement.pk).update(pinned=True)
+            enqueue_on_commit(schedule.PLACEMENT_WARM, placement.pk)
+    return intent
+
+
+def version_unpin(version: AdapterVersion, *, node: Node | None, actor: str) -> VersionIntent:
+    """Drop the pin on ``node`` (or everywhere). vLLM has no unpin: the engine copy is removed (``remove_lora``
+    frees its pin) and the next request reloads it unpinned."""
+    with transaction.atomic():
+        intent = VersionIntent.objects.select_for_update().get(pk=version_intent_get(version).pk)
+        before = _intent_json(intent)
+        if node is None:
+            intent.pinned_fleet, intent.pinned_nodes = False, []
+        else:
+            intent.pinned_nodes = [n for n in intent.pinned_nodes if n != node.name]
+        intent.save()
+        _audit(actor, "unpin", _target(version), before, _intent_json(intent))
+        pinned = Placement.objects.filter(adapter_version=version, pinned=True)
+        if node is not None:
+            pinned = pinned.filter(node=node)
+        for placement_id in list(pinned.values_list("pk", flat=True)):
+            enqueue_on_commit(schedule.PLACEMENT_EVICT, placement_id)
+    return intent
+
+
+def placement_evict_now(placement: Placement, *, actor: str) -> None:
+    """Remove the version from that node's engine now (its disk copy stays; the next request reloads it).
+
+    Raises:
+        FleetActionError: 409 ``pinned`` (unpin first).
+    """
+    if placement.pinned:
+        raise FleetActionError(409, "pinned", "This placement is pinned; unpin it first.")
+    before = {"node": placement.node.name, "tier": placement.tier}
+    _audit(actor, "evict", _target(placement.adapter_version), before, {**before, "tier": "staged"})
+    enqueue_on_commit(schedule.PLACEMENT_EVICT, placement.pk)
+
+
+def version_replicas_set(version: AdapterVersion, *, min_replicas: int, max_replicas: int | None,
+                         actor: str) -> VersionIntent:
+    """Set the version's replica bounds (``inference.policy.placement`` reads them as ``Demand.min/max_replicas``).
+
+    Raises:
+        FleetActionError: 400 ``invalid_replicas`` (``min_replicas`` < 1 or ``max_replicas`` < ``min_replicas``).
+    """
+    if min_replicas < 1 or (max_replicas is not None and max_replicas < min_replicas):
+        raise FleetActionError(400, "invalid_replicas", "need 1 ≤ min_replicas ≤ max_replicas (or max_replicas null)")
+    with transaction.atomic():
+        intent = VersionIntent.objects.select_for_update().get(pk=version_intent_get(version).pk)
+        before = _intent_json(intent)
+        intent.min_replicas, intent.max_replicas = min_replicas, max_replicas
+        intent.save()
+        _audit(actor, "set_replicas", _target(version), before, _intent_json(intent))
+    return intent
+
+
+def tenant_residency_quota_set(tenant: Tenant, *, max_pinned: int | None, max_gpu_bytes: int | None,
+                               actor: str) -> TenantResidencyQuota:
+    """Set a tenant's residency quota (null = no limit)."""
+    with transaction.atomic():
+        quota, _ = TenantResidencyQuota.objects.select_for_update().get_or_create(tenant=tenant)
+        before = {"max_pinned": quota.max_pinned, "max_gpu_bytes": quota.max_gpu_bytes}
+        quota.max_pinned, quota.max_gpu_bytes = max_pinned, max_gpu_bytes
+        quota.save()
+        _audit(actor, "set_residency_quota", tenant.slug, before,
+               {"max_pinned": max_pinned, "max_gpu_bytes": max_gpu_bytes})
+    return quota
+
+
+def tenant_residency(tenant: Tenant) -> list[dict[str, Any]]:
+    """Per version of the tenant's adapters: how many replicas sit in each tier and how many are pinned.
+
+    Returns:
+        ``[{"adapter", "version", "tiers": {tier: count}, "pinned": int}]`` — never node names or addresses.
+    """
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    placements = Placement.objects.filter(adapter_version__tenant=tenant).values_list(
+        "adapter_version__adapter__name", "adapter_version__number", "tier", "pinned")
+    for adapter, number, tier, pinned in placements:
+        row = rows.setdefault((adapter, number), {"adapter": adapter, "version": number,
+                                                  "tiers": Counter({t: 0 for t in TIERS}), "pinned": 0})
+        row["tiers"][tier] += 1
+        row["pinned"] += int(pinned)
+    return [{**row, "tiers": dict(row["tiers"])} for _, row in sorted(rows.items())]
+
+
+def tenant_limits_set(tenant: Tenant, *, limits: dict[str, int | None], actor: str) -> Tenant:
+    """Set a tenant's gateway limits (``rpm_limit``, ``tpm_limit``, ``concurrency_limit``, ``max_tokens_limit``;
+    None = unlimited) through ``tenants.services.limits_set`` and record the change in the fleet audit log. Every
+    gateway process applies them within a second (cache invalidation, ``inference.gateway.signals``).
+
+    Raises:
+        django.core.exceptions.ValidationError: an unknown field or a value below 1, naming the field.
+    """
+    from tenants.models import LIMIT_FIELDS
+    from tenants.services import limits_set
+
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        before = {name: getattr(locked, name) for name in LIMIT_FIELDS}
+        limits_set(locked, limits=limits)
+        _audit(actor, "set_limits", locked.slug, before, {name: getattr(locked, name) for name in LIMIT_FIELDS})
+    return locked

@@ -1,0 +1,215 @@
+"""Warm and evict: loading adapter versions onto nodes and unloading them (conventions §1 names).
+
+Tiers follow LoRAX's ``AdapterStatus`` and vLLM's caches: ``hot`` (in a running batch), ``warm`` (in the engine's
+CPU/GPU LoRA cache), ``staged`` (on node disk), ``cold`` (only in S3), ``errored`` (failed load).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import OperationalError, transaction
+from django.db.models import Q
+from django.utils import timezone
+from psycopg.errors import DeadlockDetected
+
+from adapters_app.models import AdapterVersion
+from adapters_app.selectors import adapter_version_no_effect_refused, adapter_version_untrained
+from adapters_app.services import adapter_version_effect_record
+from inference.fleet.models import RESIDENT, Node, Placement
+from inference.fleet.node_client import NodeCallFailed, node_call
+from inference.fleet.nodes import nodes_live
+from inference.fleet.plan import plan_homes
+from inference.policy.placement import WarmCandidate, warm_target
+from workers import schedule
+from workers.enqueue import enqueue_on_commit
+
+logger = logging.getLogger(__name__)
+def placement_mark_load_issued(node_id: int, version_id: int) -> Placement:
+    """Record that the control plane asks node ``node_id`` to load version ``version_id`` (a warm queued or sent, a
+    pin): from now on that node's heartbeats may report the version, and the gateway may route it there.
+
+    Creates the placement row (tier ``cold``) if there is none; an earlier mark is kept. Committed at once outside a
+    transaction, which :func:`placement_warm` relies on: the node's heartbeat may report the version before the
+    load call returns.
+
+    Returns:
+        The placement row.
+
+    Raises:
+        django.db.IntegrityError: no such node or version.
+    """
+    placement, _ = Placement.objects.get_or_create(node_id=node_id, adapter_version_id=version_id)
+    if placement.load_issued_at is None:
+        placement.load_issued_at = timezone.now()
+        Placement.objects.filter(pk=placement.pk, load_issued_at=None).update(load_issued_at=placement.load_issued_at)
+    return placement
+
+
+def warm_target_node(version: AdapterVersion, *, node_id: int | None = None) -> Node | None:
+    """The live node that should load ``version`` now: the one pure choice
+    (:func:`inference.policy.placement.warm_target`) over the live nodes of its base model, the plan's homes and the
+    nodes where its load failed. ``node_id`` names a node to keep while it is live. None when no node fits."""
+    live = list(nodes_live(version.adapter.base_model))
+    failed = set(Placement.objects.filter(adapter_version=version, tier=Placement.Tier.ERRORED)
+                 .values_list("node_id", flat=True))
+    named = next((n.name for n in live if n.pk == node_id), None) if node_id is not None else None
+    chosen = warm_target(version.pk, r=version.r or 0, homes=plan_homes(version.pk), named=named,
+                         candidates=[WarmCandidate(n.name, n.max_lora_rank, failed=n.pk in failed) for n in live])
+    return next((n for n in live if n.name == chosen), None)
+
+
+def warm_for_request(version_id: int, node_id: int | None = None) -> int | None:
+    """The gateway's one way to ask the fleet for a warm: a request needs version ``version_id`` loaded.
+
+    Picks the node (:func:`warm_target_node`; ``node_id`` is the router's pick or the node an earlier ask chose) and
+    asks a worker to load it there (:func:`placement_request_warm`). Returns the node's pk; None when the version is
+    gone or no live node serves its base model at its rank.
+    """
+    version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
+        pk=version_id).first()
+    if version is None:
+        return None
+    node = warm_target_node(version, node_id=node_id)
+    if node is None:
+        return None
+    placement_request_warm(version, node=node)
+    return node.pk
+
+
+def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) -> Placement:
+    """Load ``version`` onto ``node`` through its agent (S3 → node disk, sha256 checked → engine ``add_lora``).
+
+    ``lora_int_id`` is the version's primary key (conventions §11), ``lora_name`` its served name. The agent probes
+    the adapter's effect after the load (``inference.node.service.NodeAgent.probe_effect``); the verdict is recorded
+    on the version (``adapter_version_effect_record``). A version that changes nothing is refused (``no_effect``)
+    unless validation already warned it is untrained (then it is served, and the report says so).
+
+    Raises:
+        NodeCallFailed: the agent refused or failed; the placement is left ``errored`` with the reason.
+    """
+    placement = placement_mark_load_issued(node.pk, version.pk)
+    untrained = adapter_version_untrained(version)
+    payload = {
+        "lora_name": version.served_name,
+        "lora_int_id": version.lora_int_id,
+        "files": [{k: f[k] for k in ("name", "s3_key", "sha256", "size")} for f in version.files],
+        "pin": pin,
+        "expect_effect": not untrained,
+    }
+    try:
+        answer = node_call(node, "/v1/adapters/load", payload)
+    except NodeCallFailed as exc:
+        placement.tier = Placement.Tier.ERRORED
+        placement.last_error = f"{exc.code}: {exc.detail}"[:2000]
+        placement.warming_since = None
+        placement.save(update_fields=["tier", "last_error", "warming_since", "updated_at"])
+        logger.warning("placement.warm_failed", extra={"version_id": version.pk, "node": node.name, "code": exc.code})
+        if exc.code == "no_effect":
+            adapter_version_effect_record(version, verdict="no_effect", served=False)
+        raise
+    adapter_version_effect_record(version, verdict=str(answer.get("effect", "")), served=True)
+    placement.tier = answer.get("tier", Placement.Tier.WARM)
+    placement.served = True
+    placement.pinned = bool(answer.get("pinned", pin))
+    placement.load_ms = answer.get("load_ms")
+    placement.last_error = ""
+    placement.warming_since = None
+    placement.save(update_fields=["tier", "served", "pinned", "load_ms", "last_error", "warming_since", "updated_at"])
+    logger.info("placement.warmed", extra={"version_id": version.pk, "node": node.name, "load_ms": placement.load_ms})
+    return placement
+
+
+def placement_evict(placement: Placement) -> Placement:
+    """Unload a version from its node's engine (the disk copy stays: tier ``staged``).
+
+    Raises:
+        NodeCallFailed: the agent refused or failed.
+    """
+    node_call(placement.node, "/v1/adapters/unload", {"lora_name": placement.adapter_version.served_name})
+    placement.tier = Placement.Tier.STAGED
+    placement.pinned = False
+    placement.served = False
+    placement.save(update_fields=["tier", "pinned", "served", "updated_at"])
+    return placement
+
+
+def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_served: bool = False,
+                           repin: bool = False) -> Placement:
+    """Ask a worker to warm ``version`` on ``node`` unless it is resident or a warm is already in flight
+    (:func:`placement_request_warm_enqueued`, which also says whether a warm was enqueued).
+
+    A row whose name the engine still serves from disk (tier ``staged``, ``served``: its CPU cache dropped the
+    weights) is skipped too, since a request there reloads it itself, unless ``even_if_served``: the reconciler's
+    pre-warm, which wants the version back in the engine (``hot``/``warm``) before its requests come.
+
+    The enqueue happens on commit; a warm older than ``QUIVER_WARM_WAIT_S`` counts as lost and is re-sent. A version
+    a node's effect probe refused (``no_effect``) is not loaded again: the placement is left ``errored`` with that
+    code, which the gateway answers at once instead of reloading it for every request.
+
+    A deadlock with a concurrent heartbeat's placement writes is retried (PostgreSQL aborts one side; its docs
+    say to retry the transaction); a third deadlock raises ``OperationalError``.
+    """
+    return placement_request_warm_enqueued(version, node=node, even_if_served=even_if_served, repin=repin)[0]
+
+
+def placement_request_warm_enqueued(version: AdapterVersion, *, node: Node, even_if_served: bool = False,
+                                    repin: bool = False) -> tuple[Placement, bool]:
+    """:func:`placement_request_warm`, also saying whether it enqueued a warm (False: resident, served, in flight,
+    or refused as ``no_effect``), so the reconciler counts only the warms it actually asked for."""
+    for attempt in range(3):
+        try:
+            return _request_warm_once(version, node=node, even_if_served=even_if_served, repin=repin)
+        except OperationalError as exc:
+            if attempt == 2 or not isinstance(exc.__cause__, DeadlockDetected):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: bool,
+                       repin: bool = False) -> tuple[Placement, bool]:
+    with transaction.atomic():
+        placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
+        if adapter_version_no_effect_refused(version):
+            if placement.tier != Placement.Tier.ERRORED or not placement.last_error.startswith("no_effect"):
+                placement.tier, placement.warming_since = Placement.Tier.ERRORED, None
+                placement.last_error = "no_effect: the adapter changes nothing (effect probe)"
+                placement.save(update_fields=["tier", "warming_since", "last_error", "updated_at"])
+            return placement, False
+        stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
+        in_flight = placement.warming_since is not None and placement.warming_since > stale
+        if in_flight or (not repin and (placement.tier in RESIDENT or (placement.served and not even_if_served))):
+            return placement, False
+        placement.warming_since = timezone.now()
+        placement.load_issued_at = placement.load_issued_at or placement.warming_since
+        placement.save(update_fields=["warming_since", "load_issued_at", "updated_at"])
+        enqueue_on_commit(schedule.PLACEMENT_WARM, placement.pk)
+    return placement, True
+
+
+def placement_mark_not_served(node_id: int, version_id: int) -> int:
+    """The node's engine answered 404 for the version's served name: the row stops saying it serves there.
+
+    Observed state, as a heartbeat would write it a second later (``node_heartbeat``); written now so that the
+    gateway's next fleet read routes elsewhere or warms it (``placement_request_warm`` skips rows still marked
+    served). A resident row drops to ``staged`` (the node's disk copy stays on an unload); a warm in flight is left
+    alone. Returns the rows changed (0 or 1).
+    """
+    return Placement.objects.filter(node_id=node_id, adapter_version_id=version_id, warming_since=None).filter(
+        Q(tier__in=RESIDENT) | Q(served=True)).update(
+        tier=Placement.Tier.STAGED, served=False, pinned=False, updated_at=timezone.now())
+
+
+def placement_on_ready(version: AdapterVersion) -> Placement | None:
+    """Warm a newly ready version on its node (:func:`warm_target_node`), and evict the adapter's older
+    versions (the gateway only routes to the newest ready one). Returns the new placement, None when no node fits."""
+    older = Placement.objects.filter(
+        Q(tier__in=RESIDENT) | Q(served=True), adapter_version__adapter=version.adapter,
+        adapter_version__number__lt=version.number,
+    ).values_list("pk", flat=True)
+    for placement_id in list(older):
+        enqueue_on_commit(schedule.PLACEMENT_EVICT, placement_id)
+    node = warm_target_node(version)
+    return placement_request_warm(version, node=node) if node else None

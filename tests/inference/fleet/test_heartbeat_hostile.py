@@ -1,0 +1,102 @@
+"""Hostile heartbeats from a node holding a valid token: wrong types, figures past the database's range, deep JSON.
+
+Each is a 400 naming the field (never a 500) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client, override_settings
+
+from inference.fleet.models import Node
+from inference.fleet.nodes import node_register
+
+pytestmark = pytest.mark.django_db
+URL = "/internal/v1/nodes/heartbeat"
+
+
+@pytest.fixture
+def token(base_model: Any) -> str:
+    _, creds = node_register(name="n1", agent_url="http://n1:8100", engine_url="http://n1:8000",
+                             base_model_name="tiny-llama")
+    return creds.token
+
+
+@pytest.fixture
+def internal() -> Any:
+    with override_settings(ROOT_URLCONF="config.internal_urls"):
+        yield Client(raise_request_exception=False)
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"agent_url": 5}, "agent_url"),
+    ({"engine_url": ["http://evil:8000"]}, "engine_url"),
+    ({"base_model": {"name": "tiny-llama"}}, "base_model"),
+    ({"max_loras": 10**30}, "max_loras"),
+    ({"num_requests_running": 2**63}, "num_requests_running"),
+    ({"max_lora_rank": 2**31}, "max_lora_rank"),
+    ({"adapters": [{"lora_name": "x", "lora_int_id": 2**63, "tier": "hot"}]}, "lora_int_id"),  # was a 500
+    # The agent's residency summary: NaN or an infinity anywhere failed the jsonb write (a 500); the others were
+    # stored and crashed the reconciler's int() (fleet_reconcile._hot_bytes) or skewed a tenant's GPU bytes.
+    ({"residency": {"move_seconds": float("nan")}}, "residency.move_seconds"),
+    ({"residency": {"move_seconds": float("inf")}}, "residency.move_seconds"),
+    ({"residency": {"move_seconds": -1.0}}, "residency.move_seconds"),
+    ({"residency": {"gpu": float("nan")}}, "residency.gpu"),
+    ({"residency": {"gpu_slot_bytes": "lots"}}, "residency.gpu_slot_bytes"),
+    ({"residency": {"gpu_slot_bytes": -10**18}}, "residency.gpu_slot_bytes"),
+    ({"residency": {"gpu_slot_bytes": 2**64}}, "residency.gpu_slot_bytes"),
+    ({"residency": "not an object"}, "residency"),
+    ({"adapters": [{"lora_name": "x", "lora_int_id": 1, "tier": "hot", "extra": {"x": [float("-inf")]}}]},
+     "adapters[0].extra.x[0]"),
+])
+def test_bad_field_is_a_400_naming_it_and_changes_nothing(internal: Client, token: str, extra: dict[str, Any],
+                                                          field: str) -> None:
+    before = list(Node.objects.values())
+    resp = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, **extra}),
+                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["code"] == "invalid" and field in resp.json()["detail"]
+    assert list(Node.objects.values()) == before
+
+
+def test_the_agents_own_residency_summary_is_accepted(internal: Client, token: str) -> None:
+    from inference.node.state_report import residency_summary
+
+    adapters = [{"lora_name": "acme--a--1", "lora_int_id": 1, "tier": "hot", "pinned": True, "served": True}]
+    engine = {"slot_bytes": 4096, "bytes": {"1": 2048}, "loads_total": 3,
+              "moves": {"disk_to_cpu_s": 0.0125, "cpu_to_gpu_s": 0.001}}
+    for summary in (residency_summary(adapters, engine, 1 << 20), residency_summary(adapters, None, 0)):
+        resp = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, "residency": summary}),
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+        assert resp.status_code == 200, resp.content
+        assert Node.objects.get(name="n1").state["residency"] == summary
+
+
+@pytest.mark.parametrize("auth", ["valid", "bogus"])
+def test_deeply_nested_json_is_a_400(internal: Client, token: str, auth: str) -> None:
+    header = f"Bearer {token}" if auth == "valid" else "Bearer qvn_n1.forged"
+    resp = internal.post(URL, data=b"[" * 100_000 + b"]" * 100_000, content_type="application/json",
+                         HTTP_AUTHORIZATION=header)
+    assert resp.status_code == (400 if auth == "valid" else 401), resp.content
+
+
+def test_the_answer_names_the_reported_adapters_the_plan_puts_on_other_nodes_only(internal: Client,
+                                                                                  token: str) -> None:
+    from common.redis import sync_client
+    from inference.fleet.plan import plan_key, plan_publish
+    from tests.fixtures.fleet_plan import plan_forget
+
+    adapters = [{"lora_name": f"acme--a{i}", "lora_int_id": i, "tier": "warm", "pinned": False, "served": True}
+                for i in (1, 2, 3, 4)]
+    try:
+        plan_publish({1: ("n2",), 2: ("n1",), 3: ("n2", "n1")})  # 4: not planned (new, or the plan is older)
+        resp = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, "adapters": adapters}),
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    finally:
+        sync_client().delete(plan_key())  # type: ignore[union-attr]
+        plan_forget()
+    assert resp.status_code == 200, resp.content
+    assert resp.json() == {"node": "n1", "healthy": True, "elsewhere": [1]}

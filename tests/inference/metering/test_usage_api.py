@@ -1,0 +1,64 @@
+"""``GET /api/v1/usage``: per-version token totals, only the caller's."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from adapters_app.models import AdapterVersion
+from adapters_app.services import adapter_create
+from inference.metering.models import UsageRecord
+
+pytestmark = pytest.mark.django_db
+
+
+def _version(tenant, name: str) -> AdapterVersion:  # type: ignore[no-untyped-def]
+    adapter = adapter_create(tenant, name=name, base_model_name="tiny-llama")
+    return AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256=name * 4, size_bytes=1,
+                                         s3_prefix="x/", files=[], status="ready")
+
+
+def test_usage_is_summed_per_version_and_scoped(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    _, other, _ = make_client()
+    mine, theirs = _version(tenant, "bot"), _version(other, "bot")
+    for version, tokens in ((mine, 5), (mine, 7), (theirs, 100)):
+        UsageRecord.objects.create(tenant=version.tenant, adapter_version=version, base_model=base_model,
+                                   model_name="bot", version_number=1, endpoint="completions", status_code=200, prompt_tokens=2,
+                                   completion_tokens=tokens, latency_ms=1.0)
+    UsageRecord.objects.create(tenant=tenant, base_model=base_model, model_name="tiny-llama", endpoint="completions",
+                               status_code=200,
+                               prompt_tokens=3, completion_tokens=4, latency_ms=1.0)
+    rows = client.get("/api/v1/usage").json()
+    assert rows == [
+        {"model": "bot", "adapter": "bot", "version": 1, "requests": 2, "prompt_tokens": 4, "completion_tokens": 12},
+        {"model": "tiny-llama", "adapter": None, "version": None, "requests": 1, "prompt_tokens": 3,
+         "completion_tokens": 4},
+    ]
+    future = (timezone.now() + timedelta(hours=1)).isoformat()
+    assert client.get("/api/v1/usage", {"since": future}).json() == []
+    bad = client.get("/api/v1/usage", {"since": "yesterday"})
+    assert bad.status_code == 400 and "since" in bad.json()["fields"]
+
+
+def test_usage_takes_a_time_range_and_exports_csv(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    _, other, _ = make_client()
+    now = timezone.now()
+    for owner, minutes_ago, tokens, status in ((tenant, 90, 5, 200), (tenant, 30, 7, 499), (other, 30, 100, 200)):
+        UsageRecord.objects.create(tenant=owner, base_model=base_model, model_name="tiny-llama", endpoint="completions",
+                                   stream=True, status_code=status, prompt_tokens=2, completion_tokens=tokens,
+                                   latency_ms=9.5, ttft_ms=1.5, created_at=now - timedelta(minutes=minutes_ago))
+    hour_ago = (now - timedelta(hours=1)).isoformat()
+    rows = client.get("/api/v1/usage", {"until": hour_ago}).json()
+    assert [r["completion_tokens"] for r in rows] == [5]
+    assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": hour_ago}).json()] == [7]
+    bad = client.get("/api/v1/usage", {"since": now.isoformat(), "until": hour_ago})
+    assert bad.status_code == 400 and "until" in bad.json()["fields"]
+    export = client.get("/api/v1/usage", {"export": "csv"})
+    assert export.status_code == 200 and export["Content-Type"] == "text/csv"
+    lines = b"".join(export).decode().splitlines()  # as a WSGI server reads it; ASGI reads it in batches
+    assert lines[0].startswith("created_at,model,version,endpoint,stream,status_code,prompt_tokens")
+    assert [line.split(",")[5:8] for line in lines[1:]] == [["200", "2", "5"], ["499", "2", "7"]]  # theirs absent
