@@ -20,7 +20,15 @@ from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import SimNode
 from inference.policy.eviction import EvictionConfig, EvictionPolicy, Resident, choose_victims, decayed_hits
 from inference.policy.hrw import hrw_weight
-from inference.policy.placement import Demand, PlacementConfig, PlacementNode, place, slotted
+from inference.policy.placement import (
+    Demand,
+    PlacementConfig,
+    PlacementNode,
+    WarmCandidate,
+    place,
+    slotted,
+    warm_target,
+)
 from inference.policy.routing import Candidate, RouteConfig, route
 
 BASE = "base"
@@ -155,6 +163,7 @@ class QuiverPolicy(Policy):
         self.plan: dict[int, tuple[str, ...]] = {}
         self.res: dict[str, dict[int, Resident]] = {n.name: {} for n in nodes}
         self.last_plan = 0.0
+        self._warm_candidates = [WarmCandidate(n.name, costs.max_lora_rank) for n in nodes]
         self.pnodes = [PlacementNode(n.name, BASE, costs.max_lora_rank, n.engine.max_cpu_loras, gpu_slots=n.engine.max_loras)
                        for n in nodes]
 
@@ -208,7 +217,9 @@ class QuiverPolicy(Policy):
     def _placed(self, adapter: int) -> tuple[str, ...]:
         placed = self.plan.get(adapter)
         if placed is None:
-            placed = (max(self.nodes, key=lambda n: _hrw(adapter, n.name)).name,)
+            # Not in the plan yet: where production warms it (``inference.fleet.warming.warm_target_node``).
+            home = warm_target(adapter, r=self.ranks[adapter], candidates=self._warm_candidates)
+            placed = (home,) if home is not None else ()
         return placed
 
     def choose(self, adapter: int, t: float) -> SimNode:

@@ -1,7 +1,7 @@
 """Per-tenant and per-key limits, atomic in Redis across every gateway process (in process without Redis).
 
-Requests per minute and tokens per minute use fixed one-minute windows (AIBrix's limiter, shared/notes/admission.md
-§5); requests are also paced over the minute (GCRA, ``inference.policy.admission.rpm_pace``: bursts of about a second's
+Requests per minute and tokens per minute use fixed one-minute windows (AIBrix's Redis limiter,
+``vllm-project/aibrix`` ``pkg/plugins/gateway/ratelimiter``); requests are also paced over the minute (GCRA, ``inference.policy.admission.rpm_pace``: bursts of about a second's
 worth, as OpenAI quantizes its limits), so a client cannot pour its whole minute into the engines at once; concurrency is a sorted set of leases that expire on their own, so a process that dies mid-request frees its
 slots after ``lease_s``; a stream that outlives its lease renews it (:meth:`RateLimiter.renew`, every third of the
 lease while the relay runs), since the proxy timeout bounds each read, not the whole stream. One Lua script checks every scope (tenant, key) and only then increments them all: no
@@ -253,7 +253,7 @@ class Admission:
 
 
 def _duration(seconds: float) -> str:
-    """OpenAI's reset format: ``1s``, ``6m0s``, ``12ms`` (shared/notes/admission.md §6)."""
+    """OpenAI's reset format: ``1s``, ``6m0s``, ``12ms`` (OpenAI's rate-limit guide, platform.openai.com/docs/guides/rate-limits)."""
     if seconds < 1:
         return f"{max(1, int(seconds * 1000))}ms"
     whole = math.ceil(seconds)

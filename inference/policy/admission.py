@@ -1,6 +1,7 @@
 """Admission decisions as pure functions: is a node saturated, and whose queued request goes next (VTC).
 
-Saturation follows GIE/llm-d's ``utilization-detector`` (shared/notes/admission.md §2): a node is saturated when
+Saturation follows GIE/llm-d's ``utilization-detector`` (llm-d-router
+``pkg/epp/framework/plugins/flowcontrol/saturationdetector/utilization/detector.go``): a node is saturated when
 ``vllm:num_requests_waiting`` ≥ ``queue_saturated`` (default 5) or ``vllm:kv_cache_usage_perc`` ≥ ``kv_saturated``
 (default 0.8). Requests this gateway process sent the node after the figures were taken count as waiting (llm-d's
 in-flight credit), so a burst between two scrapes cannot pour past the threshold.
@@ -179,7 +180,8 @@ def node_saturated(load: NodeLoad | None, *, now_s: float, config: SaturationCon
     if load is None or now_s - load.at_s > config.max_age_s:
         return None
     # Requests the engine holds back for a LoRA slot (``deferred``) are not a lack of capacity: holding more in the
-    # gateway would not serve them sooner (shared/notes/admission.md §9.4; vLLM's waiting_by_reason). Engines
+    # gateway would not serve them sooner (vLLM's ``vllm:num_requests_waiting_by_reason``,
+    # reason ``deferred``: ``vllm/v1/core/sched/scheduler.py``). Engines
     # that do not export the reasons count every waiting request.
     waiting = load.num_requests_waiting if load.waiting_capacity is None else load.waiting_capacity
     # Never below zero: requests that ended while nothing waited free running slots, not a place in a queue.

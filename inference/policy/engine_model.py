@@ -1,7 +1,7 @@
 """vLLM's two LoRA caches as a state machine, to predict and to simulate what the engine does on its own.
 
 Rules, from ``vllm/lora/worker_manager.py`` (``LRUCacheWorkerLoRAManager``), ``vllm/lora/model_manager.py`` and
-``vllm/utils/cache.py`` (shared/notes/fleet.md §1):
+``vllm/utils/cache.py`` (``vllm/lora/model_manager.py``):
 
 1. ``add_lora`` of an id not in the CPU cache: if the cache is full, the least recently used *unpinned* entry is
    removed first, and removing it from the CPU cache also empties its GPU slot; all pinned → ``AllPinnedError``.

@@ -19,8 +19,8 @@ Policies (one setting, ``QUIVER_EVICTION_POLICY``, picks one):
 Before the policy's order: residents of a tenant over its residency quota go first (it loses its own adapters
 before anyone else does), then residents the placement no longer wants on this node. Pins are never chosen; when
 only pins are left the call raises ``AllPinnedError``, as vLLM's LRU raises ``RuntimeError("All items are
-pinned…")`` (shared/notes/fleet.md §1). Pins per node are bounded at ``slots − 1`` so unpinned traffic always has a
-slot (SGLang's rule; shared/notes/fleet.md §7.3).
+pinned…")`` (``vllm/utils/cache.py``). Pins per node are bounded at ``slots − 1`` so unpinned traffic always has a
+slot (SGLang's rule; vLLM pins never expire, ``vllm#5603``).
 """
 
 from __future__ import annotations

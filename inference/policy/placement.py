@@ -3,10 +3,12 @@
 - *Eligible nodes* serve the version's base model, accept its rank (``r ≤ --max-lora-rank``, the engine rejects the
   rest: ``vllm/lora/peft_helper.py``) and have the bytes for it.
 - *Order*: the version's HRW ranking of the eligible nodes (``inference.policy.hrw``): stable, and a lost node only
-  remaps the versions that had it (shared/notes/fleet.md §3).
+  remaps the versions that had it (Thaler and Ravishankar, "A Name-Based Mapping Scheme for
+  Rendezvous", 1996).
 - *Replicas*: ``k = ceil(rate / (replica_util × mean node rate))`` clamped to ``[min_replicas, max_replicas]`` and the
   eligible count: one replica while a version fits in a share of one node, more as its request rate grows, back to
-  ``min_replicas`` when it goes idle (k-replica HRW sets: shared/notes/fleet.md §7.4).
+  ``min_replicas`` when it goes idle (k-replica HRW sets, as Dynamo proposes
+  in ``ai-dynamo/dynamo#15031``).
 - *First replicas first* while the fleet's CPU slots can hold every version with traffic: each gets one replica
   (more only when the load bound or the operator's floor forces it) before any gets a rate-driven extra one, and
   extra replicas go into free CPU slots only.

@@ -5,7 +5,7 @@ Scores per candidate node (first match wins), after llm-d's proposed ``lora-load
 the node's disk 0.3, otherwise 0.0. Filters before scoring:
 
 - *saturation*: ``num_requests_waiting >= queue_saturated`` or ``kv_cache_usage_perc >= kv_saturated`` (GIE's
-  saturation detector defaults, queue 5 and KV 0.8; shared/notes/anchors.md §5.7);
+  saturation detector defaults, queue 5 and KV 0.8: llm-d-router ``saturationdetector/utilization/config.go``);
 - *bounded load*: a node carrying more than ``load_bound`` × the mean load of the candidates (+1) is skipped, as in
   consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018), so one hot adapter cannot
   pile onto one node.
@@ -14,7 +14,8 @@ A node whose running batch has no room for the version (``max_loras`` other adap
 node that holds it with room: vLLM's scheduler defers such a request until one of those adapters drains, and keeps
 admitting their new requests meanwhile (``vllm/v1/core/sched/scheduler.py``), while a load from the node's disk or
 CPU cache costs about a millisecond on the CPU node and far less than a wait for a batch on a GPU (scripts/bench_fleet
-measures both; GIE's LoRA affinity scores an active adapter 1.0 and room for one more 0.8, shared/notes/anchors.md §5.6).
+measures both; GIE's LoRA affinity scores an active adapter 1.0 and room for one more 0.8: llm-d-router
+``scorer/loraaffinity/lora_affinity.go``).
 Nodes in the version's placement (its HRW replica set, ``inference.policy.placement``) win over spill-over nodes;
 then nodes that hold the version in the engine (GPU slot or CPU cache: no engine load); among those the less loaded
 node wins before the GPU/CPU difference, because a CPU→GPU swap (~0.1 s) costs less than queueing and because

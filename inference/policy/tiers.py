@@ -2,8 +2,8 @@
 
 vLLM keeps two caches per engine (``vllm/lora/worker_manager.py``, ``LRUCacheWorkerLoRAManager``): the GPU slots
 (``max_loras``, its ``_active_adapters``) and the CPU cache (``max_cpu_loras``, its ``_registered_adapters``). Below
-them Quiver keeps the node's disk cache and S3 (shared/notes/fleet.md §1). The database and the dashboard say
-``hot``/``warm``/``staged``/``cold`` (shared/notes/conventions.md, Vocabulary); ``DB_WORD`` maps between them.
+them Quiver keeps the node's disk cache and S3 (vLLM's ``LRUCacheWorkerLoRAManager``, ``vllm/lora/worker_manager.py``). The database and the dashboard say
+``hot``/``warm``/``staged``/``cold`` (docs/architecture.md, Vocabulary); ``DB_WORD`` maps between them.
 """
 
 from __future__ import annotations
