@@ -39,9 +39,20 @@ def _value(value: object) -> str:
     return text if len(text) <= _MAX_VALUE_CHARS else text[:_MAX_VALUE_CHARS] + "…"
 
 
+# HTTP client libraries that log every request at INFO ("HTTP Request: GET …/metrics 200"). The node agent reads the
+# engine's /metrics every 100 ms and heartbeats every few seconds, so at INFO they wrote ~36,000 lines an hour on an
+# idle node (attack-round finding, issue 30). Failures still reach the log: they raise, and the agent logs them.
+CHATTY_LOGGERS = ("httpx", "httpcore")
+
+
 def configure(level: str | int = logging.INFO) -> None:
     """Give the root logger one stderr handler with :class:`KeyValueFormatter` unless it already has handlers (a
-    process configured elsewhere, or a test's capture)."""
+    process configured elsewhere, or a test's capture). :data:`CHATTY_LOGGERS` log at WARNING and above whatever
+    ``level`` is, unless ``level`` is DEBUG (tracing every request is then what was asked for)."""
+    numeric = logging.getLevelName(level) if isinstance(level, str) else level
+    if not isinstance(numeric, int) or numeric > logging.DEBUG:
+        for name in CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     root = logging.getLogger()
     if root.handlers:
         return
