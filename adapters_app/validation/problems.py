@@ -97,3 +97,8 @@ class UploadRejected(Exception):
     def codes(self) -> list[str]:
         """The problems' codes, in order (handy for API envelopes and tests)."""
         return [p.code for p in self.problems]
+
+
+def config_error(code: str, field: str | None, message: str, hint: str) -> Problem:
+    """An error about ``adapter_config.json``: ``field`` is the config key, or None for the file as a whole."""
+    return error(code, field if field is not None else "adapter_config.json", message, hint)
