@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from inference.node.agent import create_app
 from inference.node.config import NodeSettings
-from inference.node.service import GRACE_BUSY_S
+from inference.node.eviction import GRACE_BUSY_S
 from tests.fixtures.s3 import S3Server
 from tests.fixtures.vllm import RunningEngine, free_port
 
@@ -361,7 +361,7 @@ def test_heartbeat_posts_state_with_the_node_token(settings: NodeSettings) -> No
             deadline = time.monotonic() + 15
             while len(_Recorder.received) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            noted = client.app.state.agent._elsewhere[1]
+            noted = client.app.state.agent.evictor._elsewhere[1]
     finally:
         server.shutdown()
 
@@ -470,7 +470,7 @@ def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
                           json={"model": "acme--grace0", "prompt": "the", "max_tokens": 2}, timeout=120)
         assert done.status_code == 200
         agent = client.app.state.agent
-        assert set(agent._steps_at_load) == {90 + i for i in range(capacity)}  # baselines after each probe
+        assert set(agent.evictor._steps_at_load) == {90 + i for i in range(capacity)}  # baselines after each probe
         time.sleep(GRACE_BUSY_S + 0.5)  # its request is done, not just started
 
         assert load(capacity)["evicted"] == ["acme--grace0"]
@@ -482,7 +482,7 @@ def test_an_idle_adapter_the_plan_put_elsewhere_goes_before_the_policys_pick(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """LFU would keep the busy away0; the heartbeat answer says the plan moved it to another node, so it goes."""
-    monkeypatch.setattr("inference.node.service.ELSEWHERE_IDLE_S", 0.0)
+    monkeypatch.setattr("inference.node.eviction.ELSEWHERE_IDLE_S", 0.0)
     files = upload(tiny_adapters["qv-r8"])
     capacity = clean_vllm_engine.max_cpu_loras
 
@@ -497,12 +497,12 @@ def test_an_idle_adapter_the_plan_put_elsewhere_goes_before_the_policys_pick(
 def test_the_plan_hint_expires_and_spares_an_adapter_in_use_here() -> None:
     from types import SimpleNamespace
 
-    from inference.node.service import ELSEWHERE_IDLE_S, PLAN_STALE_HEARTBEATS, NodeAgent
+    from inference.node.eviction import ELSEWHERE_IDLE_S, PLAN_STALE_HEARTBEATS, Evictor
 
     fake = SimpleNamespace(settings=SimpleNamespace(heartbeat_seconds=5.0), _elsewhere=(1000.0, frozenset({1, 2})))
     idle = {1: ELSEWHERE_IDLE_S + 1, 2: 0.1}
-    assert NodeAgent._planned_elsewhere(fake, idle, 1001.0) == {1}  # type: ignore[arg-type]
-    assert NodeAgent._planned_elsewhere(fake, idle, 1000.0 + PLAN_STALE_HEARTBEATS * 5 + 1) == set()  # type: ignore[arg-type]
+    assert Evictor.planned_elsewhere(fake, idle, 1001.0) == {1}  # type: ignore[arg-type]
+    assert Evictor.planned_elsewhere(fake, idle, 1000.0 + PLAN_STALE_HEARTBEATS * 5 + 1) == set()  # type: ignore[arg-type]
 
 
 def test_the_effect_probe_refuses_an_adapter_that_changes_nothing(
@@ -567,13 +567,13 @@ def test_a_reload_of_the_same_weights_reuses_the_effect_verdict(
     the reload answers the first load's verdict without the probe's two greedy requests."""
     node_agent = agent.app.state.agent  # type: ignore[attr-defined]
     probed: list[str] = []
-    real_probe = node_agent.probe_effect
+    real_probe = node_agent.effect_probe.probe
 
     async def counting_probe(lora_name: str) -> str:
         probed.append(lora_name)
         return await real_probe(lora_name)
 
-    monkeypatch.setattr(node_agent, "probe_effect", counting_probe)
+    monkeypatch.setattr(node_agent.effect_probe, "probe", counting_probe)
     body = {"lora_name": "acme--again", "lora_int_id": 93, "files": upload(tiny_adapters["qv-r8"])}
 
     first = agent.post("/v1/adapters/load", json=body)

@@ -154,7 +154,7 @@ def test_a_state_read_during_a_policy_switch_does_not_undo_it_in_the_engine(tmp_
         engine.hold.set()
         assert await switching == {"policy": "lfu"}
         await reading
-        return agent.eviction.policy.value, engine.policy
+        return agent.evictor.config.policy.value, engine.policy
 
     assert asyncio.run(scenario()) == ("lfu", "lfu")
 
@@ -170,7 +170,7 @@ def test_concurrent_policy_switches_leave_agent_and_engine_on_the_same_one(tmp_p
         await asyncio.sleep(0.05)
         engine.hold.set()
         await asyncio.gather(first, second)
-        return agent.eviction.policy.value, engine.policy, engine.sent
+        return agent.evictor.config.policy.value, engine.policy, engine.sent
 
     agent_policy, engine_policy, sent = asyncio.run(scenario())
     assert agent_policy == engine_policy == sent[-1]
@@ -190,4 +190,4 @@ def test_bad_policy_bodies_are_400_and_change_nothing(tmp_path: Path, body: Any)
     assert status == 400, answer
     assert answer["code"] in ("invalid_request", "invalid_policy")
     assert "policy" in answer["detail"] or answer["code"] == "invalid_request"
-    assert engine.sent == [] and app.state.agent.eviction.policy.value == "lfu"
+    assert engine.sent == [] and app.state.agent.evictor.config.policy.value == "lfu"

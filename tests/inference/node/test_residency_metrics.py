@@ -30,7 +30,7 @@ def test_missing_residency_reads_as_zero_and_not_from_engine() -> None:
 
 
 def test_engine_loads_and_move_seconds_reach_the_gauges() -> None:
-    from inference.node.service import residency_summary
+    from inference.node.state_report import residency_summary
 
     engine = {"slot_bytes": 10, "bytes": {"3": 100}, "loads_total": 7,
               "moves": {"disk_to_cpu": 7, "cpu_to_gpu": 9, "disk_to_cpu_s": 0.25, "cpu_to_gpu_s": 0.5}}
