@@ -64,7 +64,7 @@ def test_every_series_the_dashboard_queries_is_exported_by_the_code() -> None:
 
 def test_gateway_families_listed_in_exported_are_the_registered_ones() -> None:
     registered = {n for n in _series(REGISTRY.collect()) if n.startswith("quiver_gateway_")}
-    for name in gateway_metrics.exported_names():
+    for name in gateway_metrics.EXPORTED:
         assert name in registered or f"{name}_bucket" in registered, name
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.http import JsonResponse
+from starlette.responses import Response
 
 from common.echo import clip
 
@@ -42,3 +46,17 @@ class GatewayError(Exception):
         if self.status == 401:
             resp["WWW-Authenticate"] = 'Bearer realm="quiver"'
         return resp
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(data, separators=(",", ":")), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def error_response(exc: GatewayError) -> Response:
+    """OpenAI's ``{"error": {...}}`` for ``exc``, with ``WWW-Authenticate`` on 401 and ``Allow`` on 405."""
+    headers = dict(exc.headers)
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="quiver"'
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    return _json(body, exc.status, headers)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -356,3 +358,21 @@ def requested_tokens(body: Mapping[str, Any]) -> int | None:
     prompts of a list), or None."""
     length = body.get("max_completion_tokens", body.get("max_tokens"))
     return None if length is None else int(length) * int(body.get("n", 1)) * prompt_count(body)
+
+
+# A JSON \\uD800-\\uDFFF escape: json.loads turns an unpaired one into a str that cannot be encoded as UTF-8, which
+# failed later as a 500 (the database query for `model`, token estimates, the engine). Paired ones are fine.
+LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def refuse_lone_surrogates(body: dict[str, Any]) -> None:
+    """Raise 400 naming the first top-level field holding a string that is not valid Unicode (an unpaired UTF-16
+    surrogate, from a ``\\ud800``-style escape)."""
+    for name, value in body.items():
+        try:
+            json.dumps({name: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            field = name if name.encode("utf-8", "replace") == name.encode("utf-8", "surrogatepass") else "body"
+            raise GatewayError(400, f"Invalid '{clip(field)}': it holds an unpaired UTF-16 surrogate (a \\ud800-\\udfff "
+                               "escape without its pair), which is not text; send valid Unicode.",
+                               code="invalid_value", param=field) from None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -123,8 +122,3 @@ def render() -> tuple[bytes, str]:
     from prometheus_client import REGISTRY
 
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
-
-
-def exported_names() -> Iterable[str]:
-    """Every series family name this module exports (the dashboard test checks against it)."""
-    return EXPORTED

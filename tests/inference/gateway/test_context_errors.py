@@ -11,8 +11,9 @@ from asgiref.sync import async_to_sync
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
-from inference.gateway import app as gateway_app
-from inference.gateway.app import GatewayApp, _engine_error
+from inference.gateway import exchange as gateway_exchange
+from inference.gateway.app import GatewayApp
+from inference.gateway.engine_errors import engine_error as _engine_error
 from inference.gateway.snapshot import NodeView, TargetView
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
@@ -107,7 +108,7 @@ def test_the_caller_gets_the_named_field_through_the_gateway(monkeypatch: pytest
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
 
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
 
     async def go() -> httpx.Response:

@@ -13,6 +13,7 @@ from asgiref.sync import async_to_sync
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.gateway import app as gateway_app
+from inference.gateway import exchange as gateway_exchange
 from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
@@ -45,7 +46,7 @@ def test_an_engine_refusing_the_node_key_is_a_502_not_the_callers_401(
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NODE
 
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
     observe = gateway_app.metrics.request_observe
     monkeypatch.setattr(gateway_app.metrics, "request_observe",

@@ -322,7 +322,7 @@ def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
 
     from adapters_app.models import AdapterVersion
     from adapters_app.services import adapter_create
-    from inference.gateway import app as gateway_app
+    from inference.gateway import exchange as gateway_exchange
     from inference.gateway.app import GatewayApp
     from inference.gateway.snapshot import NodeView
     from tenants.services import api_key_create, limits_set
@@ -344,7 +344,7 @@ def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return node
 
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
 
     app = GatewayApp(background=False)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from django.urls import Resolver404, resolve
 
-from inference.gateway import internal_views, metrics
+from inference.gateway import metrics
+from inference.gateway import views as internal_views
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from inference.gateway.app import GatewayApp
+from inference.gateway.relay import relay_stream
 from inference.gateway.snapshot import TargetView
 from inference.gateway.upstream import upstream_close, upstream_post
 
@@ -61,7 +61,7 @@ def _relay(path: str, keep_usage: bool) -> tuple[list[str], list[tuple[int, Any]
         async with TestServer(app) as server:
             try:
                 response = await upstream_post(str(server.make_url(path)), content=b"{}", node_key="k")
-                events = GatewayApp._relay(response, target=TARGET, keep_usage=keep_usage, record=record,
+                events = relay_stream(response, target=TARGET, keep_usage=keep_usage, record=record,
                                            started=0.0)
                 return [c.decode() async for c in events]
             finally:
@@ -136,7 +136,7 @@ def test_engine_nulls_that_openai_never_sends_are_dropped_so_the_schema_holds() 
     import llm_comply
     from llm_comply.schema import SpecLoader
 
-    from inference.gateway.app import _strip_engine_fields
+    from inference.gateway.engine_errors import strip_engine_fields as _strip_engine_fields
 
     # A vLLM 0.32 chat completion as the engine sends it (nulls where OpenAI's schema wants a value or nothing).
     vllm = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bot", "service_tier": None,
@@ -161,7 +161,7 @@ def test_a_client_gone_before_the_first_byte_still_frees_the_slot_and_the_engine
     # engine was starting; Starlette then cancels the body task at its first suspension. Here that is in send(), before
     # the relay's first step, so the relay's own finally (which releases the admission slot and settles the limits)
     # never runs: the response must do it.
-    from inference.gateway.app import relay_response
+    from inference.gateway.relay import relay_response
 
     seen: list[tuple[int, Any]] = []
     closed: list[bool] = []

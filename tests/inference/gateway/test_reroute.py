@@ -15,7 +15,9 @@ from asgiref.sync import async_to_sync
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.gateway import app as gateway_app
-from inference.gateway.app import MAX_REROUTES, GatewayApp
+from inference.gateway import exchange as gateway_exchange
+from inference.gateway.app import GatewayApp
+from inference.gateway.exchange import MAX_REROUTES
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
@@ -46,9 +48,9 @@ def _run(monkeypatch: pytest.MonkeyPatch, statuses: list[int]) -> tuple[httpx.Re
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NODE
 
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
-    monkeypatch.setattr(gateway_app, "placement_mark_not_served", lambda node_id, version_id: marked.append((node_id, version_id)))
+    monkeypatch.setattr(gateway_exchange, "placement_mark_not_served", lambda node_id, version_id: marked.append((node_id, version_id)))
 
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=GatewayApp(background=False))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-from inference.gateway import app as gateway_app
+from inference.gateway import exchange as gateway_exchange
 from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
@@ -57,7 +57,7 @@ def _streaming_app(monkeypatch: pytest.MonkeyPatch, key: str,
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NODE
 
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
     body = json.dumps({"model": "tiny-llama", "prompt": "x", "max_tokens": 8, "stream": True}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",

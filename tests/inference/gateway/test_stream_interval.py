@@ -10,7 +10,7 @@ import httpx
 import pytest
 from asgiref.sync import async_to_sync
 
-from inference.gateway import app as gateway_app
+from inference.gateway import exchange as gateway_exchange
 from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
@@ -47,7 +47,7 @@ def test_only_the_heaviest_tenants_streams_carry_a_stream_interval(monkeypatch: 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NODE
 
-    monkeypatch.setattr(gateway_app, "upstream_post", upstream_post)
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
     app = GatewayApp(background=False)
 

@@ -1,0 +1,205 @@
+"""Stage 3 of a completion request: the exchange with the engine on the node admission chose.
+
+The body is sent; a node that refuses connections is skipped and one that no longer serves the adapter is recorded
+(``inference.fleet.warming.placement_mark_not_served``) and routed around; the answer is relayed
+(``inference.gateway.relay``) and metered exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.conf import settings
+from starlette.responses import Response
+
+from inference.fleet.warming import placement_mark_not_served
+from inference.gateway import metrics
+from inference.gateway.admission import AdmissionGate
+from inference.gateway.directory import Directory, db_call
+from inference.gateway.engine_errors import ENGINE_AUTH_STATUSES, engine_error, strip_engine_fields
+from inference.gateway.errors import GatewayError, error_response
+from inference.gateway.limits import RateLimiter
+from inference.gateway.relay import RecordedResponse, relay_response
+from inference.gateway.snapshot import KeyView, NodeView, TargetView
+from inference.gateway.upstream import UpstreamError, UpstreamRefused, engine_answers, upstream_post
+from inference.gateway.usage_sink import UsageSink
+from inference.metering.usage import usage_row
+
+logger = logging.getLogger(__name__)
+# Engine 404s for an adapter the fleet view said was served, answered by routing again (each bounded by the warm wait).
+MAX_REROUTES = 3
+
+
+class Gateway(Protocol):
+    """What an exchange uses of the gateway app (``inference.gateway.app.GatewayApp``)."""
+
+    admission: AdmissionGate
+    limiter: RateLimiter
+    sink: UsageSink
+    directory: Directory
+    _down: dict[int, float]
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    def node_for(self, target: TargetView) -> Awaitable[NodeView]:
+        """The node for ``target`` (routing, or a warm and a wait); raises ``GatewayError``."""
+        ...
+
+
+@dataclass(slots=True)
+class Call:
+    """A request after stage 1: who calls (``key``), what for (``target``), the body the engine will see, and the
+    token limits' reservation (``admission``, None without limits) with the estimates it was made from."""
+
+    key: KeyView
+    target: TargetView
+    endpoint: str
+    upstream: dict[str, Any]
+    admission: Any
+    prompt_estimate: int
+    completion_estimate: int
+
+
+class Exchange:
+    """Stage 3 of a request: one exchange with the engine on the node admission chose, rerouted while the node
+    refuses connections or no longer serves the adapter, and metered exactly once (:meth:`record`)."""
+
+    def __init__(self, app: Gateway, call: Call, *, node: NodeView, slot: Any, started: float,
+                 arrived: float) -> None:
+        self.app, self.call, self.node, self.slot = app, call, node, slot
+        self.started, self.arrived = started, arrived
+        self.upstream = call.upstream
+        self.limit_headers = call.admission.headers if call.admission else {}
+        self.upstream["model"] = call.target.served_name
+        engine_priority = app.admission.engine_priority(node, call.key.priority)
+        if engine_priority is not None:
+            self.upstream["priority"] = engine_priority
+        self.stream = bool(self.upstream.get("stream"))
+        if self.stream:
+            interval = app.admission.engine_stream_interval(node, str(call.key.tenant_id))
+            if interval is not None:
+                self.upstream["stream_interval"] = interval
+        client_options = self.upstream.get("stream_options") or {}
+        self.keep_usage = bool(client_options.get("include_usage"))
+        if self.stream:
+            # Running counts on every chunk: a stream cut short is still billed the tokens it delivered.
+            self.upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        self.content = json.dumps(self.upstream).encode()
+
+    def record(self, status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
+        """Meter the request once it ended with ``status``: free its admission slot, settle its token reservation
+        with ``usage`` (the engine's counts), count it and emit its usage row."""
+        app, call = self.app, self.call
+        key, target = call.key, call.target
+        app.admission.release(self.slot)
+        prompt_tokens = int((usage or {}).get("prompt_tokens") or 0)
+        completion_tokens = int((usage or {}).get("completion_tokens") or 0)
+        if call.admission is not None:
+            app._spawn(app.limiter.settle(call.admission, actual_tokens=prompt_tokens + completion_tokens))
+        app.admission.charge(str(key.tenant_id), prompt_tokens=prompt_tokens - call.prompt_estimate,
+                              completion_tokens=completion_tokens - call.completion_estimate)
+        metrics.request_observe(endpoint=call.endpoint, status=status, served_name=target.served_name,
+                                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                latency_s=time.monotonic() - self.started,
+                                ttft_s=None if ttft_ms is None else ttft_ms / 1000)
+        app.sink.emit(usage_row(
+            tenant_id=key.tenant_id, api_key_id=key.pk, adapter_version_id=target.version_id,
+            base_model_id=target.base_model_id, node_id=self.node.pk, model_name=target.requested,
+            version_number=target.version_number, endpoint=call.endpoint, stream=self.stream, status_code=status,
+            usage=usage, latency_ms=(time.monotonic() - self.started) * 1000, ttft_ms=ttft_ms, created_at=self.arrived))
+
+    async def proxy(self) -> Response:
+        """Stage 3 proper: send the body, reroute on a refused connection or an adapter the engine lost, and answer
+        (a JSON body metered once sent, or the relayed stream)."""
+        app, target, endpoint, record = self.app, self.call.target, self.call.endpoint, self.record
+        node = self.node
+        reroutes = 0
+        try:
+            while True:
+                try:
+                    response = await upstream_post(f"{node.engine_url}/v1/{endpoint}", content=self.content,
+                                                   node_key=node.key)
+                except UpstreamError as exc:
+                    # No response came. A refused connection reached no engine; a connection that broke before the
+                    # answer (a kept-alive one to an engine that died) counts too when the engine's health check
+                    # now gets no answer: the dead engine answers no one, so the request may go to another node.
+                    # This process skips the node until heartbeats would have aged it out of routing everywhere.
+                    refused = isinstance(exc, UpstreamRefused)
+                    if not refused and await engine_answers(node.engine_url):
+                        raise
+                    logger.warning("gateway.upstream_refused", extra={"node": node.name, "error": repr(exc)})
+                    app._down[node.pk] = time.monotonic() + settings.QUIVER_NODE_STALE_AFTER_S
+                    try:
+                        node = self.node = await app.node_for(target)
+                    except GatewayError:
+                        raise exc from None
+                    continue
+                if response.status_code == 404 and target.version_id is not None and reroutes < MAX_REROUTES:
+                    # The engine no longer serves the adapter (evicted, unloaded, engine restarted) while this
+                    # process's fleet view, up to a heartbeat plus the refresh interval old, still said it did.
+                    # Record what the engine said, then route again from a fresh view: another replica, or a warm.
+                    # More than once: with more adapters than CPU slots, a node can evict the adapter again between
+                    # its warm and this request's arrival (bench_fleet, 16 adapters over 8 slots).
+                    reroutes += 1
+                    await response.aclose()
+                    logger.info("gateway.adapter_not_served", extra={"node": node.name,
+                                                                     "version_id": target.version_id})
+                    await db_call(placement_mark_not_served, node.pk, target.version_id)
+                    app.directory.invalidate("fleet")
+                    try:
+                        node = self.node = await app.node_for(target)
+                    except GatewayError as exc:
+                        record(exc.status, None)
+                        return error_response(exc)
+                    continue
+                break
+        except UpstreamError as exc:
+            logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
+            record(502, None)
+            return error_response(GatewayError(502, "The inference node did not answer; retry.",
+                                               code="upstream_unreachable", type_="server_error"))
+        except BaseException:  # cancelled (the client went away) before any answer: free the slot now
+            app.admission.release(self.slot)
+            raise
+        if response.status_code >= 400 or not self.stream:
+            try:
+                raw = await response.aread()
+            except UpstreamError as exc:
+                logger.warning("gateway.upstream_failed", extra={"node": node.name, "error": repr(exc)})
+                record(502, None)
+                return error_response(GatewayError(502, "The inference node stopped answering; retry.",
+                                                   code="upstream_failed", type_="server_error"))
+            except BaseException:
+                app.admission.release(self.slot)
+                raise
+            finally:
+                await response.aclose()
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = None
+            if response.status_code >= 400 or not isinstance(data, dict):
+                failed = engine_error(response.status_code, data, target, node_name=node.name,
+                                       endpoint=endpoint)
+                # An engine that refused the node's key is metered as what the caller got (502), not as a 401.
+                status = failed.status if response.status_code in ENGINE_AUTH_STATUSES else response.status_code
+                record(status if response.status_code >= 400 else 502, None)
+                return error_response(failed)
+            data["model"] = target.requested
+            strip_engine_fields(data)
+            app.admission.release(self.slot)
+            return RecordedResponse(data, headers=self.limit_headers, record=lambda: record(200, data.get("usage")))
+        # A stream can outlive its concurrency lease and its running-slot hold (the proxy timeout bounds each
+        # read, not the stream): the relay renews both on a timer, a third of a lease apart, until it ends.
+        async def renew() -> None:
+            app.admission.renew(self.slot)
+            if self.call.admission is not None and self.call.admission.holds_lease:
+                await app.limiter.renew(self.call.admission)
+
+        return relay_response(response, target=target, keep_usage=self.keep_usage, record=record, started=self.started,
+                              headers=self.limit_headers, renew=renew, renew_every_s=app.admission.hold_s() / 3)

@@ -1,0 +1,215 @@
+"""Relaying the engine's answer to the client: the SSE stream with ``model`` renamed and usage metered as it goes,
+a JSON answer metered once it is sent, and the lease renewals a long stream needs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from django.conf import settings
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from inference.gateway.engine_errors import engine_error, strip_engine_fields
+from inference.gateway.errors import GatewayError, error_response
+from inference.gateway.snapshot import TargetView
+from inference.gateway.upstream import UpstreamError, UpstreamResponse
+
+logger = logging.getLogger(__name__)
+
+
+async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any,
+                 started: float, renew: Callable[[], Awaitable[None]] | None = None,
+                 renew_every_s: float = 0.0) -> AsyncGenerator[bytes, None]:
+    """Relay the engine's SSE stream with ``model`` renamed; meter what was actually sent.
+
+    Ends as: ``[DONE]`` relayed → the engine's status; the engine's stream cut → an OpenAI error event, 502;
+    an engine error event → ours in its place, with the mapped status (``engine_error``); the client gone → 499. Tokens are the engine's running ``usage`` (``continuous_usage_stats``).
+
+    ``renew`` (the concurrency lease's renewal, ``RateLimiter.renew``) runs every ``renew_every_s`` while the
+    stream is relayed, from a timer task of its own: nothing is added per chunk but a count, and a stream whose
+    chunks come minutes apart keeps its lease all the same. Renewals stop once the relay has read nothing from the
+    engine for longer than the proxy timeout (the longest an engine may be silent): a client that keeps its
+    connection but stops reading leaves the relay waiting in ``send`` for good, and its lease and running-slot
+    hold (which count against the node's slots) must still run out, as they did before renewals. The task stops
+    when the relay ends, however it ends.
+    """
+    usage: dict[str, Any] | None = None
+    ttft_ms: float | None = None
+    outcome = 499
+    failed: GatewayError | None = None
+    progress = [0]  # lines read from the engine: the renew timer renews only while it moves
+    renewer = (asyncio.get_running_loop().create_task(
+        _renew_every(renew, renew_every_s, progress, quiet_s=settings.QUIVER_PROXY_TIMEOUT_S))
+               if renew is not None and renew_every_s > 0 else None)
+    try:
+        async for line in upstream.aiter_lines():
+            progress[0] += 1
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                outcome = upstream.status_code
+                record(outcome, usage, ttft_ms)
+                yield b"data: [DONE]\n\n"
+                continue
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            if isinstance(chunk.get("error"), dict) and not chunk.get("choices"):
+                # The engine failed mid-stream (its own dialect: an integer code, its message): end with our
+                # error event in OpenAI's shape, metered with its status and the tokens sent.
+                code = chunk["error"].get("code")
+                failed = engine_error(code if isinstance(code, int) and 400 <= code < 600 else 500, chunk,
+                                       target)
+                outcome = failed.status
+                break
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            if ttft_ms is None and chunk.get("choices"):
+                ttft_ms = (time.monotonic() - started) * 1000
+            if not keep_usage:
+                if chunk.get("usage") and not chunk.get("choices"):
+                    continue
+                chunk.pop("usage", None)
+            elif chunk.get("choices"):
+                chunk["usage"] = None  # OpenAI sends usage only on the final chunk
+            if "model" in chunk:
+                chunk["model"] = target.requested
+            strip_engine_fields(chunk)
+            yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        if outcome == 499:  # the engine ended without [DONE]
+            outcome = 502
+    except UpstreamError as exc:
+        logger.warning("gateway.stream_cut", extra={"error": repr(exc)})
+        outcome = 502
+    finally:
+        if renewer is not None:
+            renewer.cancel()
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+        if outcome in (499, 502) or failed is not None:
+            record(outcome, usage, ttft_ms)
+    if failed is not None:
+        yield b"data: " + json.dumps(failed.body()).encode() + b"\n\n"
+    elif outcome == 502:
+        error = {"error": {"message": "The inference node stopped mid-stream; the output is incomplete. Retry.",
+                           "type": "server_error", "param": None, "code": "upstream_stream_cut"}}
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
+async def _renew_every(renew: Callable[[], Awaitable[None]], every_s: float, progress: list[int], *,
+                       quiet_s: float) -> None:
+    """Call ``renew`` every ``every_s`` seconds until cancelled (``renew`` never raises), while ``progress[0]`` (lines
+    read from the engine) moved within the last ``quiet_s`` seconds, counted from the start."""
+    seen, moved_at = 0, time.monotonic()
+    while True:
+        await asyncio.sleep(every_s)
+        if progress[0] != seen:
+            seen, moved_at = progress[0], time.monotonic()
+        elif time.monotonic() - moved_at > quiet_s:
+            continue  # stuck longer than an engine may be silent (a client that stopped reading): let it run out
+        await renew()
+
+
+class RecordedResponse(Response):
+    """A JSON answer whose metering (``record``: metrics, usage row, limit settlement) runs once the body is sent,
+    also when sending fails: it is off the client's latency (under a tenth of the gateway's CPU per 1-token
+    completion, py-spy under ``scripts/bench_gateway``)."""
+
+    def __init__(self, data: Any, *, headers: dict[str, str], record: Any) -> None:
+        super().__init__(json.dumps(data, separators=(",", ":")), headers=headers, media_type="application/json")
+        self._record = record
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send, then meter."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._record()
+
+
+class _RelayResponse(StreamingResponse):
+    """A ``StreamingResponse`` whose end always runs ``cleanup``: Starlette cancels the body task when the client
+    disconnects, and a relay cancelled before its first step (or while the task waits in ``send``) never reaches
+    its own ``finally``."""
+
+    def __init__(self, events: AsyncIterator[bytes], *, cleanup: Any, headers: dict[str, str]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream, then close the relay and free what it holds however the stream ended."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._cleanup()
+
+
+def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any, started: float,
+                   headers: dict[str, str], renew: Callable[[], Awaitable[None]] | None = None,
+                   renew_every_s: float = 0.0) -> StreamingResponse:
+    """The SSE response relaying ``upstream`` (:func:`relay_stream`); ``record`` (which releases the admission
+    slot and settles the limits) runs exactly once: as the relay ends, or as 499 when the client left first.
+    ``renew`` renews the concurrency lease every ``renew_every_s`` while the relay runs."""
+    recorded = False
+
+    def record_once(status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
+        nonlocal recorded
+        if not recorded:
+            recorded = True
+            record(status, usage, ttft_ms)
+
+    events = relay_stream(upstream, target=target, keep_usage=keep_usage, record=record_once, started=started,
+                               renew=renew, renew_every_s=renew_every_s)
+
+    async def cleanup() -> None:
+        try:
+            await events.aclose()  # runs the relay's finally now when it is suspended mid-stream
+            await upstream.aclose()
+        finally:
+            record_once(499, None)
+
+    return _RelayResponse(events, cleanup=cleanup,
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+
+
+async def unless_client_gone(request: Request, work: Any, *, gone: Any) -> Response:
+    """Await ``work`` (the engine exchange of a non-streaming request) unless the client disconnects first: then
+    cancel it (closing the engine connection, so vLLM aborts the request), call ``gone()`` and answer 499.
+
+    One watcher task, which cancels this one: cheaper on the hot path than running ``work`` as a task of its own.
+    """
+    current = asyncio.current_task()
+    left: list[bool] = []
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        left.append(True)
+        if current is not None:
+            current.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not left or current is None:
+            raise
+        current.uncancel()
+    finally:
+        watcher.cancel()
+    logger.info("gateway.client_gone", extra={"path": request.url.path})
+    gone()
+    return error_response(GatewayError(499, "The client closed the request before the answer.",
+                                       code="client_closed_request", type_="invalid_request_error"))
