@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters_app.validation.synthetic import RawTensor
+from devtools.synthetic_adapters import RawTensor
 
 _ODD_VALUES: list[Any] = [
     -1,

@@ -47,10 +47,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from adapters_app.validation import BaseModelFacts  # noqa: E402
-from adapters_app.validation.synthetic import RawTensor, peft_config, write_adapter  # noqa: E402
 from demo.assets import ensure_demo_assets  # noqa: E402
 from demo.run import Processes  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
+from devtools.synthetic_adapters import RawTensor, peft_config, write_adapter  # noqa: E402
 
 PY = sys.executable
 QUIVER = Path(PY).parent / "quiver"  # the client's console script (scripts/setup-venv installs clients/python)

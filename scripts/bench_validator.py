@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters_app.validation import BaseModelFacts, PoolLimits, validate_adapter_dir  # noqa: E402
-from adapters_app.validation.synthetic import RawTensor, peft_config, write_adapter  # noqa: E402
+from devtools.synthetic_adapters import RawTensor, peft_config, write_adapter  # noqa: E402
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],

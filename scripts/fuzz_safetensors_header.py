@@ -1,6 +1,6 @@
 """Long fuzz run over the safetensors header parser (issue 3 acceptance: >= 10,000 mutated files).
 
-Each iteration builds a small valid file, mutates it (adapters_app/validation/fuzz.py), parses it with
+Each iteration builds a small valid file, mutates it (devtools/safetensors_fuzz.py), parses it with
 ``parse_header`` and checks: no exception, no slow parse (hang), bounded RSS, and that anything accepted is also
 accepted identically by the reference parser (safetensors' Rust ``deserialize``). Failing inputs are saved.
 
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from safetensors._safetensors_rust import SafetensorError, deserialize  # noqa: E402
 
-from adapters_app.validation.fuzz import mutate, seed_file  # noqa: E402
 from adapters_app.validation.safetensors_header import parse_header  # noqa: E402
+from devtools.safetensors_fuzz import mutate, seed_file  # noqa: E402
 
 SLOW_SECONDS = 0.5
 MAX_RSS_GROWTH_MB = 64

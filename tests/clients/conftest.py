@@ -17,7 +17,7 @@ import pytest
 from adapters_app.models import BaseModel
 from adapters_app.services import base_model_register
 from adapters_app.validation import BaseModelFacts
-from adapters_app.validation.synthetic import lora_tensors, peft_config, write_adapter
+from devtools.synthetic_adapters import lora_tensors, peft_config, write_adapter
 from tenants.models import Tenant
 from tenants.services import api_key_create
 from tests.factories import TenantFactory

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adapters_app.validation import BaseModelFacts, PoolLimits
-from adapters_app.validation.synthetic import TINY_LLAMA_HF_CONFIG
+from devtools.synthetic_adapters import TINY_LLAMA_HF_CONFIG
 
 BASE_NAME = "quiver/tiny-llama"
 

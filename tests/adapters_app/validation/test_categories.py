@@ -17,7 +17,7 @@ from adapters_app.validation import (
     parse_header,
     validate_adapter_dir,
 )
-from adapters_app.validation.synthetic import (
+from devtools.synthetic_adapters import (
     RawTensor,
     lora_tensors,
     peft_config,

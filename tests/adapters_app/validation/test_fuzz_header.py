@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors._safetensors_rust import SafetensorError, deserialize
 
-from adapters_app.validation.fuzz import mutate, seed_file
 from adapters_app.validation.safetensors_header import parse_header
+from devtools.safetensors_fuzz import mutate, seed_file
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -113,7 +113,7 @@ def test_leading_whitespace_decision_documented() -> None:
 def test_gate_never_raises_on_mutated_weights(tmp_path_factory, seed: int) -> None:
     """The whole gate turns any mutated weights file into problems, never an exception."""
     from adapters_app.validation import BaseModelFacts, PoolLimits, validate_adapter_dir
-    from adapters_app.validation.synthetic import (
+    from devtools.synthetic_adapters import (
         TINY_LLAMA_HF_CONFIG,
         lora_tensors,
         peft_config,

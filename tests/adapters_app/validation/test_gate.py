@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from adapters_app.validation import BaseModelFacts, PoolLimits, ValidationReport, validate_adapter_dir
-from adapters_app.validation.synthetic import lora_tensors, peft_config, validate_synthetic, write_adapter
+from devtools.synthetic_adapters import lora_tensors, peft_config, validate_synthetic, write_adapter
 
 BASE_NAME = "quiver/tiny-llama"
 

@@ -12,7 +12,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from adapters_app.validation import BaseModelFacts, PoolLimits, validate_adapter_dir
-from adapters_app.validation.synthetic import TINY_LLAMA_HF_CONFIG
+from devtools.synthetic_adapters import TINY_LLAMA_HF_CONFIG
 
 BASE_NAME = "quiver/tiny-llama"
 

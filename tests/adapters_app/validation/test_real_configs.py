@@ -16,7 +16,7 @@ import pytest
 
 from adapters_app.validation import BaseModelFacts, PoolLimits, validate_adapter_dir
 from adapters_app.validation.config import AdapterConfig, parse_config
-from adapters_app.validation.synthetic import RawTensor, write_adapter
+from devtools.synthetic_adapters import RawTensor, write_adapter
 
 CASES = Path("/work/shared/lora-cases")
 FOREIGN_DIM = 64
