@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+# Piped or redirected, tables keep every cell whole (rich would cut them to 80 columns); on a terminal, its width.
+out = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 1000)
+err = Console(stderr=True, soft_wrap=True, highlight=False, width=None if sys.stderr.isatty() else 1000)
 
 
 def print_json(data: Any) -> None:
