@@ -13,16 +13,6 @@ def adapter_get(tenant: Tenant, *, name: str) -> Adapter | None:
     return Adapter.objects.select_related("base_model", "tenant").filter(tenant=tenant, name=name).first()
 
 
-def adapter_version_latest_ready(adapter: Adapter) -> AdapterVersion | None:
-    """The highest-numbered ``ready`` version of ``adapter``, or None."""
-    return (
-        AdapterVersion.objects.select_related("adapter__tenant", "adapter__base_model")
-        .filter(adapter=adapter, status=AdapterVersion.Status.READY)
-        .order_by("-number")
-        .first()
-    )
-
-
 def adapter_list_servable(tenant: Tenant) -> QuerySet[Adapter]:
     """The tenant's adapters that have at least one ``ready`` version."""
     return (
