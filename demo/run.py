@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -35,13 +36,31 @@ from demo.assets import ensure_demo_assets
 from demo.console import create_logins, serve_until_interrupted
 from devtools.frontend import ensure_console_built
 from devtools.proc import free_port
-from devtools.services import start_seaweedfs
+from devtools.services import S3Service, start_seaweedfs
 from inference.node.launch import EngineConfig, engine_argv, engine_env
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-# The node (engine and agent) gets S3 access and its own credentials, none of the control plane's secrets.
+# The node (engine and agent) gets its own credentials, none of the control plane's secrets.
 CONTROL_ONLY = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "DATABASE_URL")
+
+
+def web_argv(app: str, port: int) -> list[str]:
+    """uvicorn serving one of Quiver's Django ASGI apps (``config.asgi``, ``config.internal_asgi``) as the demo runs it.
+
+    Nothing stands in front of it, so ``X-Forwarded-For`` is never believed (``--no-proxy-headers``: uvicorn's
+    default trusts it from 127.0.0.1, which let any local client pick the address login throttling counts), and
+    request headers and bodies have read deadlines (``config.request_timeouts``: slow clients are cut).
+    """
+    return [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            "--no-proxy-headers", "--http", "config.request_timeouts:TimedHTTPProtocol"]
+
+
+def node_process_env(env: Mapping[str, str], s3: S3Service) -> dict[str, str]:
+    """The environment a node process (engine, agent) starts from: the demo's without :data:`CONTROL_ONLY`, and
+    S3 through the node's read-only credential (``GetObject`` under ``tenants/``; docs/security.md), never the
+    control plane's key, which reads, writes and deletes every tenant's objects."""
+    return {**{k: v for k, v in env.items() if k not in CONTROL_ONLY}, **s3.node_env()}
 
 
 
@@ -203,26 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
         _say("starting the vLLM CPU node (about 30 s), the gateway and its internal listener, the worker and the "
              "node agent")
-        procs.start("vllm", engine_argv(engine, python=PY),
-                    engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY}))
-        procs.start(
-            "web",
-            [
-                PY,
-                "-m",
-                "uvicorn",
-                "config.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(web_port),
-                "--log-level",
-                "warning",
-            ],
-            web_env,
-        )
-        procs.start("web-internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
-                                     "--port", str(internal_port), "--log-level", "warning"], web_env)
+        procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, node_process_env(env, s3)))
+        procs.start("web", web_argv("config.asgi:application", web_port), web_env)
+        procs.start("web-internal", web_argv("config.internal_asgi:application", internal_port), web_env)
         procs.start(
             "worker",
             [
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             env,
         )
         agent_env = {
-            **{k: v for k, v in env.items() if k not in CONTROL_ONLY},
+            **node_process_env(env, s3),
             **node_env,
             "QUIVER_ENGINE_URL": engine_url,
             "QUIVER_BASE_MODEL": assets.served_name,

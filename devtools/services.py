@@ -13,7 +13,8 @@ service    skipped when set (and exported to the child when we start it)
 PostgreSQL ``DATABASE_URL``
 Redis      ``REDIS_URL`` (``CELERY_BROKER_URL`` is exported as the same URL unless already set)
 SeaweedFS  ``AWS_S3_ENDPOINT_URL`` (with ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-           ``AWS_STORAGE_BUCKET_NAME``)
+           ``AWS_STORAGE_BUCKET_NAME``, and the nodes' read-only credential ``QUIVER_NODE_S3_ACCESS_KEY``,
+           ``QUIVER_NODE_S3_SECRET_KEY``)
 ========== ====================================================================================
 
 Everything lives on private loopback ports with its data under one temp folder, is stopped by PID, and the
@@ -83,7 +84,7 @@ def backing_services(environ: Mapping[str, str] | None = None, *, bucket: str = 
                 started.append(f"redis :{redis.port} ({redis.started_s:.1f} s)")
             if not environ.get("AWS_S3_ENDPOINT_URL"):
                 s3 = stack.enter_context(start_seaweedfs(root / "s3", bucket=bucket))
-                exported.update(s3.env())
+                exported.update(s3.exported_env())
                 started.append(f"seaweedfs {s3.endpoint_url} bucket={bucket} ({s3.started_s:.1f} s)")
             if announce:
                 what = ", ".join(started) if started else "nothing (all given by env)"

@@ -21,7 +21,7 @@ ENV_EXAMPLE = REPO_ROOT / ".env.example"
 COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
 # Every variable the file requires (``${NAME:?…}``); compose names whichever it meets first, in no fixed order.
 SECRETS = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "QUIVER_NODE_TOKEN", "POSTGRES_PASSWORD",
-           "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY", "GRAFANA_ADMIN_PASSWORD")
+           "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY", "GRAFANA_ADMIN_PASSWORD", "QUIVER_NODE_S3_SECRET_KEY")
 
 
 def _compose(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -50,7 +50,7 @@ def test_compose_config_is_valid_with_the_example_env(tmp_path: Path) -> None:
 
 def test_every_required_variable_is_a_known_secret() -> None:
     lines = [line for line in COMPOSE_FILE.read_text().splitlines() if not line.lstrip().startswith("#")]
-    required = set(re.findall(r"\$\{([A-Z_]+):\?", "\n".join(lines)))
+    required = set(re.findall(r"\$\{([A-Z0-9_]+):\?", "\n".join(lines)))
     assert required == set(SECRETS)
 
 
