@@ -9,10 +9,11 @@ from adapters_app.models import Adapter, AdapterVersion, BaseModel
 
 
 class BaseModelOutputSerializer(serializers.ModelSerializer):
-    """Output: a registered base model and its pool's engine limits."""
+    """Output: a registered base model, its pool's engine limits and ``facts`` (``BaseModelFacts.to_dict()``: the
+    shapes the validator checks adapters against), so clients run the same validator before uploading."""
     class Meta:
         model = BaseModel
-        fields = ["base_model_name", "architecture", "node_pool", "max_lora_rank", "max_adapter_bytes"]
+        fields = ["base_model_name", "architecture", "node_pool", "max_lora_rank", "max_adapter_bytes", "facts"]
 
 
 class AdapterInputSerializer(serializers.Serializer):

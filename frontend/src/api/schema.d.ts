@@ -771,7 +771,7 @@ export interface paths {
         };
         /**
          * @description ``GET /api/v1/usage/traffic``: per adapter version over a period: requests, tokens, errors, latency and
-         *     TTFT percentiles, a sparkline (``inference.gateway.traffic.traffic_table``); most requests first.
+         *     TTFT percentiles, a sparkline (``inference.metering.traffic.traffic_table``); most requests first.
          */
         get: operations["usage_traffic_list"];
         put?: never;
@@ -904,7 +904,10 @@ export interface components {
             /** Format: date-time */
             readonly created_at: string;
         };
-        /** @description Output: a registered base model and its pool's engine limits. */
+        /**
+         * @description Output: a registered base model, its pool's engine limits and ``facts`` (``BaseModelFacts.to_dict()``: the
+         *     shapes the validator checks adapters against), so clients run the same validator before uploading.
+         */
         BaseModelOutput: {
             base_model_name: string;
             architecture: string;
@@ -912,6 +915,7 @@ export interface components {
             max_lora_rank?: number;
             /** Format: int64 */
             max_adapter_bytes?: number;
+            facts: unknown;
         };
         /** @enum {unknown} */
         BlankEnum: "";
@@ -1031,7 +1035,7 @@ export interface components {
             key_generation: number;
             credentials: components["schemas"]["NodeCredentials"];
         };
-        /** @description One point of a node's history (``inference.gateway.node_samples.node_samples``). */
+        /** @description One point of a node's history (``inference.fleet.node_samples.node_samples``). */
         NodeSample: {
             /** Format: date-time */
             t: string;
@@ -1212,7 +1216,7 @@ export interface components {
          * @enum {string}
          */
         TierEnum: "cold" | "staged" | "warm" | "hot" | "errored";
-        /** @description One row of a traffic table (``inference.gateway.traffic.traffic_table``); latencies in ms. */
+        /** @description One row of a traffic table (``inference.metering.traffic.traffic_table``); latencies in ms. */
         TrafficRow: {
             tenant: string;
             model: string;
