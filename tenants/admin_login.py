@@ -1,6 +1,6 @@
-"""The Django admin's login, throttled like the console's (``tenants.services.login_throttle_check``).
+"""The Django admin's login, throttled like the console's (``tenants.login_throttle``).
 
-Both logins share one failure count per username and per address, so switching doors buys an attacker nothing.
+Both logins share one failure count per username and address, so switching doors buys an attacker nothing.
 A throttled attempt is answered 429 with ``Retry-After`` before the password is checked.
 """
 
@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 
-from tenants import services
+from tenants import login_throttle
 
 
 @never_cache
@@ -23,15 +23,15 @@ def admin_login(request: HttpRequest) -> HttpResponse:
     username = str(request.POST.get("username", ""))[:150]
     ip = request.META.get("REMOTE_ADDR")
     try:
-        services.login_throttle_check(username=username, ip=ip)
-    except services.LoginThrottled as exc:
+        login_throttle.login_throttle_check(username=username, ip=ip)
+    except login_throttle.LoginThrottled as exc:
         response = HttpResponse(f"Too many failed logins; try again in {exc.retry_after} s.", status=429,
                                 content_type="text/plain")
         response["Retry-After"] = str(exc.retry_after)
         return response
     response = admin.site.login(request)
     if response.status_code == 302:  # logged in: Django's LoginView redirects only on success
-        services.login_failures_clear(username=username)
+        login_throttle.login_failures_clear(username=username, ip=ip)
     else:  # the form came back: wrong password, unknown user or not staff
-        services.login_failure_record(username=username, ip=ip)
+        login_throttle.login_failure_record(username=username, ip=ip)
     return response

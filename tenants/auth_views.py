@@ -1,7 +1,7 @@
 """Console sessions: ``/api/v1/auth/login``, ``logout``, ``me``, ``session`` and ``tenant`` (pick the tenant to act in).
 
 Django sessions with CSRF on every unsafe call (login included, against login CSRF); passwords are checked by
-Django's hashers; failed logins are throttled per username and per address (``tenants.services``).
+Django's hashers; failed logins are throttled per username and address (``tenants.login_throttle``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 
 from common.echo import clip
 from common.exceptions import QuiverError
-from tenants import services
+from tenants import login_throttle
 from tenants.access import SESSION_TENANT_KEY, tenant_choices
 from tenants.models import Membership
 
@@ -94,20 +94,20 @@ class LoginView(_SessionView):
         username, password = data.validated_data["username"], data.validated_data["password"]
         ip = request.META.get("REMOTE_ADDR")
         try:
-            services.login_throttle_check(username=username, ip=ip)
-        except services.LoginThrottled as exc:
+            login_throttle.login_throttle_check(username=username, ip=ip)
+        except login_throttle.LoginThrottled as exc:
             response = Response({"detail": f"Too many failed logins; try again in {exc.retry_after} s.",
                                  "code": "login_throttled"}, status=status.HTTP_429_TOO_MANY_REQUESTS)
             response["Retry-After"] = str(exc.retry_after)
             return response
         user = authenticate(request._request, username=username, password=password)
         if user is None:
-            services.login_failure_record(username=username, ip=ip)
+            login_throttle.login_failure_record(username=username, ip=ip)
             # 401 as for any failed authentication (RFC 9110 §15.5.2; DRF's NotAuthenticated/AuthenticationFailed);
             # a 400 would say the request was malformed. The console shows ``detail`` either way.
             raise QuiverError("Wrong username or password.", code="invalid_credentials", status_code=401,
                               fields={"password": ["Wrong username or password."]})
-        services.login_failures_clear(username=username)
+        login_throttle.login_failures_clear(username=username, ip=ip)
         login(request._request, user)  # rotates the session key and the CSRF token
         return Response(me_body(request, user))
 

@@ -112,7 +112,7 @@ class ApiKey(RequestLimits):
 
 
 class LoginFailure(models.Model):
-    """One failed console login, kept to throttle password guessing (``tenants.services.login_throttle_check``).
+    """One failed console login, kept to throttle password guessing (``tenants.login_throttle``).
 
     ``username`` is lowercased as typed (it may name no user); ``ip`` is the client address Django saw.
     """

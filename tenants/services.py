@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from common.echo import clip
-from tenants.models import LIMIT_FIELDS, ApiKey, LoginFailure, Membership, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 
 
@@ -173,54 +173,6 @@ def api_key_verify(raw: str) -> ApiKey:
         ApiKey.objects.filter(pk=key.pk).exclude(last_used_at__gt=now - interval).update(last_used_at=now)
         key.last_used_at = now
     return key
-
-
-class LoginThrottled(Exception):
-    """Too many recent failed logins for this username or address; ``retry_after`` is in whole seconds."""
-
-    def __init__(self, retry_after: int):
-        super().__init__(retry_after)
-        self.retry_after = retry_after
-
-
-def login_throttle_check(*, username: str, ip: str | None) -> None:
-    """Refuse a login attempt while the username from this address, the username from anywhere, or the address
-    has too many recent failures.
-
-    Limits within ``QUIVER_LOGIN_LOCKOUT_S`` seconds: ``QUIVER_LOGIN_MAX_FAILURES`` per username *and address*,
-    ``QUIVER_LOGIN_MAX_FAILURES_PER_ACCOUNT`` per username over all addresses, ``QUIVER_LOGIN_MAX_FAILURES_PER_IP``
-    per address. Counting the strict limit per username alone let anyone lock any account (the operator's
-    included) with five wrong passwords (found by attacking the demo stack); OWASP's Authentication Cheat Sheet warns
-    of exactly that lockout and throttles per account and per source. Without a known address, the strict limit
-    counts the username alone.
-
-    Raises:
-        LoginThrottled: with the seconds until the oldest counted failure ages out.
-    """
-    window = timedelta(seconds=settings.QUIVER_LOGIN_LOCKOUT_S)
-    now = timezone.now()
-    recent = LoginFailure.objects.filter(created_at__gte=now - window)
-    account = recent.filter(username=username.lower())
-    checks = [(account.filter(ip=ip) if ip is not None else account, settings.QUIVER_LOGIN_MAX_FAILURES),
-              (account, settings.QUIVER_LOGIN_MAX_FAILURES_PER_ACCOUNT)]
-    if ip is not None:
-        checks.append((recent.filter(ip=ip), settings.QUIVER_LOGIN_MAX_FAILURES_PER_IP))
-    for rows, limit in checks:
-        times = list(rows.order_by("-created_at").values_list("created_at", flat=True)[:limit])
-        if len(times) >= limit:
-            raise LoginThrottled(max(1, int((times[-1] + window - now).total_seconds()) + 1))
-
-
-def login_failure_record(*, username: str, ip: str | None) -> None:
-    """Count one failed login (and drop failures older than the window, so the table stays small)."""
-    LoginFailure.objects.create(username=username.lower()[:150], ip=ip)
-    LoginFailure.objects.filter(
-        created_at__lt=timezone.now() - timedelta(seconds=settings.QUIVER_LOGIN_LOCKOUT_S)).delete()
-
-
-def login_failures_clear(*, username: str) -> None:
-    """Forget a username's failures after it logs in successfully."""
-    LoginFailure.objects.filter(username=username.lower()).delete()
 
 
 # Scopes a role may hold on keys it created (tenants.views: members cannot grant keys:manage; viewers mint no keys).
