@@ -219,8 +219,8 @@ QUIVER_API_KEY_PREFIX = "qv"
 # QUIVER_API_KEY_HMAC_KEY (the digest key of tenant API keys) is a secret of its own, read per environment:
 # rotating DJANGO_SECRET_KEY (sessions, CSRF) must not revoke every API key.
 QUIVER_API_KEY_LAST_USED_INTERVAL_S = 60
-# Console logins: failures counted per username and address, per username, and per address over a sliding window
-# (tenants.services.login_throttle_check).
+# Console logins: failures counted per username and address, per address, and per username (that ceiling refusing
+# only addresses that failed for it) over a sliding window (tenants.login_throttle).
 QUIVER_LOGIN_MAX_FAILURES = env.int("QUIVER_LOGIN_MAX_FAILURES", default=5)
 QUIVER_LOGIN_MAX_FAILURES_PER_ACCOUNT = env.int("QUIVER_LOGIN_MAX_FAILURES_PER_ACCOUNT", default=100)
 QUIVER_LOGIN_MAX_FAILURES_PER_IP = env.int("QUIVER_LOGIN_MAX_FAILURES_PER_IP", default=50)
