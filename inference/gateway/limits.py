@@ -9,7 +9,7 @@ check-then-act race, nothing to roll back. A request reserves its prompt (estima
 admission; :meth:`RateLimiter.settle` replaces the reservation with the real count at the end.
 
 Without ``QUIVER_GATEWAY_REDIS_URL`` (the embedded demo, ``./scripts/demo``: SQLite and a ``filesystem://`` broker)
-the same limits are kept in this process (:class:`LocalStore`, ``ADMIT_LUA`` in Python): exact for the demo's one
+the same scripts run on an in-process Redis (fakeredis with lupa, a real Lua interpreter): exact for the demo's one
 gateway process, per process where several run; the gateway logs ``gateway.limits_per_process_without_redis`` at
 start. Each request's ``max_tokens`` cap is enforced by ``hygiene`` either way.
 """
@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import fakeredis
 import redis.asyncio as aioredis
 from django.conf import settings
 
@@ -80,107 +80,6 @@ return out
 """
 
 
-class LocalStore:
-    """``ADMIT_LUA`` and the settle pipeline over this process's memory: the same keys, values, expiries and answers.
-
-    One per process (``LOCAL_STORE``), so a new event loop's ``RateLimiter`` keeps counting; a lock makes each call
-    atomic, as the script is in Redis. Expired windows and leases are dropped at most once a minute.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, tuple[float, float]] = {}  # key -> (value, expiry ms): counters and pace TATs
-        self._leases: dict[str, dict[str, float]] = {}  # concurrency key -> lease id -> expiry ms
-        self._swept = 0.0
-
-    def _get(self, key: str, now: float) -> float:
-        value, expiry = self._values.get(key, (0, 0.0))
-        return value if expiry > now else 0
-
-    def _live_leases(self, key: str, now: float) -> dict[str, float]:
-        leases = {lease: exp for lease, exp in self._leases.get(key, {}).items() if exp > now}
-        self._leases[key] = leases
-        return leases
-
-    def keys(self) -> list[str]:
-        """The keys held now (windows, pace TATs, concurrency sets)."""
-        with self._lock:
-            return [*self._values, *self._leases]
-
-    def sweep(self, *, now_ms: float) -> None:
-        """Drop every window, TAT and lease expired at ``now_ms``."""
-        with self._lock:
-            self._sweep(now_ms)
-
-    def _sweep(self, now: float) -> None:
-        self._swept = now
-        self._values = {k: v for k, v in self._values.items() if v[1] > now}
-        for key in list(self._leases):
-            if not self._live_leases(key, now):
-                del self._leases[key]
-
-    def admit(self, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
-        """``ADMIT_LUA`` with the same ``keys`` and ``args``; the same answer."""
-        now, reserve, lease, lease_exp, ttl_ms = args[0], args[1], args[2], args[3], args[4] * 1000
-        with self._lock:
-            if now - self._swept > WINDOW_S * 1000:
-                self._sweep(now)
-            tats: dict[int, float] = {}
-            for i in range(len(keys) // 4):
-                rpm_key, tpm_key, conc_key, pace_key = keys[4 * i:4 * i + 4]
-                rl, tl, cl, iv, tol = args[5 + 5 * i:10 + 5 * i]
-                used_r, used_t = self._get(rpm_key, now), self._get(tpm_key, now)
-                if rl >= 0 and used_r + 1 > rl:
-                    return [0, i + 1, "requests", used_r, rl, -1]
-                if iv >= 0:
-                    tat = max(self._get(pace_key, now), now)
-                    if tat - now > tol:
-                        return [0, i + 1, "pace", used_r, rl, tat - tol - now]
-                    tats[i] = tat + iv
-                if tl >= 0 and used_t + reserve > tl:
-                    return [0, i + 1, "tokens", used_t, tl, -1]
-                in_flight = len(self._live_leases(conc_key, now)) if cl >= 0 else 0
-                if cl >= 0 and in_flight + 1 > cl:
-                    return [0, i + 1, "concurrency", in_flight, cl, -1]
-            out: list[Any] = [1]
-            for i in range(len(keys) // 4):
-                rpm_key, tpm_key, conc_key, pace_key = keys[4 * i:4 * i + 4]
-                used = []
-                for key, step in ((rpm_key, 1), (tpm_key, reserve)):
-                    value = self._get(key, now) + step
-                    self._values[key] = (value, now + ttl_ms)
-                    used.append(value)
-                if args[7 + 5 * i] >= 0:
-                    self._leases.setdefault(conc_key, {})[lease] = lease_exp
-                if i in tats:
-                    self._values[pace_key] = (tats[i], tats[i] + 1000)
-                out += used
-            return out
-
-    def settle(self, tpm_keys: Sequence[str], delta: int, conc_keys: Sequence[str], lease: str) -> None:
-        """The settle pipeline: ``delta`` onto each window still held (its expiry kept; one gone stays gone), the
-        lease off each set."""
-        with self._lock:
-            for key in tpm_keys:
-                if delta and key in self._values:
-                    value, expiry = self._values[key]
-                    self._values[key] = (value + delta, expiry)
-            for key in conc_keys:
-                self._leases.get(key, {}).pop(lease, None)
-
-    def renew(self, conc_keys: Sequence[str], lease: str, lease_exp: float) -> int:
-        """``RENEW_LUA``: move ``lease``'s expiry to ``lease_exp`` (ms) in each set that still holds it (a released
-        lease stays released); returns how many were renewed."""
-        renewed = 0
-        with self._lock:
-            for key in conc_keys:
-                leases = self._leases.get(key)
-                if leases is not None and lease in leases:
-                    leases[lease] = max(leases[lease], lease_exp)
-                    renewed += 1
-        return renewed
-
-
 # Settle: the delta onto each token window that still exists (INCRBY keeps its expiry; on a window that expired
 # during a long stream it would create a key with none, left in Redis for good), the lease off each set.
 # KEYS: the token windows, then the concurrency sets; ARGV: number of windows, delta, lease.
@@ -213,7 +112,10 @@ end
 return renewed
 """
 
-LOCAL_STORE = LocalStore()
+# Without Redis, the same scripts run in this process on fakeredis's in-memory server (with lupa, a real Lua
+# interpreter): one source of truth for the limits whichever store holds them. One server per process, so a new
+# event loop's RateLimiter keeps counting.
+_LOCAL_SERVER = fakeredis.FakeServer()
 
 
 def limits_mode_log() -> None:
@@ -243,7 +145,6 @@ class Admission:
     lease: str
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
-    local: bool = False  # admitted by the in-process store (no Redis): settled there too
     lease_s: float = 0.0  # how long the concurrency lease lives from admission or its last renewal
 
     @property
@@ -318,8 +219,8 @@ def _json_tokens_estimate(value: Any) -> int:
 
 
 class RateLimiter:
-    """Admits, settles and releases requests against their scopes' limits in Redis (one client per process), or in
-    ``LOCAL_STORE`` without ``QUIVER_GATEWAY_REDIS_URL``."""
+    """Admits, settles and releases requests against their scopes' limits in Redis (one client per limiter), or in
+    this process's in-memory Redis without ``QUIVER_GATEWAY_REDIS_URL`` (the same scripts either way)."""
 
     def __init__(self) -> None:
         self._redis: aioredis.Redis | None = None
@@ -329,7 +230,8 @@ class RateLimiter:
 
     def _client(self) -> Any:
         if self._redis is None:
-            self._redis = async_client(socket_timeout=2)
+            self._redis = (async_client(socket_timeout=2) if settings.QUIVER_GATEWAY_REDIS_URL
+                           else fakeredis.FakeAsyncRedis(server=_LOCAL_SERVER))
             self._script = self._redis.register_script(ADMIT_LUA)
             self._settle_script = self._redis.register_script(SETTLE_LUA)
             self._renew_script = self._redis.register_script(RENEW_LUA)
@@ -383,24 +285,20 @@ class RateLimiter:
                 s.limits.rpm, burst_s=settings.QUIVER_LIMIT_BURST_S, burst_min=settings.QUIVER_LIMIT_BURST_MIN)
             keys += self._keys(s, window, pace)
             args += [_lim(s.limits.rpm), _lim(s.limits.tpm), _lim(s.limits.concurrency), *pace]
-        local = not settings.QUIVER_GATEWAY_REDIS_URL
-        if local:
-            answer = LOCAL_STORE.admit(keys, args)
-        else:
-            self._client()
-            try:
-                answer = await self._script(keys=keys, args=args)
-            except Exception as exc:  # noqa: BLE001 - Redis away: serve (fail open) rather than refuse everyone
-                logger.warning("gateway.limiter_unavailable", extra={"error": repr(exc)})
-                self._redis = None
-                return None
+        self._client()
+        try:
+            answer = await self._script(keys=keys, args=args)
+        except Exception as exc:  # noqa: BLE001 - Redis away: serve (fail open) rather than refuse everyone
+            logger.warning("gateway.limiter_unavailable", extra={"error": repr(exc)})
+            self._redis = None
+            return None
         if int(answer[0]) == 0:
             scope = limited[int(answer[1]) - 1]
             kind = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
             wait = int(answer[5]) / 1000 if kind == "pace" else None
             raise self._refusal(scope, kind, int(answer[3]), int(answer[4]), reserve, reset, wait)
         headers = self._headers(limited, [int(x) for x in answer[1:]], reset)
-        return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers, local=local,
+        return Admission(scopes=limited, window=window, reserved=reserve, lease=lease, headers=headers,
                          lease_s=lease_s)
 
     @staticmethod
@@ -456,9 +354,6 @@ class RateLimiter:
             tpm_keys.append(tpm_key)
             if scope.limits.concurrency is not None:
                 conc_keys.append(conc_key)
-        if admission.local:
-            LOCAL_STORE.settle(tpm_keys, delta, conc_keys, admission.lease)
-            return
         try:
             self._client()
             await self._settle_script(keys=[*tpm_keys, *conc_keys], args=[len(tpm_keys), delta, admission.lease])
@@ -476,9 +371,6 @@ class RateLimiter:
         conc_keys = [self._keys(s, admission.window)[2] for s in admission.scopes if s.limits.concurrency is not None]
         now = time.time()
         expiry = int((now + admission.lease_s) * 1000)
-        if admission.local:
-            LOCAL_STORE.renew(conc_keys, admission.lease, expiry)
-            return
         try:
             self._client()
             await self._renew_script(keys=conc_keys, args=[int(now * 1000), expiry, admission.lease])
