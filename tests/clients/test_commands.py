@@ -8,9 +8,9 @@ import os
 import stat
 
 import pytest
+from quiver_client.config import mask_key
 
 from adapters_app.models import Adapter
-from quiver_client.config import mask_key
 from tenants.models import ApiKey
 from tests.clients.conftest import Tenancy
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from quiver_client import Client, push
 
 from adapters_app import storage
 from adapters_app.models import AdapterVersion
-from quiver_client import Client, push
-from tests.clients.conftest import QUIVER, MIB, Ran, Tenancy, wide_adapter
+from tests.clients.conftest import MIB, QUIVER, Ran, Tenancy, wide_adapter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SERVED = ("adapter_config.json", "adapter_model.safetensors")

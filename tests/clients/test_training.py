@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from peft import LoraConfig, get_peft_model
+from quiver_client.training import QuiverPushCallback
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from adapters_app.models import AdapterVersion
 from demo.assets import DemoAssets
-from quiver_client.training import QuiverPushCallback
 from tests.clients.conftest import Tenancy
 
 pytestmark = pytest.mark.django_db(transaction=True)
