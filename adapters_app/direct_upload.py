@@ -1,6 +1,6 @@
 """Browser-direct uploads: presigned S3 multipart, so the bytes never pass through the web process.
 
-Protocol (shared/notes/console.md §4; Uppy ``@uppy/aws-s3`` drives steps 2-4 in the console):
+Protocol (docs/console.md, "Uploads straight from the browser to S3"; Uppy ``@uppy/aws-s3`` drives steps 2-4 in the console):
 
 1. ``upload_create``: the client declares each file's name, size and sha256. The server checks names, caps and the
    tenant's quotas up front (bytes of uploads still in flight count against the storage quota), picks every key

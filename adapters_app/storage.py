@@ -1,7 +1,7 @@
 """Adapter artifacts in S3 via boto3: streamed uploads with a running sha256, deletes, downloads.
 
 The endpoint comes from ``AWS_S3_ENDPOINT_URL`` (SeaweedFS locally, MinIO in compose, AWS in production). Path-style
-addressing and SigV4 as shared/notes/services.md recommends for SeaweedFS.
+addressing and SigV4 for every one of them (docs/services.md, "S3 client settings").
 """
 
 from __future__ import annotations

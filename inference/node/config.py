@@ -54,7 +54,7 @@ class NodeSettings:
             the engine's CPU cache when a load needs room (``inference.policy.eviction.choose_victims``), chosen by
             the agent before vLLM's own LRU would.
         effect_probe: `QUIVER_EFFECT_PROBE` (default on, `0` turns it off): after each load, compare a short greedy
-            completion with and without the adapter (``NodeAgent.probe_effect``).
+            completion with and without the adapter (``EffectProbe.probe``, ``inference.node.effect_probe``).
         eviction_grace_s: `QUIVER_EVICTION_GRACE_MS` / 1000 (default 5 s, `0` turns it off): an adapter loaded here
             less than this long ago is not an eviction victim while an older one can go. LRU and LFU both rank a
             just-loaded adapter coldest (no steps yet), so without it the next load under thrash removes the adapter

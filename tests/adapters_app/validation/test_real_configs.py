@@ -1,5 +1,6 @@
-"""The 33 real adapter_config.json files of ../shared/lora-cases/configs (see INDEX.tsv), each paired with
-tensors generated to match it, validated against the tiny Llama base: one verdict per file, codes spelled out.
+"""The 33 real adapter_config.json files in data/lora-cases/configs (INDEX.tsv names each one's public Hugging Face
+repository, path and commit), each paired with tensors generated to match it, validated against the tiny Llama
+base: one verdict per file, codes spelled out.
 
 Tensor layouts: "llama" = what PEFT writes when the config is applied to a Llama-shaped model (modules selected by
 the config's own target rules, ranks from r/rank_pattern, tiny-Llama shapes); other layouts use the source
@@ -18,7 +19,7 @@ from adapters_app.validation import BaseModelFacts, PoolLimits, validate_adapter
 from adapters_app.validation.config import AdapterConfig, parse_config
 from devtools.synthetic_adapters import RawTensor, write_adapter
 
-CASES = Path("/work/shared/lora-cases")
+CASES = Path(__file__).parent / "data" / "lora-cases"
 FOREIGN_DIM = 64
 
 # name -> (layout, expected error codes, expected warning codes). Layout: "llama", "llama:<prefix>", or a dict of
