@@ -64,7 +64,7 @@ class Tenant(RequestLimits):
 
 
 class Membership(models.Model):
-    """A Django user's role in a tenant."""
+    """A Django user's role in a tenant, and the limits an owner set on the keys they mint (``key_limits``)."""
 
     class Role(models.TextChoices):
         OWNER = "owner"
@@ -74,6 +74,9 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    # The gateway limits an owner last set on one of this (non-owner) member's keys, by field (absent = none): every
+    # key the member mints starts with them, so a fresh key does not escape them (tenants.services.api_key_create).
+    key_limits = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

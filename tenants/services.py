@@ -7,6 +7,7 @@ import hmac
 import secrets
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -15,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from common.echo import clip
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Tenant
+from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 
 
@@ -64,8 +65,13 @@ def api_key_create(
     actor: User | None = None,
     granted_by: ApiKey | None = None,
     grantable: Collection[str] | None = None,
+    limits: Mapping[str, Any] | None = None,
 ) -> tuple[ApiKey, str]:
     """Mint an API key for ``tenant``.
+
+    The key starts with ``limits`` (gateway limits by field, as :func:`limits_set` takes them; what an owner set for
+    the minting member: :func:`member_key_limits`) and, per field, never looser than the granting key's own, so
+    neither a member nor a limited key escapes its limits by minting a fresh key.
 
     Returns:
         ``(key, plaintext)``; ``plaintext`` is ``<prefix>_<key_id>.<secret>`` and is never stored or shown again.
@@ -108,11 +114,29 @@ def api_key_create(
         if active >= locked.max_api_keys:
             raise QuiverError(f"Tenant quota of {locked.max_api_keys} active API keys reached; revoke one or ask an "
                               "operator to raise max_api_keys.", code="quota_exceeded", status_code=403)
-        return _api_key_insert(tenant, key_id, secret, name, scopes, expires_at, actor)
+        inherited = _tightest(dict(limits or {}), _limits_of(granted_by) if granted_by is not None else {})
+        return _api_key_insert(tenant, key_id, secret, name, scopes, expires_at, actor, inherited)
+
+
+def _limits_of(key: ApiKey) -> dict[str, Any]:
+    return {name: getattr(key, name) for name in LIMIT_FIELDS if getattr(key, name) is not None}
+
+
+def _tightest(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """Per limit field, the stricter of two sets (None/absent = unlimited; a lower priority class is stricter)."""
+    out: dict[str, Any] = {}
+    for name in LIMIT_FIELDS:
+        values = [v for v in (first.get(name), second.get(name)) if v is not None]
+        if values and name == "priority_class":  # vLLM's priority: a higher number runs later
+            out[name] = max(values, key=lambda c: PRIORITY_CLASSES.get(c, 0))
+        elif values:
+            out[name] = min(values)
+    return out
 
 
 def _api_key_insert(tenant: Tenant, key_id: str, secret: str, name: str, scopes: Sequence[str],
-                    expires_at: datetime | None, actor: User | None) -> tuple[ApiKey, str]:
+                    expires_at: datetime | None, actor: User | None,
+                    limits: Mapping[str, Any]) -> tuple[ApiKey, str]:
     key = ApiKey(
         tenant=tenant,
         key_id=key_id,
@@ -121,6 +145,7 @@ def _api_key_insert(tenant: Tenant, key_id: str, secret: str, name: str, scopes:
         scopes=sorted(set(scopes)),
         expires_at=expires_at,
         created_by=actor,
+        **limits,
     )
     key.full_clean()
     key.save()
@@ -234,6 +259,26 @@ def _lock_owners(tenant: Tenant) -> None:
 def _ensure_other_owner(tenant: Tenant, membership: Membership) -> None:
     if not Membership.objects.filter(tenant=tenant, role=Membership.Role.OWNER).exclude(pk=membership.pk).exists():
         raise ValidationError({"role": "A tenant keeps at least one owner; make someone else owner first."})
+
+
+def member_key_limits(tenant: Tenant, *, user: User) -> dict[str, Any]:
+    """The limits every key ``user`` mints in ``tenant`` starts with (``Membership.key_limits``; {} for none)."""
+    membership = Membership.objects.filter(tenant=tenant, user=user).only("key_limits").first()
+    return dict(membership.key_limits) if membership is not None else {}
+
+
+def member_key_limits_note(tenant: Tenant, *, key: ApiKey, limits: Mapping[str, Any]) -> None:
+    """An owner set ``limits`` on ``key``: when a member who is not an owner created it, the values become, field by
+    field, the limits that member's next keys start with (None clears a field). Owners' own keys bind no one."""
+    if key.created_by_id is None:
+        return
+    with transaction.atomic():
+        membership = Membership.objects.select_for_update().filter(tenant=tenant, user_id=key.created_by_id).first()
+        if membership is None or membership.role == Membership.Role.OWNER:
+            return
+        merged = {**membership.key_limits, **{k: v for k, v in limits.items() if k in LIMIT_FIELDS}}
+        membership.key_limits = {k: v for k, v in merged.items() if v is not None}
+        membership.save(update_fields=["key_limits"])
 
 
 def limits_set(obj: Tenant | ApiKey, *, limits: Mapping[str, int | None]) -> Tenant | ApiKey:

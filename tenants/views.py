@@ -61,10 +61,13 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data.is_valid(raise_exception=True)
         access = self.principal
         grantable = None
+        limits: dict[str, Any] = {}
         if access.user is not None and not access.has_role(Membership.Role.OWNER):
             grantable = [s for s in ALL_SCOPES if s != KEYS_MANAGE]
+            # What an owner set on this member's keys binds the keys they mint next (attack-round finding).
+            limits = services.member_key_limits(self.tenant, user=access.user)
         key, plaintext = services.api_key_create(self.tenant, granted_by=access.api_key, actor=access.user,  # type: ignore[arg-type]
-                                                 grantable=grantable, **data.validated_data)
+                                                 grantable=grantable, limits=limits, **data.validated_data)
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -86,6 +89,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
                 raise QuiverError(f"Only an owner can raise or clear '{loosened}' on a key; you may only tighten it.",
                                   code="limit_owner_only", status_code=403)
         services.limits_set(key, limits=data.validated_data)
+        if owner:  # an owner's word on a member's key also binds the keys that member mints later
+            services.member_key_limits_note(self.tenant, key=key, limits=data.validated_data)
         return Response(ApiKeyOutputSerializer(key).data)
 
     @extend_schema(request=None, responses=ApiKeyOutputSerializer)
