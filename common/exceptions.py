@@ -1,6 +1,6 @@
 """The control-plane API's error envelope: ``{"detail": str, "code": str}`` plus ``fields`` for validation errors.
 
-Decided in docs/architecture.md ("Errors"); the OpenAI-compatible ``/v1/*`` routes keep OpenAI's shape instead.
+Decided in docs/architecture.md (``common/``); the OpenAI-compatible ``/v1/*`` routes keep OpenAI's shape instead.
 """
 
 from __future__ import annotations
