@@ -22,7 +22,8 @@ from inference.fleet.api.registry import NodeRegistryViewSet
 from inference.fleet.api.tenants import OperatorTenantViewSet
 from inference.metering.api import UsageViewSet
 from tenants.auth_views import LoginView, LogoutView, MeView, SessionView, TenantPickView
-from tenants.views import ApiKeyViewSet, MemberViewSet, TenantLimitsViewSet
+from tenants.invitation_views import AcceptInvitationView, DeclineInvitationView, MyInvitationsView
+from tenants.views import ApiKeyViewSet, InvitationViewSet, MemberViewSet, TenantLimitsViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("adapters", AdapterViewSet, basename="adapter")
@@ -30,6 +31,7 @@ router.register("base-models", BaseModelViewSet, basename="base-model")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("usage", UsageViewSet, basename="usage")
 router.register("members", MemberViewSet, basename="member")
+router.register("invitations", InvitationViewSet, basename="invitation")
 router.register("operator/nodes", NodeRegistryViewSet, basename="operator-node")
 router.register("operator/versions", OperatorVersionViewSet, basename="operator-version")
 router.register("operator/placements", OperatorPlacementViewSet, basename="operator-placement")
@@ -53,6 +55,9 @@ urlpatterns = [
     path("api/v1/auth/me", MeView.as_view()),
     path("api/v1/auth/session", SessionView.as_view()),
     path("api/v1/auth/tenant", TenantPickView.as_view()),
+    path("api/v1/auth/invitations", MyInvitationsView.as_view()),
+    path("api/v1/auth/invitations/<int:invitation_id>/accept", AcceptInvitationView.as_view()),
+    path("api/v1/auth/invitations/<int:invitation_id>/decline", DeclineInvitationView.as_view()),
     path("api/v1/tenant/limits", TenantLimitsViewSet.as_view({"get": "retrieve", "patch": "partial_update"})),
     path("api/v1/", include(router.urls)),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="schema"),

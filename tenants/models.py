@@ -86,6 +86,31 @@ class Membership(models.Model):
         return f"{self.user_id}@{self.tenant_id}:{self.role}"
 
 
+class Invitation(models.Model):
+    """An owner's offer of a ``role`` in ``tenant`` to whoever holds ``username``; a membership only once that user
+    accepts it in the console (``tenants.invitations``).
+
+    Kept by username as typed, whether or not such a user exists, so the inviting owner learns nothing about which
+    usernames exist (the same answer, the same row, for both). Pending until accepted, declined, cancelled, or past
+    ``expires_at``.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "username"], name="invitation_unique_tenant_username")]
+        indexes = [models.Index(fields=["username"], name="invitation_username")]
+
+    def __str__(self) -> str:
+        return f"{self.username}@{self.tenant_id}:{self.role}"
+
+
 class ApiKey(RequestLimits):
     """A tenant API key ``<prefix>_<key_id>.<secret>``; ``digest`` = HMAC-SHA256(secret) in hex.
 

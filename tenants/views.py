@@ -2,7 +2,8 @@
 
 Keys: list, create (secret shown once), revoke. Console members see and revoke only the keys they created and cannot
 grant ``keys:manage``; owners (and keys with ``keys:manage``) manage every key of the tenant.
-Members: owners add existing users by username, change roles and remove members; everyone in the tenant may list.
+Members: owners invite users by username (the user accepts in the console: ``tenants.invitations``), change roles
+and remove members; everyone in the tenant may list members and pending invitations.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
@@ -20,8 +20,8 @@ from rest_framework.response import Response
 
 from common.echo import clip
 from common.exceptions import QuiverError
-from tenants import services
-from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Membership, Tenant
+from tenants import invitations, services
+from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Invitation, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 from tenants.serializers import (
     ApiKeyCreatedSerializer,
@@ -154,9 +154,25 @@ class MemberOutputSerializer(serializers.ModelSerializer):
 
 
 class MemberInputSerializer(serializers.Serializer):
-    """Input of ``POST /api/v1/members``: an existing user's ``username`` and a ``role``."""
+    """Input of ``POST /api/v1/members``: the ``username`` to invite and the ``role`` offered."""
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+
+
+class InvitationOutputSerializer(serializers.ModelSerializer):
+    """A pending invitation as the tenant sees it: who was invited (as typed), the role offered, by whom, until when."""
+    invited_by = serializers.CharField(source="invited_by.username", allow_null=True, default=None)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "username", "role", "invited_by", "created_at", "expires_at"]
+
+
+class InvitationSentSerializer(serializers.Serializer):
+    """Output of ``POST /api/v1/members`` (202): the same for every username, whether or not it has an account."""
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    invitation = InvitationOutputSerializer()
 
 
 class MemberRoleSerializer(serializers.Serializer):
@@ -176,19 +192,20 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     scope_map = KEYS_SCOPE_MAP
     role_map = MEMBERS_ROLE_MAP
 
-    @extend_schema(request=MemberInputSerializer, responses={201: MemberOutputSerializer})
+    @extend_schema(request=MemberInputSerializer, responses={202: InvitationSentSerializer})
     def create(self, request: Request) -> Response:
-        """``POST /api/v1/members``: add a user; 400 ``user_not_found``, 409 ``member_exists``."""
+        """``POST /api/v1/members``: invite a username; 202 whether or not it has an account (nothing tells which),
+        and it becomes a member once that user accepts in the console. 409 ``member_exists``."""
         data = MemberInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = get_user_model().objects.filter(username=data.validated_data["username"]).first()
-        if user is None:
-            raise QuiverError(f"No user '{clip(data.validated_data['username'])}'; an operator creates accounts.",
-                              code="user_not_found", fields={"username": ["Unknown user."]})
-        if Membership.objects.filter(tenant=self.tenant, user=user).exists():
-            raise QuiverError("Already a member; change the role instead.", code="member_exists", status_code=409)
-        membership = services.membership_create(self.tenant, user=user, role=data.validated_data["role"])
-        return Response(MemberOutputSerializer(membership).data, status=status.HTTP_201_CREATED)
+        username = data.validated_data["username"]
+        user = self.principal.user
+        invitation = invitations.invitation_create(self.tenant, username=username, role=data.validated_data["role"],
+                                                   actor=user)
+        body = {"detail": f"Invitation to '{clip(username)}' saved: if that account exists, its holder sees it in "
+                          "the console and becomes a member on accepting it.",
+                "code": "invitation_sent", "invitation": InvitationOutputSerializer(invitation).data}
+        return Response(body, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=MemberRoleSerializer, responses=MemberOutputSerializer)
     def partial_update(self, request: Request, username: str | None = None) -> Response:
@@ -202,4 +219,23 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     def destroy(self, request: Request, username: str | None = None) -> Response:
         """``DELETE /api/v1/members/{username}``: remove the member (not the last owner)."""
         services.membership_delete(self.tenant, membership=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    """``/api/v1/invitations``: the tenant's pending invitations; owners cancel them (keys: ``keys:manage``)."""
+
+    queryset = Invitation.objects.all()
+    serializer_class = InvitationOutputSerializer
+    scope_map = KEYS_SCOPE_MAP
+    role_map = MEMBERS_ROLE_MAP
+
+    def tenant_queryset(self, queryset: QuerySet[Invitation]) -> QuerySet[Invitation]:
+        """Pending ones only, newest first."""
+        return invitations.invitations_of_tenant(self.tenant)
+
+    def destroy(self, request: Request, pk: str | None = None) -> Response:
+        """``DELETE /api/v1/invitations/{id}``: withdraw it (204; 404 for none in this tenant)."""
+        invitation = self.get_object()
+        invitations.invitation_cancel(self.tenant, invitation_id=invitation.pk)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.metering.models import UsageRecord
+from tenants.invitations import invitation_create
 from tenants.models import Tenant
 from tenants.services import api_key_create, membership_create
 from tests.fixtures.tenancy import UPLOAD, TenantScopedAPITests
@@ -107,6 +108,16 @@ class TestMembers(TenantScopedAPITests):
         user = User.objects.create_user(username=f"alice-{tenant.slug}", password="x")
         membership_create(tenant, user=user, role="member")
         return {"name": user.username}
+
+
+class TestInvitations(TenantScopedAPITests):
+    calls: ClassVar = [("delete", "/api/v1/invitations/{id}", None)]
+    list_url = "/api/v1/invitations"
+    list_field = "username"
+
+    def make_object(self, tenant: Tenant) -> dict[str, Any]:
+        invitation = invitation_create(tenant, username=f"invitee-{tenant.slug}", role="member", actor=None)
+        return {"name": invitation.username, "id": str(invitation.pk)}
 
 
 class TestUsage(TenantScopedAPITests):
@@ -230,6 +241,12 @@ NOT_TENANT_OBJECTS = {
                                                        "(test_operator_console_api.py)",
     "^(?!api/|v1/|internal/|admin/|static/|healthz|metrics)(?P<path>.*)$": "the console's index.html, no tenant data",
     "api/v1/tenant/limits": "the caller's own tenant's limits (no object id in the URL)",
+    "api/v1/auth/invitations": "the signed-in user's own invitations, by username, not tenant-scoped "
+                               "(tests/tenants/test_invitations.py)",
+    "api/v1/auth/invitations/<int:invitation_id>/accept": "only the addressee's own invitation; anyone else's is 404 "
+                                                          "(tests/tenants/test_invitations.py)",
+    "api/v1/auth/invitations/<int:invitation_id>/decline": "only the addressee's own invitation; anyone else's is "
+                                                           "404 (tests/tenants/test_invitations.py)",
 }
 
 
@@ -246,7 +263,7 @@ def _routes(patterns: list[Any], prefix: str = "") -> list[str]:
 def test_every_route_is_covered_by_a_matrix_family() -> None:
     from django.urls import get_resolver, resolve
 
-    sample = {"name": "secret-bot", "key_id": "0123456789ab", "upload": "0" * 32}
+    sample = {"name": "secret-bot", "key_id": "0123456789ab", "upload": "0" * 32, "id": "1"}
     covered = set()
     for family in TenantScopedAPITests.__subclasses__():
         urls = [template.format(**sample) for _, template, _ in family.calls]

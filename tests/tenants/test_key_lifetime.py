@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from tenants.models import ApiKey
 from tenants.services import api_key_create
+from tests.tenants.invite import invite_and_accept
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +26,7 @@ def _key_client(plaintext: str) -> APIClient:
 def _member_key(make_session_client: Any, role: str = "member", scopes: list[str] | None = None) -> Any:
     owner, tenant, _ = make_session_client(role="owner")
     member, _, user = make_session_client(role="viewer")  # a second user; its own tenant is unused
-    assert owner.post("/api/v1/members", {"username": user.username, "role": role}, format="json").status_code == 201
+    invite_and_accept(owner, user, role)
     member.credentials(HTTP_X_QUIVER_TENANT=tenant.slug)
     resp = member.post("/api/v1/api-keys", {"name": "laptop", "scopes": scopes or ["adapters:read", "inference"]},
                        format="json")

@@ -240,6 +240,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/invitations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The list (``[]`` when none); never cached. */
+        get: operations["auth_invitations_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/invitations/{invitation_id}/accept": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Accept. The tenant the session acted in stays chosen, so joining a second tenant breaks nothing open. */
+        post: operations["auth_invitations_accept_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/invitations/{invitation_id}/decline": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Decline; 404 ``invitation_not_found`` when there is no such pending invitation for this user. */
+        post: operations["auth_invitations_decline_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/login": {
         parameters: {
             query?: never;
@@ -342,6 +393,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/invitations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description ``/api/v1/invitations``: the tenant's pending invitations; owners cancel them (keys: ``keys:manage``). */
+        get: operations["invitations_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/invitations/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** @description ``DELETE /api/v1/invitations/{id}``: withdraw it (204; 404 for none in this tenant). */
+        delete: operations["invitations_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/members": {
         parameters: {
             query?: never;
@@ -352,7 +437,10 @@ export interface paths {
         /** @description ``/api/v1/members``: who may act in the tenant. Owners write (keys: ``keys:manage``); everyone reads. */
         get: operations["members_list"];
         put?: never;
-        /** @description ``POST /api/v1/members``: add a user; 400 ``user_not_found``, 409 ``member_exists``. */
+        /**
+         * @description ``POST /api/v1/members``: invite a username; 202 whether or not it has an account (nothing tells which),
+         *     and it becomes a member once that user accepts in the console. 409 ``member_exists``.
+         */
         post: operations["members_create"];
         delete?: never;
         options?: never;
@@ -927,6 +1015,23 @@ export interface components {
             pinned_fleet: boolean;
             pinned_nodes: string[];
         };
+        /** @description A pending invitation as the tenant sees it: who was invited (as typed), the role offered, by whom, until when. */
+        InvitationOutput: {
+            readonly id: number;
+            username: string;
+            role?: components["schemas"]["RoleEnum"];
+            invited_by?: string | null;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            expires_at: string;
+        };
+        /** @description Output of ``POST /api/v1/members`` (202): the same for every username, whether or not it has an account. */
+        InvitationSent: {
+            detail: string;
+            code: string;
+            invitation: components["schemas"]["InvitationOutput"];
+        };
         /**
          * @description Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
          *     the cap on one request's ``max_tokens``.
@@ -967,7 +1072,7 @@ export interface components {
             tenants: components["schemas"]["TenantChoice"][];
             tenant: string | null;
         };
-        /** @description Input of ``POST /api/v1/members``: an existing user's ``username`` and a ``role``. */
+        /** @description Input of ``POST /api/v1/members``: the ``username`` to invite and the ``role`` offered. */
         MemberInput: {
             username: string;
             /** @default member */
@@ -980,6 +1085,18 @@ export interface components {
             role?: components["schemas"]["RoleEnum"];
             /** Format: date-time */
             readonly created_at: string;
+        };
+        /** @description An invitation as its addressee sees it: which tenant, the role offered, who invited, until when. */
+        MyInvitation: {
+            id: number;
+            tenant: string;
+            tenant_name: string;
+            role: components["schemas"]["RoleEnum"];
+            invited_by?: string | null;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
         };
         /** @description The node's credentials as the env lines its agent and engine take (``VLLM_API_KEY`` = ``QUIVER_NODE_KEY``). */
         NodeCredentials: {
@@ -1840,6 +1957,66 @@ export interface operations {
             };
         };
     };
+    auth_invitations_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MyInvitation"][];
+                };
+            };
+        };
+    };
+    auth_invitations_accept_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                invitation_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Me"];
+                };
+            };
+        };
+    };
+    auth_invitations_decline_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                invitation_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
     auth_login_create: {
         parameters: {
             query?: never;
@@ -1965,6 +2142,46 @@ export interface operations {
             };
         };
     };
+    invitations_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InvitationOutput"][];
+                };
+            };
+        };
+    };
+    invitations_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this invitation. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
     members_list: {
         parameters: {
             query?: never;
@@ -1999,12 +2216,12 @@ export interface operations {
             };
         };
         responses: {
-            201: {
+            202: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["MemberOutput"];
+                    "application/json": components["schemas"]["InvitationSent"];
                 };
             };
         };
