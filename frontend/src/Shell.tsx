@@ -5,6 +5,7 @@ import { useQueryClient } from '@tanstack/react-query'
 import { NavLink as RouterLink, Navigate, Outlet, useLocation, useNavigate } from 'react-router'
 import { api, currentTenant, setCurrentTenant } from './api/client'
 import { useMe, usePickTenant } from './auth'
+import { InvitationsBanner } from './components/Invitations'
 import { landingPath, navItems, tenantPlaceholder, type NavItem } from './nav'
 
 export function Shell() {
@@ -65,6 +66,7 @@ export function Shell() {
         </Button>
       </AppShell.Navbar>
       <AppShell.Main>
+        <InvitationsBanner />
         {location.pathname === '/' ? (
           <Outlet /> /* the index route: Landing sends staff to the fleet, others to their adapters */
         ) : location.pathname.startsWith('/operator') ? (
@@ -143,7 +145,9 @@ function TenantPicker() {
       <Title order={2} mb="md">
         Pick a tenant
       </Title>
-      {me?.tenants.length === 0 && <Text>You belong to no tenant yet; ask a tenant owner to add you.</Text>}
+      {me?.tenants.length === 0 && (
+        <Text>You belong to no tenant yet: a tenant owner invites you, and the invitation appears above to accept.</Text>
+      )}
       <Group>
         {me?.tenants.map((t) => (
           <Button key={t.slug} variant="light" onClick={() => pick(t.slug)}>

@@ -30,6 +30,7 @@ const router = createBrowserRouter([
       { path: 'keys', ...page(() => import('./pages/ApiKeys'), 'ApiKeys') },
       { path: 'playground', ...page(() => import('./pages/Playground'), 'Playground') },
       { path: 'usage', ...page(() => import('./pages/Usage'), 'Usage') },
+      { path: 'members', ...page(() => import('./pages/Members'), 'Members') },
       { path: 'operator/nodes', ...page(() => import('./pages/Nodes'), 'Nodes') },
       { path: 'operator/residency', ...page(() => import('./pages/Residency'), 'Residency') },
       { path: 'operator/traffic', ...page(() => import('./pages/Traffic'), 'Traffic') },

@@ -13,6 +13,7 @@ const TENANT_PAGES: { to: string; label: string; minRole: Role }[] = [
   { to: '/keys', label: 'API keys', minRole: 'member' },
   { to: '/playground', label: 'Playground', minRole: 'member' },
   { to: '/usage', label: 'Usage', minRole: 'viewer' },
+  { to: '/members', label: 'Members', minRole: 'viewer' },
 ]
 const OPERATOR_PAGES = [
   { to: '/operator/nodes', label: 'Fleet' },

@@ -15,7 +15,7 @@ const owner = me({ username: 'olga', tenants: [{ slug: 'demo', name: 'Demo Tenan
 describe('navItems', () => {
   it('gives an operator the operator pages first, and the tenant pages a viewer cannot use disabled with the reason', () => {
     const items = navItems(operator, 'demo')
-    expect(items.map((i) => i.label)).toEqual(['Fleet', 'Residency map', 'Traffic', 'Tenants and quotas', 'Audit log', 'Adapters', 'API keys', 'Playground', 'Usage'])
+    expect(items.map((i) => i.label)).toEqual(['Fleet', 'Residency map', 'Traffic', 'Tenants and quotas', 'Audit log', 'Adapters', 'API keys', 'Playground', 'Usage', 'Members'])
     const disabled = Object.fromEntries(items.filter((i) => i.disabledReason).map((i) => [i.label, i.disabledReason]))
     expect(disabled).toEqual({
       'API keys': 'Needs the member role in demo; yours is viewer.',
@@ -27,7 +27,8 @@ describe('navItems', () => {
   it('gives a tenant owner every tenant page and no operator page', () => {
     const items = navItems(owner, 'demo')
     expect(items.map((i) => [i.label, i.disabledReason])).toEqual([
-      ['Adapters', undefined], ['API keys', undefined], ['Playground', undefined], ['Usage', undefined]])
+      ['Adapters', undefined], ['API keys', undefined], ['Playground', undefined], ['Usage', undefined],
+      ['Members', undefined]])
     expect(landingPath(owner)).toBe('/adapters')
     expect(navItems(owner, null)).toEqual([]) // no tenant chosen yet: the picker, no tenant pages
   })
@@ -39,6 +40,7 @@ describe('Shell', () => {
   const renderAt = (who: Me, path: string) => {
     const qc = new QueryClient({ defaultOptions: { queries: { retry: false, staleTime: Infinity } } })
     qc.setQueryData(['me'], who)
+    qc.setQueryData(['invitations'], [])
     setCurrentTenant(who.tenant)
     const Page = ({ name }: { name: string }) => <h2>{name} page</h2>
     const router = createMemoryRouter([{

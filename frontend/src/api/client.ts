@@ -16,6 +16,8 @@ export type Placement = Schemas['PlacementOutput']
 export type NodeSample = Schemas['NodeSample']
 export type TrafficRow = Schemas['TrafficRow']
 export type OperatorTenant = Schemas['OperatorTenant']
+export type MyInvitation = Schemas['MyInvitation']
+export type Invitation = Schemas['InvitationOutput']
 
 /** The API's error envelope: `{detail, code, fields?}`. */
 export interface ApiError {
