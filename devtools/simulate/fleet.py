@@ -36,7 +36,7 @@ class SimNode:
     """One node's state during a run."""
 
     __slots__ = ("name", "engine", "disk", "disk_used", "disk_bytes", "inflight", "served",
-                 "pending", "stats", "concurrency")
+                 "pending", "stats", "concurrency", "busy_until")
 
     def __init__(self, name: str, fleet: FleetSpec) -> None:
         self.name = name
@@ -49,6 +49,7 @@ class SimNode:
         self.pending: dict[int, tuple[float, Tier]] = {}  # id -> (ready at, tier it was loaded from)
         self.stats: dict[int, list[float]] = {}  # id -> [last used, hits, hits at]
         self.concurrency = fleet.concurrency
+        self.busy_until: dict[int, float] = {}  # id -> when its last request in flight here finishes
 
     def advance(self, t: float) -> None:
         """Finish every request done by ``t``."""

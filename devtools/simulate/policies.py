@@ -1,8 +1,11 @@
 """Policies under test. ``quiver`` calls the production decisions; the baselines leave eviction to vLLM's LRU.
 
 - ``quiver``: ``inference.policy.placement.place`` every ``replan_s`` over decayed request rates (what the
-  reconciler does), ``inference.policy.routing.route`` per request, ``inference.policy.eviction.choose_victims`` before
-  each engine load (the agent removes the victims, so the engine's own LRU never picks) and for the disk cache.
+  reconciler does), ``inference.policy.routing.route`` per request, and before each engine load into a full CPU
+  cache the node's own rule, ``inference.policy.node_eviction.node_victims`` (the agent's and the engine worker's:
+  decayed *request* counts, the plan hint, the busy set = adapters with a request in flight, the grace of a fresh
+  load); the disk cache is LRU under its byte budget, never dropping what the engine holds (the agent's
+  ``enforce_disk_budget``), and GPU slots are the engine's batch LRU (``LoRAEngineModel``), as on a node.
 - ``random``, ``round_robin``: the node at random / in turn.
 - ``least_loaded``: today's Quiver: a version's first request warms it on the node with the fewest resident
   versions (then the shortest queue) and every later request goes there (``node_select_for_warm``, ``node_for``).
@@ -18,8 +21,9 @@ from functools import lru_cache
 
 from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import SimNode
-from inference.policy.eviction import EvictionConfig, EvictionPolicy, Resident, choose_victims, decayed_hits
+from inference.policy.eviction import EvictionConfig, EvictionPolicy, decayed_hits
 from inference.policy.hrw import hrw_weight
+from inference.policy.node_eviction import NodeResident, is_fresh, node_victims
 from inference.policy.placement import (
     Demand,
     PlacementConfig,
@@ -54,14 +58,21 @@ class Policy:
         """Called before ``adapter`` is loaded into ``node``'s full CPU cache; default: vLLM's LRU decides."""
 
     def disk_victim(self, node: SimNode, incoming: int, t: float) -> list[int]:
-        """Disk entries to drop for ``incoming`` bytes; default LRU."""
+        """Disk entries to drop for ``incoming`` bytes: LRU, never one the engine's CPU cache holds (the agent's
+        ``enforce_disk_budget`` over ``inference.node.cache.AdapterCache.over_budget``)."""
         out, used = [], node.disk_used
+        held = node.engine.cpu
         for key, size in node.disk.items():
             if used + incoming <= node.disk_bytes:
                 break
+            if key in held:
+                continue
             out.append(key)
             used -= size
         return out
+
+    def loaded(self, node: SimNode, adapter: int, t: float) -> None:
+        """Called when ``adapter`` is read into ``node``'s engine (a request's load or a pre-warm)."""
 
     def served(self, node: SimNode, adapter: int, t: float) -> None:
         """Called after each request is placed on ``node``."""
@@ -150,7 +161,8 @@ class QuiverPolicy(Policy):
     def __init__(self, nodes: Sequence[SimNode], *, seed: int, sizes: Sequence[int], ranks: Sequence[int],
                  tenants: Sequence[int], costs: CostModel, eviction: EvictionPolicy = EvictionPolicy.LFU,
                  replan_s: float = 30.0, rate_memory: float = 0.8, prewarm: bool = True, half_life_s: float = 600.0,
-                 placement: PlacementConfig | None = None, routing: RouteConfig | None = None) -> None:
+                 placement: PlacementConfig | None = None, routing: RouteConfig | None = None,
+                 grace_s: float = 5.0) -> None:
         super().__init__(nodes, seed=seed)
         self.by_name = {n.name: n for n in nodes}
         self._weights: dict[int, tuple[int, ...]] = {}  # adapter -> HRW weight per node, in node order
@@ -161,7 +173,10 @@ class QuiverPolicy(Policy):
         self.rates: dict[int, float] = {}
         self.window: dict[int, int] = {}
         self.plan: dict[int, tuple[str, ...]] = {}
-        self.res: dict[str, dict[int, Resident]] = {n.name: {} for n in nodes}
+        # Per node, per adapter: [last request, decayed requests, their time, requests in all, last load, requests
+        # at that load] (what the worker extension counts: ``LAST_USED``, ``HITS``, ``REQUESTS``, ``LOADED``).
+        self.res: dict[str, dict[int, list[float]]] = {n.name: {} for n in nodes}
+        self.grace_s = grace_s
         self.last_plan = 0.0
         self._warm_candidates = [WarmCandidate(n.name, costs.max_lora_rank) for n in nodes]
         self.pnodes = [PlacementNode(n.name, BASE, costs.max_lora_rank, n.engine.max_cpu_loras, gpu_slots=n.engine.max_loras)
@@ -185,7 +200,6 @@ class QuiverPolicy(Policy):
                    for a, rate in self.rates.items() if rate > 1e-4]
         self.plan = place(demands, self.pnodes, config=self.placement)
         self.last_plan = t
-        self._refresh_desired()
         if self.prewarm:
             self._prewarm(t, slotted(self.plan, demands, self.pnodes))
 
@@ -212,7 +226,7 @@ class QuiverPolicy(Policy):
                 node.engine.add_lora(adapter)
                 self.extra_loads += 1
                 self.extra_bytes += size
-                self.served(node, adapter, t)
+                self.loaded(node, adapter, t)
 
     def _placed(self, adapter: int) -> tuple[str, ...]:
         placed = self.plan.get(adapter)
@@ -238,44 +252,41 @@ class QuiverPolicy(Policy):
         assert decision is not None
         return self.by_name[decision.node]
 
-    def _resident(self, node: SimNode, v: int) -> Resident:
-        r = self.res[node.name].get(v)
-        if r is None:  # never served here (cannot happen in a run; kept for safety)
-            r = Resident(v, self.tenants[v], self.sizes[v], desired=node.name in self._placed(v))
-        return r
+    def _node_resident(self, node: SimNode, v: int, t: float) -> NodeResident:
+        """What the node's rule sees of ``v`` on ``node`` at ``t`` (``inference.node.worker_ext.policy_victim``)."""
+        rec = self.res[node.name].get(v)
+        if rec is None:  # loaded by a pre-warm and never requested here
+            rec = self.res[node.name][v] = [-1e12, 0.0, t, 0.0, -1e12, 0.0]
+        last, hits, hits_at, total, loaded_at, at_load = rec
+        idle = t - max(last, loaded_at)
+        planned = self.plan.get(v)
+        return NodeResident(v, self.sizes[v], idle_s=idle,
+                            requests=decayed_hits(hits, hits_at, t, self.eviction.half_life_s),
+                            busy=node.busy_until.get(v, 0.0) > t,
+                            fresh=is_fresh(loaded_ago_s=t - loaded_at, requests_since_load=total - at_load,
+                                           idle_s=idle, grace_s=self.grace_s),
+                            planned_elsewhere=bool(planned) and node.name not in (planned or ()))
 
     def make_room(self, node: SimNode, adapter: int, t: float) -> None:
-        """Evict by the configured policy before the engine's LRU would."""
-        residents = [self._resident(node, v) for v in node.engine.cpu]
-        for victim in choose_victims(residents, slots=node.engine.max_cpu_loras, budget_bytes=None,
-                                     incoming_bytes=self.sizes[adapter], now_s=t, config=self.eviction):
+        """Evict by the node's rule before the engine's LRU would (which decides when every resident is busy)."""
+        residents = [self._node_resident(node, v, t) for v in node.engine.cpu]
+        for victim in node_victims(residents, capacity=node.engine.max_cpu_loras, now_s=t, config=self.eviction):
             node.engine.remove_lora(victim)
 
-    def disk_victim(self, node: SimNode, incoming: int, t: float) -> list[int]:
-        """Disk entries by the same policy, under the node's disk byte budget."""
-        if node.disk_used + incoming <= node.disk_bytes:
-            return []
-        residents = [self._resident(node, v) for v in node.disk]
-        return list(choose_victims(residents, slots=len(residents) + 1, budget_bytes=node.disk_bytes,
-                                   incoming_bytes=incoming, now_s=t, config=self.eviction))
+    def loaded(self, node: SimNode, adapter: int, t: float) -> None:
+        """Start the load's grace: the adapter's request count now is its baseline."""
+        rec = self.res[node.name].setdefault(adapter, [-1e12, 0.0, t, 0.0, -1e12, 0.0])
+        rec[4], rec[5] = t, rec[3]
 
     def served(self, node: SimNode, adapter: int, t: float) -> None:
-        """Refresh the version's resident record on ``node`` (decayed hits, recency, reload cost, desired)."""
-        old = self.res[node.name].get(adapter)
-        hits = 1.0 if old is None else decayed_hits(old.hits, old.hits_at_s, t, self.eviction.half_life_s) + 1.0
-        size = self.sizes[adapter]
-        reload_ms = self.costs.disk_to_cpu_ms(size) + (0.0 if adapter in node.disk else self.costs.s3_to_disk_ms(size))
-        desired = old.desired if old is not None else node.name in self._placed(adapter)
-        self.res[node.name][adapter] = Resident(adapter, self.tenants[adapter], size, False, t, hits, t, reload_ms,
-                                                desired)
-
-    def _refresh_desired(self) -> None:
-        for node in self.nodes:
-            records = self.res[node.name]
-            for v, r in records.items():
-                desired = node.name in self._placed(v)
-                if desired != r.desired:
-                    records[v] = r._replace(desired=desired)
+        """Count the request on ``node`` (decayed and in all) and its recency."""
+        rec = self.res[node.name].get(adapter)
+        if rec is None:
+            self.res[node.name][adapter] = [t, 1.0, t, 1.0, -1e12, 0.0]
+            return
+        rec[1] = decayed_hits(rec[1], rec[2], t, self.eviction.half_life_s) + 1.0
+        rec[0], rec[2] = t, t
+        rec[3] += 1.0
 
 
 BASELINES: dict[str, type[Policy]] = {

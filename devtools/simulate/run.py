@@ -80,6 +80,7 @@ def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[i
                 moved += size
                 if len(node.engine.cpu) >= node.engine.max_cpu_loras:
                     policy.make_room(node, a, t)
+                policy.loaded(node, a, t)
             if tier is not Tier.GPU:
                 cost_ms += swap_ms
                 moved += slot_bytes
@@ -94,6 +95,8 @@ def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[i
         node.served += 1
         work[node.name] += ready - t + service[i]
         heapq.heappush(node.inflight, ready + service[i])
+        if node.busy_until.get(a, 0.0) < ready + service[i]:
+            node.busy_until[a] = ready + service[i]
         policy.served(node, a, t)
     total = len(times)
     loads += policy.extra_loads

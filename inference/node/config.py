@@ -130,7 +130,7 @@ class NodeSettings:
             scheduling_policy=_policy(env),
             eviction_policy=eviction_policy_from_env(env),
             effect_probe=env.get("QUIVER_EFFECT_PROBE", "1").strip().lower() not in ("0", "false", "no", "off"),
-            eviction_grace_s=_positive_float(env, "QUIVER_EVICTION_GRACE_MS", 5000.0, zero_ok=True) / 1000,
+            eviction_grace_s=eviction_grace_from_env(env),
         )
 
 
@@ -194,3 +194,13 @@ def eviction_policy_from_env(env: Mapping[str, str]) -> str:
     if value not in EVICTION_POLICIES:
         raise ConfigError(f"QUIVER_EVICTION_POLICY={value!r}; use one of {', '.join(EVICTION_POLICIES)}")
     return value
+
+
+def eviction_grace_from_env(env: Mapping[str, str]) -> float:
+    """``QUIVER_EVICTION_GRACE_MS`` / 1000 in seconds (default 5 s, ``0`` turns it off), read by the agent and by the
+    engine's worker extension (``NodeSettings.eviction_grace_s``).
+
+    Raises:
+        ValueError: not a number ≥ 0.
+    """
+    return _positive_float(env, "QUIVER_EVICTION_GRACE_MS", 5000.0, zero_ok=True) / 1000

@@ -95,6 +95,13 @@ class EngineHTTPClient:
         EngineError."""
         return await self._json("POST", "/quiver/v1/eviction_policy", {"policy": policy})
 
+    async def set_eviction_hints(self, *, over_quota: list[int], elsewhere: list[int], valid_s: float
+                                 ) -> dict[str, Any]:
+        """`POST /quiver/v1/eviction_hints`; 400 `invalid_request` / 503 `worker_extension_missing` raise
+        EngineError."""
+        return await self._json("POST", "/quiver/v1/eviction_hints",
+                                {"over_quota": over_quota, "elsewhere": elsewhere, "valid_s": valid_s})
+
     async def loras_report(self) -> dict[str, Any]:
         """`GET /quiver/v1/loras` in full: `{"loras": [...], "engine_lora_int_ids", "residency"}`.
 

@@ -36,12 +36,14 @@ async def add_lora_swapping(
 
 async def engine_tier(engine: EngineHTTPClient, lora_int_id: int) -> tuple[str, float | None]:
     """The adapter's tier in the engine's own lists now (`hot`/`warm`; `warm` when they cannot be read), and the
-    engine's scheduler steps for it (None when not reported: the eviction grace's baseline after a load)."""
+    engine's request count for it (scheduler steps from an engine that counts no requests; None when not reported):
+    the eviction grace's baseline after a load."""
     try:
         report = await engine.loras_report()
     except EngineError:
         return "warm", None
-    steps = (report.get("residency") or {}).get("steps") or {}
+    residency = report.get("residency") or {}
+    steps = residency.get("requests") or residency.get("steps") or {}
     baseline = None
     if str(lora_int_id) in steps or lora_int_id in steps:
         baseline = float(steps.get(str(lora_int_id), steps.get(lora_int_id, 0)))

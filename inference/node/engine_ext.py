@@ -13,6 +13,8 @@ register.py`), this class serves, inside the API server process:
 - `POST /quiver/v1/evict_lora` `{"lora_name"}` (out of the CPU cache; the name stays served, reloaded from disk)
 - `POST /quiver/v1/pin_lora` `{"lora_name"}`
 - `POST /quiver/v1/eviction_policy` `{"policy": "lru" | "lfu" | "cost"}` (the victim of loads into a full CPU cache)
+- `POST /quiver/v1/eviction_hints` `{"over_quota": [id], "elsewhere": [id], "valid_s": s}` (the control plane's
+  hints, relayed by the agent: ``inference.policy.node_eviction``)
 - `GET  /quiver/v1/loras`
 
 It calls `app.state.engine_client` (`add_lora`, `remove_lora`, `pin_lora`, `list_loras`) and records
@@ -333,8 +335,44 @@ async def eviction_policy(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     return {"policy": policy}
 
 
+def _ids(body: dict[str, Any], key: str) -> list[int]:
+    value = body.get(key, [])
+    if (not isinstance(value, list) or len(value) > 10_000
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
+        raise ExtensionError(400, "invalid_request", f"'{key}' must be a list of at most 10,000 integers")
+    return value
+
+
+async def eviction_hints(state: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Give every worker the control plane's eviction hints (``inference.node.worker_ext``), so that a reload inside
+    the engine ranks victims as the agent does (``inference.policy.node_eviction.node_victims``).
+
+    Args:
+        state: the API server's `app.state`.
+        body: `{"over_quota": [lora_int_id], "elsewhere": [lora_int_id], "valid_s": seconds}`: adapters of tenants
+            at or over their residency quota, adapters the plan puts on other nodes only, and how long the hints
+            hold (after that the workers rank by policy alone).
+
+    Returns:
+        `{"over_quota": n, "elsewhere": n}`.
+
+    Raises:
+        ExtensionError: 400 `invalid_request`; 503 `worker_extension_missing`.
+    """
+    over_quota, elsewhere = _ids(body, "over_quota"), _ids(body, "elsewhere")
+    valid_s = body.get("valid_s", 0)
+    if not isinstance(valid_s, int | float) or isinstance(valid_s, bool) or not 0 <= valid_s <= 3600:
+        raise ExtensionError(400, "invalid_request", "'valid_s' must be a number of seconds in 0..3600")
+    try:
+        await state.engine_client.collective_rpc("quiver_set_eviction_hints",
+                                                 args=(over_quota, elsewhere, float(valid_s)))
+    except Exception as exc:  # extension not mounted (AttributeError in the worker) or engine trouble
+        raise ExtensionError(503, "worker_extension_missing", f"the workers could not take them: {exc}") from exc
+    return {"over_quota": len(over_quota), "elsewhere": len(elsewhere)}
+
+
 _POST_ROUTES = {"add_lora": add_lora, "remove_lora": remove_lora, "evict_lora": evict_lora, "pin_lora": pin_lora,
-                "eviction_policy": eviction_policy}
+                "eviction_policy": eviction_policy, "eviction_hints": eviction_hints}
 
 
 def _configured_token_digests() -> list[bytes]:

@@ -1,41 +1,42 @@
 """The node's side of eviction: which adapters leave the engine's CPU cache, by this node's policy.
 
-The ranking itself is the pure ``inference.policy.eviction.choose_victims``; this module builds its residents from
-the engine's own figures (``inference.node.worker_ext``), keeps what the engine does not (LFU's decayed counts, the
-grace of a fresh load, the control plane's plan hint) and keeps the engine's own policy in step with the agent's.
+The rule is the pure ``inference.policy.node_eviction.node_victims`` (the engine's worker extension and the simulator
+call it too); this module builds its residents from the engine's own figures (``inference.node.worker_ext``), keeps
+what the engine does not (LFU's decayed request counts, the grace of a fresh load, the busy set of this agent's
+loads) and relays the control plane's hints (quota, plan) to the engine, so that a reload inside the engine ranks
+victims as the agent does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from inference.node.config import NodeSettings
 from inference.node.engine_client import EngineError, EngineHTTPClient
-from inference.policy.eviction import (
-    AllPinnedError,
-    EvictionConfig,
-    EvictionPolicy,
-    Resident,
-    choose_victims,
-    decayed_hits,
-    disk_reload_ms,
+from inference.policy.eviction import AllPinnedError, EvictionConfig, EvictionPolicy, decayed_hits
+from inference.policy.node_eviction import (
+    HINTS_STALE_HEARTBEATS,
+    NodeResident,
+    hints_current,
+    is_fresh,
+    node_victims,
 )
 
 logger = logging.getLogger(__name__)
 
-# An adapter used this recently (seconds since its last batch) may still have a request decoding.
-GRACE_BUSY_S = 1.0
-# An adapter the plan puts elsewhere is ranked undesired once idle here this long (seconds; a few requests' time).
-ELSEWHERE_IDLE_S = 5.0
-# The plan hint counts while the last answer is at most this many heartbeats old.
-PLAN_STALE_HEARTBEATS = 3
 # LFU records kept for adapters the engine no longer holds (a few MB at most; ids are AdapterVersion pks).
 HITS_KEPT = 65536
+
+
+def _ids(answer: dict[str, Any], key: str) -> frozenset[int] | None:
+    ids = answer.get(key)
+    if not isinstance(ids, list) or len(ids) > 10_000:
+        return None
+    return frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool))
 
 
 class Evictor:
@@ -55,53 +56,67 @@ class Evictor:
         # One policy change in the engine at a time: an operator's switch, or a state read's sync. Without it a state
         # read between the engine applying a switch and its answer sent the old policy back (agent lfu, engine lru).
         self._policy_lock = asyncio.Lock()
-        # lora_int_id -> time.monotonic() of its last good add here, and the engine's scheduler steps for it right
-        # after that add (its effect probe included): the eviction grace (`eviction_grace_s`) lasts until either
-        # runs out, i.e. until the request that asked for the load has run.
+        # lora_int_id -> time.monotonic() of its last good add here, and the engine's request count for it right
+        # after that add: the eviction grace (`eviction_grace_s`, ``node_eviction.is_fresh``).
         self._loaded_at: dict[int, float] = {}
-        self._steps_at_load: dict[int, float] = {}
-        # lora_int_id -> (decayed steps, monotonic time of that figure, the engine's step total then): LFU's counts.
+        self._requests_at_load: dict[int, float] = {}
+        # lora_int_id -> (decayed requests, monotonic time of that figure, the engine's request total then).
         self._hits: dict[int, tuple[float, float, float]] = {}
-        # (monotonic time, lora_int_ids) of the control plane's last heartbeat answer: adapters planned elsewhere.
-        self._elsewhere: tuple[float, frozenset[int]] = (-1e18, frozenset())
+        # (monotonic time, planned on other nodes only, tenants at or over quota) of the last heartbeat answer.
+        self._hints: tuple[float, frozenset[int], frozenset[int]] = (-1e18, frozenset(), frozenset())
+        self._relay: asyncio.Task[None] | None = None
 
     def note_plan(self, answer: dict[str, Any]) -> None:
-        """Keep a heartbeat answer's ``elsewhere`` (``inference.fleet.internal_views.heartbeat``): the adapters
-        the control plane's plan puts on other nodes only. Anything but a list of ints is ignored (at most 10,000,
-        the heartbeat's own limit)."""
-        ids = answer.get("elsewhere")
-        if not isinstance(ids, list) or len(ids) > 10_000:
+        """Keep a heartbeat answer's hints (``inference.fleet.internal_views.heartbeat``): ``elsewhere``, the
+        adapters the control plane's plan puts on other nodes only, and ``over_quota``, those of tenants at or over
+        their residency quota; then relay them to the engine's workers (``relay_hints``) in the background. Anything
+        but a list of ints is ignored (at most 10,000, the heartbeat's own limit)."""
+        elsewhere, over_quota = _ids(answer, "elsewhere"), _ids(answer, "over_quota")
+        if elsewhere is None and over_quota is None:
             return
-        self._elsewhere = (time.monotonic(),
-                           frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool)))
+        self._hints = (time.monotonic(), elsewhere or frozenset(), over_quota or frozenset())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test's direct call): the next answer relays
+        if self._relay is None or self._relay.done():
+            self._relay = loop.create_task(self.relay_hints())
 
-    def note_loaded(self, lora_int_id: int, *, at: float, steps: float | None) -> None:
-        """Start the eviction grace of a good add: made at ``at`` (``time.monotonic()``), with ``steps`` the
-        engine's scheduler steps for it right after (None when the engine did not report them)."""
+    async def relay_hints(self) -> None:
+        """Send the current hints to the engine's workers (``/quiver/v1/eviction_hints``), valid for
+        ``HINTS_STALE_HEARTBEATS`` heartbeats; an engine that cannot take them is logged and ranks by policy alone."""
+        _, elsewhere, over_quota = self._hints
+        try:
+            await self.engine.set_eviction_hints(over_quota=sorted(over_quota), elsewhere=sorted(elsewhere),
+                                                 valid_s=HINTS_STALE_HEARTBEATS * self.settings.heartbeat_seconds)
+        except EngineError as exc:
+            logger.warning("agent.eviction_hints_not_set", extra={"error": exc.detail})
+
+    def note_loaded(self, lora_int_id: int, *, at: float, requests: float | None) -> None:
+        """Start the eviction grace of a good add: made at ``at`` (``time.monotonic()``), with ``requests`` the
+        engine's request count for it right after (None when the engine did not report it)."""
         self._loaded_at[lora_int_id] = at
-        if steps is not None:
-            self._steps_at_load[lora_int_id] = steps
+        if requests is not None:
+            self._requests_at_load[lora_int_id] = requests
 
-    def planned_elsewhere(self, idle: dict[int, float], now: float) -> frozenset[int]:
-        """The residents to rank as undesired: planned on other nodes only (the last answer, if at most
-        ``PLAN_STALE_HEARTBEATS`` heartbeats old) and idle here for ``ELSEWHERE_IDLE_S`` or more — one still in
-        use here keeps its rank, so spill-over and a round-robin router are not made to thrash."""
-        at, ids = self._elsewhere
-        if now - at > PLAN_STALE_HEARTBEATS * self.settings.heartbeat_seconds:
-            return frozenset()
-        return frozenset(i for i in ids if idle.get(i, 1e12) >= ELSEWHERE_IDLE_S)
+    def hints(self, now: float) -> tuple[frozenset[int], frozenset[int]]:
+        """``(planned elsewhere, over quota)`` from the last answer, or empty sets once it is more than
+        ``HINTS_STALE_HEARTBEATS`` heartbeats old."""
+        at, elsewhere, over_quota = self._hints
+        if not hints_current(age_s=now - at, heartbeat_s=self.settings.heartbeat_seconds):
+            return frozenset(), frozenset()
+        return elsewhere, over_quota
 
-    def decayed_steps(self, steps: dict[int, float], now: float) -> dict[int, float]:
-        """LFU's counts with decay: each adapter's scheduler steps, halving every ``EvictionConfig.half_life_s``
-        (600 s, as the simulator), so traffic that has moved away stops keeping an adapter in the cache. The steps
-        since the last call count in full at ``now``; the first sight of an adapter counts all its steps.
+    def decayed_requests(self, requests: dict[int, float], now: float) -> dict[int, float]:
+        """LFU's counts with decay: each adapter's requests, halving every ``EvictionConfig.half_life_s`` (600 s, as
+        the simulator and the worker extension), so traffic that has moved away stops keeping an adapter in the
+        cache. The requests since the last call count in full at ``now``; the first sight of an adapter counts all.
 
-        An adapter absent from ``steps`` (removed from the engine) keeps its record: the engine's step counts are
-        all-time (``inference.node.worker_ext``), so forgetting it would let a re-added adapter count every step it
-        ever ran undecayed and hold the slot against the traffic that replaced it. Past ``HITS_KEPT`` records the
-        longest-unseen go."""
+        An adapter absent from ``requests`` (removed from the engine) keeps its record: the engine's counts are
+        all-time (``inference.node.worker_ext``), so forgetting it would let a re-added adapter count every request
+        it ever had undecayed. Past ``HITS_KEPT`` records the longest-unseen go."""
         out = {}
-        for i, total in steps.items():
+        for i, total in requests.items():
             seen = self._hits.get(i)
             if seen is None or total < seen[2]:
                 value = total
@@ -115,15 +130,13 @@ class Evictor:
         return out
 
     async def make_room(self, lora_int_id: int) -> tuple[str, ...]:
-        """Drop from the engine's CPU cache the adapters ``choose_victims`` picks when it is full and ``lora_int_id``
+        """Drop from the engine's CPU cache the adapters ``node_victims`` picks when it is full and ``lora_int_id``
         is not in it (``evict_lora``: their names stay served, reloaded from disk on their next request, as after
         vLLM's own LRU eviction). Without the worker's lists (no extension), vLLM's LRU decides, as before.
 
         Residents come from the engine's own figures (``inference.node.worker_ext``): recency = seconds since its
-        last batch, frequency = scheduler steps that used it, reload cost = ``disk_reload_ms``.
-        Adapters added here less than ``eviction_grace_s`` ago and not used since are left out while another
-        unpinned one can go. Adapters the control plane's plan puts on other nodes only and idle here go before
-        the policy's ranking (``planned_elsewhere``).
+        last batch, frequency = requests that used it (decayed), reload cost = ``disk_reload_ms``; busy = a load or
+        probe of it in progress here; the hints = the control plane's last answer.
 
         Returns:
             The served names dropped from the engine's CPU cache.
@@ -142,43 +155,25 @@ class Evictor:
         names = {int(lora["lora_int_id"]): lora["lora_name"] for lora in report.get("loras", [])}
         sizes = {int(k): int(v) for k, v in residency.get("bytes", {}).items()}
         idle = {int(k): float(v) for k, v in residency.get("idle_s", {}).items()}
-        steps = {int(k): float(v) for k, v in residency.get("steps", {}).items()}
+        # An engine without request counts (an older extension) reports scheduler steps only.
+        counts = {int(k): float(v) for k, v in (residency.get("requests") or residency.get("steps") or {}).items()}
         pinned = {int(i) for i in residency.get("pinned", [])}
-        clock = time.monotonic()
-        hits = self.decayed_steps(steps, clock)
-        elsewhere = self.planned_elsewhere(idle, clock)
-        # Undesired (first to go): an id no name serves (garbage), or one the plan moved to other nodes.
-        residents = [Resident(version_id=i, tenant_id=0, size_bytes=sizes.get(i, 0), pinned=i in pinned,
-                              last_used_s=-idle.get(i, 1e12), hits=hits.get(i, 0.0), hits_at_s=clock,
-                              reload_ms=disk_reload_ms(sizes.get(i, 0)),
-                              desired=i in names and i not in elsewhere)
-                     for i in cpu]
-        # An adapter whose own load or effect probe is in progress here is not a victim: removing its name while its
-        # probe request runs makes vLLM re-add the weights for that batch, a copy no name serves (vllm#54839).
-        busy = {i for i in cpu if i in names and self._busy(names[i])}
-        if capacity - len(busy) < 1:
-            return ()  # every resident is mid-load: vLLM's LRU decides
-        residents = [r for r in residents if r.version_id not in busy]
         now = time.monotonic()
-        # Fresh: added within the grace and either not used since (steps still at the post-load baseline) or in a
-        # batch within the last second (its request may still be decoding). Once its request is done it is ranked
-        # like any other: a time-only grace kept each new cold adapter and evicted a hot one instead (bench_fleet,
-        # 16 adapters over 8 slots).
-        fresh = {r.version_id for r in residents if not r.pinned
-                 and now - self._loaded_at.get(r.version_id, -1e18) < self.settings.eviction_grace_s
-                 and (steps.get(r.version_id, 0.0) <= self._steps_at_load.get(r.version_id, float("inf"))
-                      or idle.get(r.version_id, 1e12) < GRACE_BUSY_S)}
+        hits = self.decayed_requests(counts, now)
+        elsewhere, over_quota = self.hints(now)
+        grace = self.settings.eviction_grace_s
+        residents = [NodeResident(
+            version_id=i, size_bytes=sizes.get(i, 0), pinned=i in pinned, idle_s=idle.get(i, 1e12),
+            requests=hits.get(i, 0.0), served=i in names,
+            # A load or effect probe in progress here: removing its name while its probe request runs makes vLLM
+            # re-add the weights for that batch, a copy no name serves (vllm#54839).
+            busy=i in names and self._busy(names[i]),
+            fresh=is_fresh(loaded_ago_s=now - self._loaded_at.get(i, -1e18),
+                           requests_since_load=counts.get(i, 0.0) - self._requests_at_load.get(i, float("inf")),
+                           idle_s=idle.get(i, 1e12), grace_s=grace),
+            planned_elsewhere=i in elsewhere, tenant_over_quota=i in over_quota) for i in cpu]
         try:
-            victims: Sequence[int] = ()
-            if fresh and capacity - len(busy) - len(fresh) >= 1:
-                # Older residents go first; if only pins are left among them, the fresh ones are fair game again.
-                with contextlib.suppress(AllPinnedError):
-                    victims = choose_victims([r for r in residents if r.version_id not in fresh],
-                                             slots=capacity - len(busy) - len(fresh), budget_bytes=None,
-                                             incoming_bytes=0, now_s=clock, config=self.config)
-            if not victims:
-                victims = choose_victims(residents, slots=capacity - len(busy), budget_bytes=None, incoming_bytes=0,
-                                         now_s=clock, config=self.config)
+            victims = node_victims(residents, capacity=capacity, now_s=now, config=self.config)
         except AllPinnedError as exc:
             raise EngineError(409, "all_pinned", f"every adapter in the engine's CPU cache is pinned: {exc}") from exc
         removed = []
@@ -193,11 +188,12 @@ class Evictor:
                 if exc.code != "lora_not_found":
                     raise
             self._loaded_at.pop(victim, None)
-            self._steps_at_load.pop(victim, None)
+            self._requests_at_load.pop(victim, None)
             removed.append(name)
         if removed:
             logger.info("agent.evicted", extra={"lora_names": removed, "policy": self.config.policy.value,
-                                                "for_lora_int_id": lora_int_id})
+                                                "for_lora_int_id": lora_int_id,
+                                                "over_quota": sorted(set(victims) & over_quota)})
         return tuple(removed)
 
     async def set_policy(self, config: EvictionConfig) -> None:

@@ -162,8 +162,8 @@ class NodeAgent:
             self.errored.pop(lora_name, None)
             self.effects[lora_name] = (lora_int_id, effect)
             added_at = time.monotonic()
-            tier, steps = await engine_tier(self.engine, lora_int_id)
-            self.evictor.note_loaded(lora_int_id, at=added_at, steps=steps)
+            tier, requests = await engine_tier(self.engine, lora_int_id)
+            self.evictor.note_loaded(lora_int_id, at=added_at, requests=requests)
         await enforce_disk_budget(self.cache, self.engine, self._locks, {(lora_name, lora_int_id)},
                                   forget=self._forget_effect)
         logger.info(

@@ -17,41 +17,48 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
-from inference.node.config import eviction_policy_from_env
-from inference.policy.eviction import (
-    AllPinnedError,
-    EvictionConfig,
-    EvictionPolicy,
-    Resident,
-    choose_victims,
-    decayed_hits,
-    disk_reload_ms,
-)
+from inference.node.config import eviction_grace_from_env, eviction_policy_from_env
+from inference.policy.eviction import AllPinnedError, EvictionConfig, EvictionPolicy, decayed_hits
+from inference.policy.node_eviction import NodeResident, is_fresh, node_victims
 
 # Per process (the worker): engine loads (disk -> CPU copy, ``WorkerLoRAManager._load_adapter``) per lora_int_id,
 # and per id the scheduler steps that used it and the monotonic time of the last one (``_apply_adapters``, called
-# for every batch). The agent's eviction policy reads them (recency, frequency); tests count loads.
+# for every batch); per id the requests that used it (``REQUESTS``: each request counted once, when it first appears
+# in a batch, ``LoRAModelRunnerMixin.set_active_loras``). The eviction policy reads them (recency, frequency); tests
+# count loads.
 LOADS: Counter[int] = Counter()
 STEPS: Counter[int] = Counter()
+REQUESTS: Counter[int] = Counter()
 LAST_USED: dict[int, float] = {}
-# Per id: (scheduler steps decayed to the time beside them, that time). Kept after an adapter leaves the cache, so a
-# reload does not start from zero (nor from its all-time count); past HITS_KEPT records the longest-unseen go.
+# Per id: (requests decayed to the time beside them, that time): LFU's counts. Kept after an adapter leaves the cache,
+# so a reload does not start from zero (nor from its all-time count); past HITS_KEPT records the longest-unseen go.
 HITS: dict[int, tuple[float, float]] = {}
 HITS_KEPT = 65536
+# Request ids already counted (bounded; a request stays in the batch over many steps).
+_SEEN: OrderedDict[str, None] = OrderedDict()
+_SEEN_KEPT = 65536
+# Per id: (monotonic time of its last load, its REQUESTS then): the eviction grace (``node_eviction.is_fresh``).
+LOADED: dict[int, tuple[float, int]] = {}
 # The ids of the batch being applied, then of the last batch applied: never victims of an eviction (their requests
 # are running; vLLM's LRU spares them the same way, having just touched them).
 IN_USE: set[int] = set()
 # Evictions made by Quiver's policy here, and those left to vLLM's LRU (every unpinned resident in use).
 EVICTIONS: Counter[str] = Counter()
 EVICTION = EvictionConfig(policy=EvictionPolicy(eviction_policy_from_env(os.environ)))
+GRACE_S = eviction_grace_from_env(os.environ)
+# The control plane's hints, relayed by the agent (``quiver_set_eviction_hints``): (valid until, monotonic; ids of
+# tenants at or over quota; ids planned on other nodes only).
+HINTS: tuple[float, frozenset[int], frozenset[int]] = (-1.0, frozenset(), frozenset())
 
 
 def _count_engine_activity() -> bool:
-    """Wrap vLLM's ``WorkerLoRAManager._load_adapter`` and ``LRUCacheWorkerLoRAManager._apply_adapters`` (class
-    level, once per process) to fill :data:`LOADS`, :data:`STEPS` and :data:`LAST_USED`. False without vLLM."""
+    """Wrap vLLM's ``WorkerLoRAManager._load_adapter``, ``LRUCacheWorkerLoRAManager._apply_adapters`` and
+    ``LoRAModelRunnerMixin.set_active_loras`` (class level, once per process) to fill :data:`LOADS`,
+    :data:`STEPS`, :data:`REQUESTS` and :data:`LAST_USED`. False without vLLM."""
     try:
         from vllm.lora import worker_manager
     except ImportError:
@@ -63,10 +70,12 @@ def _count_engine_activity() -> bool:
 
     def counted_load(self: Any, lora_request: Any) -> Any:
         model = load(self, lora_request)
-        LOADS[int(lora_request.lora_int_id)] += 1
+        lora_id = int(lora_request.lora_int_id)
+        LOADS[lora_id] += 1
         # A fresh load counts as a use for recency, as vLLM's own LRU puts an added adapter at its recent end;
         # otherwise an adapter loaded but not yet batched (no effect probe on a reload) would look the oldest.
-        LAST_USED[int(lora_request.lora_int_id)] = time.monotonic()
+        LAST_USED[lora_id] = time.monotonic()
+        LOADED[lora_id] = (LAST_USED[lora_id], REQUESTS[lora_id])
         return model
 
     def counted_apply(self: Any, lora_requests: Any) -> None:
@@ -78,22 +87,41 @@ def _count_engine_activity() -> bool:
         for i in ids:
             STEPS[i] += 1
             LAST_USED[i] = now
-        note_steps(ids, now)
 
     counted_load._quiver_counted = True  # type: ignore[attr-defined]
     base._load_adapter = counted_load  # type: ignore[method-assign]
     lru._apply_adapters = counted_apply  # type: ignore[method-assign]
+    try:
+        from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
+    except ImportError:
+        return True
+    set_active = LoRAModelRunnerMixin.set_active_loras
+
+    def counted_set_active(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        n = int(input_batch.num_reqs)
+        note_requests(zip(input_batch.req_ids[:n], input_batch.request_lora_mapping[:n].tolist(), strict=False),
+                      time.monotonic())
+        return set_active(self, input_batch, *args, **kwargs)
+
+    LoRAModelRunnerMixin.set_active_loras = counted_set_active  # type: ignore[method-assign]
     return True
 
 
-def note_steps(ids: set[int], now: float, half_life_s: float | None = None) -> None:
-    """Add one scheduler step to each id's decayed count in :data:`HITS` (LFU with decay, as the agent and the
-    simulator count: ``inference.policy.eviction.decayed_hits``, halving every ``half_life_s``, default the
-    policy's 600 s)."""
+def note_requests(batch: Iterable[tuple[str, int]], now: float, half_life_s: float | None = None) -> None:
+    """Count each request of a batch once, for its adapter: ``batch`` pairs a request id with its ``lora_int_id``
+    (0: the base model). A new request adds one to :data:`REQUESTS` and to the decayed count in :data:`HITS` (LFU
+    with decay, as the agent and the simulator count: ``inference.policy.eviction.decayed_hits``, halving every
+    ``half_life_s``, default the policy's 600 s)."""
     half_life = EVICTION.half_life_s if half_life_s is None else half_life_s
-    for i in ids:
-        value, at = HITS.get(i, (0.0, now))
-        HITS[i] = (decayed_hits(value, at, now, half_life) + 1.0, now)
+    for req_id, lora_id in batch:
+        if lora_id <= 0 or req_id in _SEEN:
+            continue
+        _SEEN[req_id] = None
+        if len(_SEEN) > _SEEN_KEPT:
+            _SEEN.popitem(last=False)
+        REQUESTS[lora_id] += 1
+        value, at = HITS.get(lora_id, (0.0, now))
+        HITS[lora_id] = (decayed_hits(value, at, now, half_life) + 1.0, now)
     if len(HITS) > HITS_KEPT:
         for i in sorted(HITS, key=lambda k: HITS[k][1])[: len(HITS) - HITS_KEPT]:
             del HITS[i]
@@ -111,25 +139,29 @@ def policy_victim(registered: Any, *, in_use: set[int], now: float, config: Evic
             what the agent set since: ``QuiverWorkerExtension.quiver_set_eviction_policy``).
 
     Returns:
-        A ``lora_int_id`` from ``registered`` (``inference.policy.eviction.choose_victims`` over recency
-        :data:`LAST_USED`, frequency :data:`HITS` and reload cost ``disk_reload_ms``; ties go to the LRU-oldest), or
-        None when every resident is pinned or in use.
+        A ``lora_int_id`` from ``registered``, chosen by ``inference.policy.node_eviction.node_victims`` (the
+        agent's rule: quota and plan hints from :data:`HINTS`, the grace of a fresh load, then recency
+        :data:`LAST_USED`, decayed requests :data:`HITS`, reload cost; ties go to the LRU-oldest), or None when
+        every resident is pinned or in use.
     """
+    until, over_quota, elsewhere = HINTS
+    if now > until:
+        over_quota = elsewhere = frozenset()
     residents = []
     for i in registered.cache:
         lora_id = int(i)
-        if lora_id in in_use:
-            continue
         hits, hits_at = HITS.get(lora_id, (0.0, now))
-        size = _adapter_bytes(registered.cache[i])
-        residents.append(Resident(version_id=lora_id, tenant_id=0, size_bytes=size,
-                                  pinned=i in registered.pinned_items, last_used_s=LAST_USED.get(lora_id, 0.0),
-                                  hits=hits, hits_at_s=hits_at, reload_ms=disk_reload_ms(size)))
-    if not residents:
-        return None
+        loaded_at, requests_then = LOADED.get(lora_id, (-1e18, 0))
+        idle = now - LAST_USED.get(lora_id, -1e12)
+        residents.append(NodeResident(
+            version_id=lora_id, size_bytes=_adapter_bytes(registered.cache[i]), pinned=i in registered.pinned_items,
+            idle_s=idle, requests=decayed_hits(hits, hits_at, now, (config or EVICTION).half_life_s),
+            busy=lora_id in in_use,
+            fresh=is_fresh(loaded_ago_s=now - loaded_at, requests_since_load=REQUESTS[lora_id] - requests_then,
+                           idle_s=idle, grace_s=GRACE_S),
+            planned_elsewhere=lora_id in elsewhere, tenant_over_quota=lora_id in over_quota))
     try:
-        victims = choose_victims(residents, slots=len(residents), budget_bytes=None, incoming_bytes=0, now_s=now,
-                                 config=config or EVICTION)
+        victims = node_victims(residents, capacity=len(residents), now_s=now, config=config or EVICTION)
     except AllPinnedError:
         return None
     return victims[0] if victims else None
@@ -276,7 +308,7 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         "cpu_to_gpu": n, "disk_to_cpu_s": s, "cpu_to_gpu_s": s}, ...}``: ``gpu`` in slot order (``None``
         slots skipped), ``cpu`` every registered id (GPU residents included, as in vLLM), sorted; ``bytes`` per
         registered adapter's CPU copy. Also ``loads`` (engine loads per id since the worker started, and
-        ``loads_total``), ``steps`` (scheduler steps that used each registered id) and ``idle_s`` (seconds since
+        ``loads_total``), ``steps`` (scheduler steps that used each registered id), ``requests`` (requests that used it) and ``idle_s`` (seconds since
         each registered id was last in a batch or loaded), the order being the engine's own LRU
         order (``lru``, oldest first); ``moves`` the engine's disk→CPU reads and CPU→GPU copies since the first
         read (``count_loads``); ``eviction`` the engine's policy and its evictions (``{"lfu": n, "lru": n}``:
@@ -299,6 +331,7 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         "loads": {int(i): n for i, n in LOADS.items()},
         "loads_total": sum(LOADS.values()),
         "steps": {int(i): STEPS.get(int(i), 0) for i in registered},
+        "requests": {int(i): REQUESTS.get(int(i), 0) for i in registered},
         "idle_s": {int(i): round(now - LAST_USED[int(i)], 3) for i in registered if int(i) in LAST_USED},
         "moves": dict(count_loads(worker_lora_manager)),
         "eviction": {"policy": EVICTION.policy.value, "evictions": dict(EVICTIONS)},
@@ -317,6 +350,15 @@ class QuiverWorkerExtension:
         global EVICTION
         EVICTION = EvictionConfig(policy=EvictionPolicy(policy), half_life_s=EVICTION.half_life_s)
         return {"policy": EVICTION.policy.value}
+
+    def quiver_set_eviction_hints(self, over_quota: list[int], elsewhere: list[int], valid_s: float
+                                  ) -> dict[str, int]:
+        """Take the control plane's hints for this worker's victims (:data:`HINTS`) for ``valid_s`` seconds:
+        adapters of tenants at or over their residency quota (they go first), adapters planned elsewhere only."""
+        global HINTS
+        HINTS = (time.monotonic() + valid_s, frozenset(int(i) for i in over_quota),
+                 frozenset(int(i) for i in elsewhere))
+        return {"over_quota": len(HINTS[1]), "elsewhere": len(HINTS[2])}
 
     def quiver_lora_residency(self) -> dict[str, Any]:
         """This worker's residency (see ``lora_residency``); ``{"enabled": False}`` when LoRA is off."""

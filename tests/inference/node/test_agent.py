@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from inference.node.agent import create_app
 from inference.node.config import NodeSettings
-from inference.node.eviction import GRACE_BUSY_S
+from inference.policy.node_eviction import GRACE_BUSY_S
 from tests.fixtures.s3 import S3Server
 from tests.fixtures.vllm import RunningEngine, free_port
 
@@ -470,8 +470,8 @@ def test_a_just_loaded_adapter_is_not_the_victim_while_an_older_one_can_go(
                           json={"model": "acme--grace0", "prompt": "the", "max_tokens": 2}, timeout=120)
         assert done.status_code == 200
         agent = client.app.state.agent
-        assert set(agent.evictor._steps_at_load) == {90 + i for i in range(capacity)}  # baselines after each probe
-        time.sleep(GRACE_BUSY_S + 0.5)  # its request is done, not just started
+        assert set(agent.evictor._requests_at_load) == {90 + i for i in range(capacity)}  # baselines after each probe
+        _wait_idle(clean_vllm_engine, 90, GRACE_BUSY_S)  # its request is done, not just started
 
         assert load(capacity)["evicted"] == ["acme--grace0"]
         assert load(capacity + 1)["evicted"] == ["acme--grace1"]  # all fresh: LRU among them
@@ -482,7 +482,7 @@ def test_an_idle_adapter_the_plan_put_elsewhere_goes_before_the_policys_pick(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """LFU would keep the busy away0; the heartbeat answer says the plan moved it to another node, so it goes."""
-    monkeypatch.setattr("inference.node.eviction.ELSEWHERE_IDLE_S", 0.0)
+    monkeypatch.setattr("inference.policy.node_eviction.ELSEWHERE_IDLE_S", 0.0)
     files = upload(tiny_adapters["qv-r8"])
     capacity = clean_vllm_engine.max_cpu_loras
 
@@ -494,15 +494,27 @@ def test_an_idle_adapter_the_plan_put_elsewhere_goes_before_the_policys_pick(
     assert load(capacity)["evicted"] == ["acme--away0"]
 
 
-def test_the_plan_hint_expires_and_spares_an_adapter_in_use_here() -> None:
+def test_the_control_planes_hints_expire() -> None:
     from types import SimpleNamespace
 
-    from inference.node.eviction import ELSEWHERE_IDLE_S, PLAN_STALE_HEARTBEATS, Evictor
+    from inference.node.eviction import Evictor
+    from inference.policy.node_eviction import HINTS_STALE_HEARTBEATS
 
-    fake = SimpleNamespace(settings=SimpleNamespace(heartbeat_seconds=5.0), _elsewhere=(1000.0, frozenset({1, 2})))
-    idle = {1: ELSEWHERE_IDLE_S + 1, 2: 0.1}
-    assert Evictor.planned_elsewhere(fake, idle, 1001.0) == {1}  # type: ignore[arg-type]
-    assert Evictor.planned_elsewhere(fake, idle, 1000.0 + PLAN_STALE_HEARTBEATS * 5 + 1) == set()  # type: ignore[arg-type]
+    fake = SimpleNamespace(settings=SimpleNamespace(heartbeat_seconds=5.0),
+                           _hints=(1000.0, frozenset({1, 2}), frozenset({3})))
+    assert Evictor.hints(fake, 1001.0) == ({1, 2}, {3})  # type: ignore[arg-type]
+    assert Evictor.hints(fake, 1000.0 + HINTS_STALE_HEARTBEATS * 5 + 1) == (set(), set())  # type: ignore[arg-type]
+
+
+def _wait_idle(engine: RunningEngine, lora_int_id: int, idle_s: float, timeout_s: float = 60.0) -> None:
+    """Poll the engine's own report until ``lora_int_id`` has been out of every batch for ``idle_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        report = httpx.get(engine.url + "/quiver/v1/loras", headers=engine.headers, timeout=30).json()
+        if float(report["residency"]["idle_s"].get(str(lora_int_id), 0.0)) >= idle_s:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{lora_int_id} still in a batch after {timeout_s} s")
 
 
 def test_the_effect_probe_refuses_an_adapter_that_changes_nothing(

@@ -7,7 +7,9 @@ check is ``tests/inference/node/test_engine_ext.py::test_a_reload_in_a_request_e
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -19,11 +21,15 @@ from inference.policy.eviction import EvictionConfig, EvictionPolicy
 
 
 @pytest.fixture(autouse=True)
-def _fresh_counters() -> Iterator[None]:
+def _fresh_counters(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     saved = (dict(worker_ext.HITS), dict(worker_ext.LAST_USED), set(worker_ext.IN_USE))
     worker_ext.HITS.clear()
     worker_ext.LAST_USED.clear()
     worker_ext.IN_USE.clear()
+    monkeypatch.setattr(worker_ext, "REQUESTS", Counter())
+    monkeypatch.setattr(worker_ext, "LOADED", {})
+    monkeypatch.setattr(worker_ext, "_SEEN", OrderedDict())
+    monkeypatch.setattr(worker_ext, "HINTS", (-1.0, frozenset(), frozenset()))
     yield
     worker_ext.HITS.clear()
     worker_ext.HITS.update(saved[0])
@@ -42,9 +48,13 @@ def _cache(ids: list[int], removed: list[int]) -> AdapterLRUCache[object]:
 
 
 def _use(lora_id: int, times: int, at: float) -> None:
+    """``times`` new requests for ``lora_id`` at ``at``, each in one batch."""
     for _ in range(times):
-        worker_ext.note_steps({lora_id}, at)
+        worker_ext.note_requests([(f"req-{next(_REQ)}", lora_id)], at)
     worker_ext.LAST_USED[lora_id] = at
+
+
+_REQ = itertools.count()
 
 
 def test_lfu_drops_the_least_used_adapter_where_vllms_lru_drops_the_oldest() -> None:
@@ -57,7 +67,7 @@ def test_lfu_drops_the_least_used_adapter_where_vllms_lru_drops_the_oldest() -> 
 
     assert LRUCacheLoRAModelManager.remove_oldest_adapter(manager) is True  # the patched method, as vLLM calls it
 
-    assert removed == [2]  # fewest steps; among equals the LRU-oldest. vLLM's LRU would have dropped 1
+    assert removed == [2]  # fewest requests; among equals the LRU-oldest. vLLM's LRU would have dropped 1
     assert sorted(manager._registered_adapters.cache) == [1, 3, 4]
 
 
@@ -71,8 +81,47 @@ def test_the_running_batch_and_pins_are_never_victims() -> None:
 
     victim = worker_ext.policy_victim(cache, in_use={3}, now=now)
 
-    assert victim == 4  # 2 is pinned, 3 is running: 4 has fewer steps than 1
+    assert victim == 4  # 2 is pinned, 3 is running: 4 has fewer requests than 1
     assert worker_ext.policy_victim(cache, in_use={1, 3, 4}, now=now) is None  # only a pin left: vLLM decides
+
+
+def test_lfu_counts_requests_not_the_steps_they_ran() -> None:
+    """A request that decodes for 100 steps counts once: one long answer does not outweigh five short requests
+    (``LoRAModelRunnerMixin.set_active_loras`` sees it in every batch until it finishes)."""
+    now = time.monotonic()
+    for _ in range(100):
+        worker_ext.note_requests([("long", 1)], now)  # one request, 100 steps
+    for k in range(5):
+        worker_ext.note_requests([(f"short-{k}", 2), ("long", 1), (f"base-{k}", 0)], now)
+    worker_ext.LAST_USED.update({1: now, 2: now})
+
+    assert worker_ext.REQUESTS[1] == 1 and worker_ext.REQUESTS[2] == 5 and 0 not in worker_ext.REQUESTS
+    assert worker_ext.policy_victim(_cache([2, 1], []), in_use=set(), now=now) == 1
+
+
+def test_the_control_planes_hints_rank_an_over_quota_tenants_adapter_first_until_they_expire() -> None:
+    """The engine's own reloads rank as the agent does (``node_eviction.node_victims``): the adapter of a tenant
+    over its residency quota goes first even when it is the most used, while the hints hold."""
+    now = time.monotonic()
+    _use(1, 50, now)  # tenant A's, hot, over quota
+    _use(2, 1, now - 1)  # tenant B's, cold
+    cache = _cache([1, 2], [])
+    ext = worker_ext.QuiverWorkerExtension()
+
+    assert ext.quiver_set_eviction_hints([1], [], 30.0) == {"over_quota": 1, "elsewhere": 0}
+    assert worker_ext.policy_victim(cache, in_use=set(), now=now) == 1
+    assert worker_ext.policy_victim(cache, in_use=set(), now=now + 31) == 2  # stale hints: policy alone
+
+
+def test_a_fresh_load_whose_request_has_not_run_is_spared_while_another_can_go() -> None:
+    now = time.monotonic()
+    _use(1, 3, now - 2)
+    worker_ext.LAST_USED[2] = now - 2
+    worker_ext.LOADED[2] = (now - 2, 0)  # loaded 2 s ago, no request yet: within the 5 s grace
+    cache = _cache([1, 2], [])
+
+    assert worker_ext.policy_victim(cache, in_use=set(), now=now) == 1
+    assert worker_ext.policy_victim(cache, in_use=set(), now=now + 10) == 2  # grace over: fewest requests
 
 
 def test_lru_policy_follows_the_last_batch_not_the_caches_insertion_order() -> None:

@@ -1,6 +1,7 @@
 """Each fleet decision has one answer: production and ``scripts/simulate`` call the same pure function for where a
 version lives (``place``), where it loads when a request needs it (``warm_target``), which node serves a request
-(``route``) and which copy leaves a full tier (``choose_victims``)."""
+(``route``) and which adapter leaves a node's full engine CPU cache (``node_victims``: the agent, the engine's worker
+extension and the simulator; it ranks with ``choose_victims``, which the reconciler's quota trim calls too)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ from typing import Any
 
 import pytest
 
-from inference.policy import eviction, placement, routing
+from inference.policy import eviction, node_eviction, placement, routing
 
 DECISIONS: dict[str, tuple[Callable[..., Any], list[str]]] = {
     # decision: (the pure function, the production modules that call it by that name)
     "place": (placement.place, ["inference.fleet.reconcile"]),
     "warm_target": (placement.warm_target, ["inference.fleet.warming"]),
     "route": (routing.route, ["inference.gateway.snapshot"]),
-    "choose_victims": (eviction.choose_victims, ["inference.fleet.reconcile", "inference.node.worker_ext"]),
+    "node_victims": (node_eviction.node_victims, ["inference.node.eviction", "inference.node.worker_ext"]),
 }
+
+
+def test_the_node_rule_ranks_with_the_one_victim_order() -> None:
+    assert node_eviction.choose_victims is eviction.choose_victims
+    assert importlib.import_module("inference.fleet.reconcile").choose_victims is eviction.choose_victims
 
 
 @pytest.mark.parametrize("name", sorted(DECISIONS))
