@@ -25,7 +25,7 @@ MAX_COUNT = 2**31 - 1
 MAX_ID = 2**63 - 1  # a bigint primary key; past it the database query raised OverflowError (a 500)
 # Echoed by the agent and compared with the registry (inference.fleet.nodes): strings or absent.
 STRINGS = ("agent_url", "engine_url", "base_model")
-# The agent's ``residency`` summary (inference.node.service.residency_summary): counts and bytes are integers, read as
+# The agent's ``residency`` summary (inference.node.state_report.residency_summary): counts and bytes are integers, read as
 # such by the control plane (``fleet_reconcile._hot_bytes``, ``directory._gpu_used``); ``move_seconds`` a number.
 RESIDENCY_INTEGERS = ("gpu", "cpu", "disk", "errored", "pinned", "gpu_bytes", "cpu_bytes", "disk_bytes",
                       "gpu_slot_bytes", "loads_total")

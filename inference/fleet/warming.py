@@ -83,7 +83,7 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
     """Load ``version`` onto ``node`` through its agent (S3 → node disk, sha256 checked → engine ``add_lora``).
 
     ``lora_int_id`` is the version's primary key (conventions §11), ``lora_name`` its served name. The agent probes
-    the adapter's effect after the load (``inference.node.service.NodeAgent.probe_effect``); the verdict is recorded
+    the adapter's effect after the load (``inference.node.effect_probe.EffectProbe.probe``); the verdict is recorded
     on the version (``adapter_version_effect_record``). A version that changes nothing is refused (``no_effect``)
     unless validation already warned it is untrained (then it is served, and the report says so).
 
@@ -203,13 +203,20 @@ def placement_mark_not_served(node_id: int, version_id: int) -> int:
 
 
 def placement_on_ready(version: AdapterVersion) -> Placement | None:
-    """Warm a newly ready version on its node (:func:`warm_target_node`), and evict the adapter's older
-    versions (the gateway only routes to the newest ready one). Returns the new placement, None when no node fits."""
-    older = Placement.objects.filter(
-        Q(tier__in=RESIDENT) | Q(served=True), adapter_version__adapter=version.adapter,
-        adapter_version__number__lt=version.number,
-    ).values_list("pk", flat=True)
-    for placement_id in list(older):
-        enqueue_on_commit(schedule.PLACEMENT_EVICT, placement_id)
+    """Warm a newly ready version on its node (:func:`warm_target_node`). Older versions stay: a new version takes
+    no traffic until it is promoted (``adapters_app.serving``), ``name@N`` reaches any ready version, and a version
+    that leaves the serving rule drains (its in-flight requests finish; the engines' LRUs and the reconciler
+    reclaim its slots once nothing asks for it). Returns the new placement, None when no node fits."""
     node = warm_target_node(version)
     return placement_request_warm(version, node=node) if node else None
+
+
+def version_warm_state(version_id: int) -> str:
+    """Warm before traffic (``adapters_app.signals.FleetPort.version_warm``): ``"warm"`` when a live node's engine
+    holds version ``version_id`` now, else ask for a warm (:func:`warm_for_request`: a no-op while one is in flight)
+    and answer ``"warming"``; ``"no_node"`` when the version is gone or no live node can load it."""
+    fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
+    if Placement.objects.filter(adapter_version_id=version_id, tier__in=RESIDENT, node__healthy=True,
+                                node__last_heartbeat_at__gte=fresh).exists():
+        return "warm"
+    return "warming" if warm_for_request(version_id) is not None else "no_node"

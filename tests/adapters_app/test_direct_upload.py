@@ -15,7 +15,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from adapters_app import direct_upload, services, storage
+from adapters_app import direct_upload, storage
 from adapters_app.models import AdapterVersion, Upload
 
 pytestmark = pytest.mark.django_db
@@ -70,7 +70,7 @@ def no_enqueue(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     sent: list[int] = []
     monkeypatch.setattr(tasks.upload_verify_task, "delay", sent.append)
-    monkeypatch.setattr(services.adapter_version_validate_task, "delay", lambda pk: None)
+    monkeypatch.setattr(tasks.adapter_version_validate_task, "delay", lambda pk: None)
     return sent
 
 

@@ -12,7 +12,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import override_settings
 
-from adapters_app import services, storage
+from adapters_app import storage, tasks
 from adapters_app.models import AdapterVersion
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +40,7 @@ def test_multipart_upload_streams_to_s3_and_records_a_version(make_client, base_
     client, tenant, _ = make_client()
     folder = tiny_adapters["qv-r8"]
     enqueued: list[int] = []
-    monkeypatch.setattr(services.adapter_version_validate_task, "delay", enqueued.append)
+    monkeypatch.setattr(tasks.adapter_version_validate_task, "delay", enqueued.append)
     with django_capture_on_commit_callbacks() as callbacks:
         resp = client.post("/api/v1/adapters/support-bot/versions",
                            {"files": _files(folder), "base_model": "tiny-llama"}, format="multipart")

@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
@@ -63,13 +62,12 @@ def _wait_status(pk: int, statuses: set[str], timeout: float) -> AdapterVersion:
 
 def test_sigkill_mid_validation_still_ends_ready(isolated_worker, make_client, base_model, tiny_adapters,  # type: ignore[no-untyped-def]
                                                  monkeypatch) -> None:
-    import adapters_app.services
     from adapters_app.tasks import adapter_version_validate_task
     from workers.celery_app import app
 
     pid, relay, broker = isolated_worker
     # The upload's own enqueue would go to the shared broker; this test sends the task to its private worker.
-    monkeypatch.setattr(adapters_app.services, "adapter_version_validate_task", SimpleNamespace(delay=lambda *a: None))
+    monkeypatch.setattr(adapter_version_validate_task, "delay", lambda *a: None)
     _, tenant, _ = make_client()
     folder = tiny_adapters["qv-r8"]
     files = [SimpleUploadedFile(n, (folder / n).read_bytes()) for n in ("adapter_config.json", "adapter_model.safetensors")]
