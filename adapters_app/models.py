@@ -41,6 +41,15 @@ class Adapter(models.Model):
     base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="adapters")
     description = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # The serving rule: which versions ``model = "<name>"`` reaches, ``[[number, weight], ...]`` with weights summing
+    # to 100, heaviest first (``inference.policy.versions``); empty until the first version is ready. ``previous_rule``
+    # is what a rollback returns to. ``auto_promote``: each new ready version takes all traffic (the old behaviour).
+    serving_rule = models.JSONField(default=list, blank=True)
+    previous_rule = models.JSONField(null=True, blank=True)
+    auto_promote = models.BooleanField(default=False)
+    # Per-adapter gateway limits beside the tenant's and the key's (requests/min, tokens/min); null = unlimited.
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="adapter_unique_tenant_name")]
@@ -81,6 +90,9 @@ class AdapterVersion(models.Model):
     # whose validation keeps killing workers is rejected after QUIVER_VALIDATION_MAX_ATTEMPTS.
     validation_claimed_at = models.DateTimeField(null=True, blank=True)
     validation_attempts = models.PositiveSmallIntegerField(default=0)
+    # What the upload asked for once the version is ready: ``{"promote": true}`` or ``{"canary": <percent>}``;
+    # null = nothing (it becomes ready without traffic unless it is the adapter's first or auto-promote is on).
+    on_ready = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -117,6 +129,26 @@ class AdapterVersion(models.Model):
     def served_name(self) -> str:
         """vLLM's ``lora_name`` on nodes: ``<tenant_slug>--<adapter_name>--<version pk>``; never shown to tenants."""
         return f"{self.adapter.tenant.slug}--{self.adapter.name}--{self.pk}"
+
+
+class ServingChange(models.Model):
+    """One change of an adapter's serving rule, for the tenant's audit trail: who, when, what, before → after.
+
+    ``actor`` is a username or ``key:<key_id>`` (or ``system`` for a first version or auto-promotion); ``action``
+    is ``promote``, ``canary``, ``rollback``, ``first_ready``, ``auto_promote``, ``upload_promote``, ``upload_canary``
+    or ``version_gone``; ``before``/``after`` are rules as stored on :class:`Adapter`.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="serving_changes")
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="serving_changes")
+    actor = models.CharField(max_length=200)
+    action = models.CharField(max_length=20)
+    before = models.JSONField(default=list)
+    after = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.adapter_id}:{self.action}"
 
 
 class Purge(models.Model):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.db.models import QuerySet
 
-from adapters_app.models import Adapter, AdapterVersion
+from adapters_app.models import Adapter, AdapterVersion, ServingChange
 from tenants.models import Tenant
 
 
@@ -45,3 +47,39 @@ def adapter_version_no_effect_refused(version: AdapterVersion) -> bool:
     ``adapters_app.services.adapter_version_effect_record``)."""
     probe = (version.validation_report or {}).get("effect_probe") or {}
     return probe.get("verdict") == "no_effect" and not probe.get("served", False)
+
+
+def adapter_versions_serving(ready: Iterable[AdapterVersion]) -> list[AdapterVersion]:
+    """Of ``ready`` versions (with ``adapter`` loaded), those that ``model = "<adapter>"`` reaches: the versions in
+    their adapter's serving rule with a positive weight, or an adapter's first ready version while its rule names
+    none that is ready (``adapters_app.serving``)."""
+    by_adapter: dict[int, list[AdapterVersion]] = {}
+    for v in ready:
+        by_adapter.setdefault(v.adapter_id, []).append(v)
+    out: list[AdapterVersion] = []
+    for versions in by_adapter.values():
+        rule = {entry[0] for entry in (versions[0].adapter.serving_rule or [])
+                if isinstance(entry, list) and len(entry) == 2 and entry[1] > 0}
+        chosen = [v for v in versions if v.number in rule]
+        out += chosen or [min(versions, key=lambda v: v.number)]
+    return out
+
+
+def _entries(rule: object) -> list[dict[str, int]]:
+    return [{"version": e[0], "weight": e[1]} for e in (rule or []) if isinstance(e, list) and len(e) == 2]  # type: ignore[attr-defined]
+
+
+def serving_state(adapter: Adapter, *, history: int = 20) -> dict[str, object]:
+    """An adapter's serving state for the API: ``rule`` and ``previous_rule`` as ``[{version, weight}]``, settings
+    (``auto_promote``, ``rpm_limit``, ``tpm_limit``) and its latest ``history`` changes, newest first."""
+    changes = ServingChange.objects.filter(adapter=adapter).order_by("-created_at", "-pk")[:history]
+    return {
+        "adapter": adapter.name,
+        "rule": _entries(adapter.serving_rule),
+        "previous_rule": _entries(adapter.previous_rule) if adapter.previous_rule is not None else None,
+        "auto_promote": adapter.auto_promote,
+        "rpm_limit": adapter.rpm_limit,
+        "tpm_limit": adapter.tpm_limit,
+        "history": [{"actor": c.actor, "action": c.action, "before": c.before, "after": c.after,
+                     "created_at": c.created_at} for c in changes],
+    }

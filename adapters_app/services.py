@@ -235,6 +235,7 @@ def adapter_version_upload(
     adapter_name: str,
     upload_files: Sequence[UploadedFile],
     base_model_name: str | None = None,
+    on_ready: Mapping[str, Any] | None = None,
 ) -> tuple[AdapterVersion, bool]:
     """Stream an uploaded PEFT folder to S3 and record an immutable version, enqueueing its validation.
 
@@ -244,6 +245,8 @@ def adapter_version_upload(
 
     Args:
         upload_files: the folder's files (multipart), or exactly one zip/tar archive of it.
+        on_ready: what the version does once ready (``{"promote": True}`` or ``{"canary": percent}``;
+            ``adapters_app.serving.serving_on_ready``); None = it takes no traffic until promoted.
 
     Returns:
         ``(version, created)``; ``created`` is False when identical bytes were already uploaded.
@@ -274,7 +277,8 @@ def adapter_version_upload(
                 stored.append(obj)
                 remaining -= obj.size
         version, created = adapter_version_record(
-            tenant, adapter_name=adapter_name, base_model_name=base_model_name, prefix=prefix, stored=stored)
+            tenant, adapter_name=adapter_name, base_model_name=base_model_name, prefix=prefix, stored=stored,
+            on_ready=on_ready)
     except UploadRejected as exc:
         storage.delete_keys(o.key for o in stored)
         raise _rejected(exc) from exc
@@ -307,6 +311,7 @@ def adapter_version_record(
     base_model_name: str | None,
     prefix: str,
     stored: Sequence[storage.StoredObject],
+    on_ready: Mapping[str, Any] | None = None,
 ) -> tuple[AdapterVersion, bool]:
     """Record objects already in S3 under ``prefix`` as a new version, enqueueing its validation on commit.
 
@@ -336,6 +341,7 @@ def adapter_version_record(
             version = AdapterVersion(
                 tenant=tenant, adapter=adapter, number=number, sha256=sha256,
                 size_bytes=sum(o.size for o in stored), s3_prefix=prefix, files=files,
+                on_ready=dict(on_ready) if on_ready else None,
             )
             version.full_clean()
             version.save()

@@ -38,10 +38,14 @@ class FleetPort:
             only, never node names (the tenant API shows them).
         node_copy_drop: ``(node_id, lora_name) -> None``; makes the node drop the copy from engine and disk; a
             node or copy that is already gone counts as done; raises :class:`NodeCopyDropFailed` otherwise.
+        version_warm: ``version_id -> "warm" | "warming" | "no_node"``: whether the version is resident in a live
+            node's engine now; when not, asks for a warm (a no-op while one is in flight) and answers ``warming``;
+            ``no_node`` when no live node can load it (``adapters_app.serving`` waits on it before a promotion).
     """
 
     residency: Callable[[Sequence[int]], dict[int, dict[str, int]]]
     node_copy_drop: Callable[[int, str], None]
+    version_warm: Callable[[int], str] = lambda version_id: "no_node"
 
 
 def _no_residency(adapter_ids: Sequence[int]) -> dict[int, dict[str, int]]:

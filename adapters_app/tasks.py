@@ -16,6 +16,7 @@ from adapters_app.direct_upload import upload_verify, uploads_sweep
 from adapters_app.models import AdapterVersion
 from adapters_app.purge import purge_run, purges_due, s3_orphans_collect, sweep
 from adapters_app.services import adapter_version_fail, adapter_version_validate
+from adapters_app.serving import serving_on_ready
 from adapters_app.signals import version_ready
 from workers import schedule
 
@@ -27,7 +28,8 @@ VALIDATE_RETRIES = 5
 
 @shared_task(name=schedule.VALIDATE, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=VALIDATE_RETRIES)
 def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignore[no-untyped-def]
-    """Validate a version; on ``ready`` send :data:`adapters_app.signals.version_ready` (the fleet places it).
+    """Validate a version; on ``ready`` send :data:`adapters_app.signals.version_ready` (the fleet places it), then
+    apply the serving rule's on-ready step (``adapters_app.serving.serving_on_ready``).
 
     ``acks_late`` is safe: the status row guards reruns. Storage or disk trouble is retried with exponential backoff
     (5, 10, 20, 40, 80 s); once retries are spent the version ends ``rejected`` with ``validation_unavailable``
@@ -56,6 +58,8 @@ def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignor
         raise self.retry(exc=exc, countdown=5 * 2**self.request.retries) from exc
     if version.status == AdapterVersion.Status.READY:
         version_ready.send(sender=AdapterVersion, version=version)
+        # After the fleet placed it: a promotion the upload asked for waits for that warm (adapters_app.serving).
+        serving_on_ready(version)
 
 
 @shared_task(name=schedule.VALIDATION_SWEEP, ignore_result=True)

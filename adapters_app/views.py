@@ -2,29 +2,52 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
+from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from adapters_app import services
+from adapters_app import services, serving
 from adapters_app.models import Adapter, AdapterVersion, BaseModel
-from adapters_app.selectors import adapter_get, adapter_residency
+from adapters_app.selectors import adapter_get, adapter_residency, serving_state
 from adapters_app.serializers import (
     AdapterInputSerializer,
     AdapterOutputSerializer,
     AdapterVersionOutputSerializer,
     BaseModelOutputSerializer,
+    CanaryInputSerializer,
+    PromoteInputSerializer,
+    ServingOutputSerializer,
+    ServingSettingsInputSerializer,
 )
 from common.exceptions import QuiverError
 from common.parsers import JSONParser
 from tenants.models import Membership
 from tenants.permissions import DEFAULT_ROLE_MAP
 from tenants.viewsets import TenantScopedViewSet
+
+
+def _on_ready(request: Request) -> dict[str, Any] | None:
+    """The upload's ``promote`` (true/1/yes) or ``canary`` (1..100) form field as ``AdapterVersion.on_ready``.
+
+    Raises:
+        QuiverError: 400 ``invalid`` for a canary outside 1..100 or both fields.
+    """
+    promote = str(request.POST.get("promote", "")).lower() in ("1", "true", "yes", "on")
+    raw = request.POST.get("canary")
+    if raw in (None, ""):
+        return {"promote": True} if promote else None
+    if promote or not str(raw).isdigit() or not 1 <= int(raw) <= 100:
+        raise QuiverError("'canary' takes a percentage 1..100, and not together with 'promote'.", code="invalid",
+                          fields={"canary": ["A whole percentage 1..100, without 'promote'."]})
+    return {"canary": int(raw)}
 
 
 class BaseModelViewSet(mixins.ListModelMixin, TenantScopedViewSet):
@@ -79,6 +102,78 @@ class AdapterViewSet(
         """``DELETE``: remove the adapter, its versions, S3 objects and engine copies (via ``adapter_delete``)."""
         services.adapter_delete(self.tenant, adapter=instance)
 
+    # --- serving rules (docs/versions.md)
+    def _serving_adapter(self) -> Adapter:
+        """The adapter in the URL; a key scoped to other adapters gets the same 404 as for a missing one."""
+        adapter = self.get_object()
+        key = self.principal.api_key
+        if key is not None and key.adapters and adapter.name not in {str(a).partition("@")[0] for a in key.adapters}:
+            raise Http404
+        return adapter
+
+    def _actor(self) -> str:
+        return serving.actor_name(user=self.principal.user, api_key=self.principal.api_key)
+
+    @staticmethod
+    def _serving_body(adapter: Adapter, result: serving.ServingResult | None = None) -> dict[str, Any]:
+        body = serving_state(adapter)
+        if result is not None:
+            body["warm"] = {str(k): v for k, v in result.warm.items()}
+            body["serving_since"] = result.serving_since
+        return ServingOutputSerializer(body).data
+
+    @extend_schema(methods=["GET"], request=None, responses=ServingOutputSerializer)
+    @extend_schema(methods=["PATCH"], request=ServingSettingsInputSerializer, responses=ServingOutputSerializer)
+    @action(detail=True, methods=["get", "patch"])
+    def serving(self, request: Request, name: str) -> Response:
+        """``GET .../serving``: the serving rule, the rule a rollback returns to, settings and the latest changes.
+        ``PATCH``: set ``auto_promote``, ``rpm_limit``, ``tpm_limit`` (audited)."""
+        adapter = self._serving_adapter()
+        if request.method == "PATCH":
+            data = ServingSettingsInputSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            adapter = serving.serving_settings_set(self.tenant, adapter=adapter, changes=dict(data.validated_data),
+                                                   actor=self._actor())
+        return Response(self._serving_body(adapter))
+
+    @extend_schema(request=PromoteInputSerializer, responses=ServingOutputSerializer)
+    @action(detail=True, methods=["post"])
+    def promote(self, request: Request, name: str) -> Response:
+        """``POST .../promote``: all traffic to ``version``, warmed on its nodes first (bounded by
+        ``QUIVER_PROMOTE_WARM_WAIT_S``); the answer says each version's warm state and ``serving_since``.
+        400 ``serving_rule_invalid`` (not a ready version)."""
+        adapter = self._serving_adapter()
+        data = PromoteInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = serving.serving_promote(self.tenant, adapter=adapter, number=data.validated_data["version"],
+                                         actor=self._actor())
+        return Response(self._serving_body(result.adapter, result))
+
+    @extend_schema(request=CanaryInputSerializer, responses=ServingOutputSerializer)
+    @action(detail=True, methods=["post"])
+    def canary(self, request: Request, name: str) -> Response:
+        """``POST .../canary``: ``percent`` % to ``version`` beside the current primary (sticky per OpenAI ``user``),
+        or a whole ``split``; joining versions are warmed first. 400 ``serving_rule_invalid``."""
+        adapter = self._serving_adapter()
+        data = CanaryInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        if "split" in data.validated_data:
+            rule = [(e["version"], e["weight"]) for e in data.validated_data["split"]]
+            result = serving.serving_split(self.tenant, adapter=adapter, rule=rule, actor=self._actor())
+        else:
+            result = serving.serving_canary(self.tenant, adapter=adapter, number=data.validated_data["version"],
+                                            percent=data.validated_data["percent"], actor=self._actor())
+        return Response(self._serving_body(result.adapter, result))
+
+    @extend_schema(request=None, responses=ServingOutputSerializer)
+    @action(detail=True, methods=["post"])
+    def rollback(self, request: Request, name: str) -> Response:
+        """``POST .../rollback``: back to the rule before the last change, at once (no warm wait). 409
+        ``nothing_to_roll_back``."""
+        adapter = self._serving_adapter()
+        result = serving.serving_rollback(self.tenant, adapter=adapter, actor=self._actor())
+        return Response(self._serving_body(result.adapter, result))
+
 
 class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     """Versions of one adapter: list, retrieve by number, upload (multipart ``files``, optional ``base_model``)."""
@@ -105,7 +200,11 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     @extend_schema(
         request={"multipart/form-data": {"type": "object", "properties": {
             "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
-            "base_model": {"type": "string"}}, "required": ["files"]}},
+            "base_model": {"type": "string"},
+            "promote": {"type": "boolean", "description": "Take all traffic once ready (warmed first)."},
+            "canary": {"type": "integer", "minimum": 1, "maximum": 100,
+                       "description": "Take this percentage of traffic once ready."}},
+            "required": ["files"]}},
         responses={200: AdapterVersionOutputSerializer, 201: AdapterVersionOutputSerializer})
     def create(self, request: Request, adapter_name: str) -> Response:
         """``POST .../versions``: upload (201 new, 200 identical bytes); 413 before parsing when the body is too large."""
@@ -120,6 +219,7 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
             adapter_name=adapter_name,
             upload_files=request.FILES.getlist("files"),
             base_model_name=request.POST.get("base_model") or None,
+            on_ready=_on_ready(request),
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(AdapterVersionOutputSerializer(version).data, status=code)

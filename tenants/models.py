@@ -114,7 +114,8 @@ class Invitation(models.Model):
 class ApiKey(RequestLimits):
     """A tenant API key ``<prefix>_<key_id>.<secret>``; ``digest`` = HMAC-SHA256(secret) in hex.
 
-    ``scopes`` is a list drawn from :data:`tenants.scopes.ALL_SCOPES`. ``last_used_at`` is written at most once per
+    ``scopes`` is a list drawn from :data:`tenants.scopes.ALL_SCOPES`; ``adapters`` narrows which models it can call
+    (empty = all). ``last_used_at`` is written at most once per
     ``QUIVER_API_KEY_LAST_USED_INTERVAL_S`` seconds.
     """
 
@@ -123,6 +124,9 @@ class ApiKey(RequestLimits):
     digest = models.CharField(max_length=64)
     name = models.CharField(max_length=100)
     scopes = models.JSONField(default=list)
+    # The adapters this key may call, by name (every version) or ``name@N`` (that version only); empty = every
+    # adapter and base model of the tenant. Any other model is a 404 ``model_not_found`` at the gateway.
+    adapters = models.JSONField(default=list, blank=True)
     enabled = models.BooleanField(default=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

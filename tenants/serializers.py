@@ -9,12 +9,15 @@ from tenants.scopes import ALL_SCOPES
 
 
 class ApiKeyInputSerializer(serializers.Serializer):
-    """Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at``."""
+    """Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at`` and ``adapters``
+    (the models the key may call at the gateway: adapter names or ``name@N``; empty = all)."""
     name = serializers.CharField(max_length=100)
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, default=list(ALL_SCOPES), allow_empty=False
     )
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    adapters = serializers.ListField(child=serializers.RegexField(r"^[a-z0-9-]{1,40}(@[1-9][0-9]{0,8})?$"),
+                                     required=False, default=list, max_length=100)
 
 
 # PostgreSQL's integer (PositiveIntegerField): past it the write is a DataError, a 500, not a 400.
@@ -39,8 +42,8 @@ class ApiKeyOutputSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ApiKey
-        fields = ["key_id", "key", "name", "scopes", "enabled", "expires_at", "last_used_at", "revoked_at", "created_at",
-                  *LIMIT_FIELDS]
+        fields = ["key_id", "key", "name", "scopes", "adapters", "enabled", "expires_at", "last_used_at", "revoked_at",
+                  "created_at", *LIMIT_FIELDS]
 
 
 class ApiKeyCreatedSerializer(ApiKeyOutputSerializer):

@@ -66,8 +66,13 @@ def api_key_create(
     granted_by: ApiKey | None = None,
     grantable: Collection[str] | None = None,
     limits: Mapping[str, Any] | None = None,
+    adapters: Sequence[str] = (),
 ) -> tuple[ApiKey, str]:
     """Mint an API key for ``tenant``.
+
+    ``adapters`` scopes the key at the gateway to those models (adapter names, or ``name@N`` for one version; empty
+    = every model of the tenant); a key minted by a scoped key is scoped at least as narrowly (its parent's list
+    when none is given).
 
     The key starts with ``limits`` (gateway limits by field, as :func:`limits_set` takes them; what an owner set for
     the minting member: :func:`member_key_limits`) and, per field, never looser than the granting key's own, so
@@ -89,6 +94,13 @@ def api_key_create(
     if granted_by is not None and not set(scopes) <= set(granted_by.scopes):
         extra = sorted(set(scopes) - set(granted_by.scopes))
         raise ValidationError({"scopes": f"This key cannot grant {extra}; ask for at most {sorted(granted_by.scopes)}."})
+    adapters = sorted(set(adapters))
+    parent = {str(a) for a in (granted_by.adapters if granted_by is not None else None) or []}
+    if parent:
+        wider = [a for a in adapters if a not in parent and a.partition("@")[0] not in parent]
+        if wider:
+            raise ValidationError({"adapters": f"This key may only call {sorted(parent)}; it cannot grant {wider}."})
+        adapters = adapters or sorted(parent)
     if grantable is not None and not set(scopes) <= set(grantable):
         extra = sorted(set(scopes) - set(grantable))
         raise ValidationError({"scopes": f"Your role cannot grant {extra}; ask a tenant owner, or pick from "
@@ -115,7 +127,7 @@ def api_key_create(
             raise QuiverError(f"Tenant quota of {locked.max_api_keys} active API keys reached; revoke one or ask an "
                               "operator to raise max_api_keys.", code="quota_exceeded", status_code=403)
         inherited = _tightest(dict(limits or {}), _limits_of(granted_by) if granted_by is not None else {})
-        return _api_key_insert(tenant, key_id, secret, name, scopes, expires_at, actor, inherited)
+        return _api_key_insert(tenant, key_id, secret, name, scopes, expires_at, actor, inherited, adapters)
 
 
 def _limits_of(key: ApiKey) -> dict[str, Any]:
@@ -136,13 +148,14 @@ def _tightest(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, 
 
 def _api_key_insert(tenant: Tenant, key_id: str, secret: str, name: str, scopes: Sequence[str],
                     expires_at: datetime | None, actor: User | None,
-                    limits: Mapping[str, Any]) -> tuple[ApiKey, str]:
+                    limits: Mapping[str, Any], adapters: Sequence[str] = ()) -> tuple[ApiKey, str]:
     key = ApiKey(
         tenant=tenant,
         key_id=key_id,
         digest=_digest(secret),
         name=name,
         scopes=sorted(set(scopes)),
+        adapters=list(adapters),
         expires_at=expires_at,
         created_by=actor,
         **limits,

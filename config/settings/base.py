@@ -264,6 +264,9 @@ if not 0.0 <= QUIVER_PLACEMENT_REPLICA_WORTH <= 1000.0:
                                "0 (replicate by rate alone) to 1000 (almost never replicate past the slots).")
 # How long a gateway request waits for a cold adapter to be warmed before answering 503.
 QUIVER_WARM_WAIT_S = env.float("QUIVER_WARM_WAIT_S", default=60.0)
+# A promotion or canary waits at most this long (seconds) for its versions to be resident on a live node before it
+# switches traffic (adapters_app.serving; docs/versions.md).
+QUIVER_PROMOTE_WARM_WAIT_S = env.float("QUIVER_PROMOTE_WARM_WAIT_S", default=30.0)
 QUIVER_PROXY_TIMEOUT_S = env.float("QUIVER_PROXY_TIMEOUT_S", default=300.0)
 
 # --- Gateway fast path (issue 7). Redis carries cache invalidation, rate limits and the usage stream; without it

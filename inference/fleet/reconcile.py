@@ -26,6 +26,7 @@ from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
+from adapters_app.selectors import adapter_versions_serving
 from inference.fleet.models import RESIDENT, Node, Placement, TenantResidencyQuota, VersionIntent
 from inference.fleet.nodes import nodes_live
 from inference.fleet.plan import plan_all, plan_publish, warm_backoff_load, warm_backoff_save
@@ -67,10 +68,8 @@ def fleet_reconcile(*, now: float | None = None) -> int:
         v.pk: v for v in AdapterVersion.objects.filter(status=AdapterVersion.Status.READY)
         .select_related("adapter__base_model", "adapter__tenant").order_by("adapter_id", "-number")
     }
-    newest: dict[int, AdapterVersion] = {}
-    for v in versions.values():  # the gateway serves each adapter's newest ready version
-        if v.adapter_id not in newest or v.number > newest[v.adapter_id].number:
-            newest[v.adapter_id] = v
+    # The versions the gateway serves by adapter name: each adapter's serving rule (adapters_app.serving).
+    newest = {v.pk: v for v in adapter_versions_serving(versions.values())}
     since = timezone.now() - timedelta(seconds=RATE_WINDOW_S)
     counts = dict(UsageRecord.objects.filter(created_at__gte=since, adapter_version__isnull=False)
                   .values_list("adapter_version").annotate(n=Count("id")).values_list("adapter_version", "n"))
@@ -88,7 +87,7 @@ def fleet_reconcile(*, now: float | None = None) -> int:
         held[version_id].add(node_name)
         if tier in RESIDENT:
             loaded[version_id].add(node_name)
-    no_gpu_room = _tenants_without_gpu_room()
+    no_gpu_room = tenants_at_gpu_quota()
     previous = plan_all()  # the last pass's plan (Redis): placement's hysteresis; {} after a restart or without Redis
     by_base: dict[int, list[AdapterVersion]] = defaultdict(list)
     for v in newest.values():
@@ -194,7 +193,7 @@ def _hot_bytes(slot_bytes: Any) -> int:
     return slot_bytes if isinstance(slot_bytes, int) and not isinstance(slot_bytes, bool) and slot_bytes > 0 else 0
 
 
-def _tenants_without_gpu_room() -> set[int]:
+def tenants_at_gpu_quota() -> set[int]:
     """Tenants whose GPU-resident bytes already reach ``max_gpu_bytes``: the plan does not warm their versions."""
     quotas = dict(TenantResidencyQuota.objects.exclude(max_gpu_bytes=None).values_list("tenant_id", "max_gpu_bytes"))
     used: dict[int, int] = defaultdict(int)

@@ -85,4 +85,7 @@ def connect() -> None:
     version_ready.connect(_on_version_ready, dispatch_uid="fleet-version-ready")
     base_model_registered.connect(_on_base_model_registered, dispatch_uid="fleet-base-model-registered")
     adapter_deleting.connect(_on_adapter_deleting, dispatch_uid="fleet-adapter-deleting")
-    fleet_port_install(FleetPort(residency=residency_counts, node_copy_drop=node_copy_drop))
+    from inference.fleet.warming import version_warm_state
+
+    fleet_port_install(FleetPort(residency=residency_counts, node_copy_drop=node_copy_drop,
+                                 version_warm=version_warm_state))

@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import json
 import logging
+import random
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -39,7 +40,7 @@ from inference.gateway.exchange import Call, Exchange
 from inference.gateway.limits import RateLimiter, estimate_prompt_tokens, limits_mode_log
 from inference.gateway.limits import Scope as LimitScope
 from inference.gateway.relay import unless_client_gone
-from inference.gateway.snapshot import FleetView, KeyView, NodeView, TargetView, node_choose
+from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, RuleView, TargetView, node_choose
 from inference.gateway.upstream import (
     upstream_close,
 )
@@ -74,9 +75,13 @@ def _touch_last_used(key_pk: int) -> None:
 DEFAULT_COMPLETION_RESERVE = {"completions": 16, "chat/completions": 256}
 
 
-def _scopes(key: KeyView) -> list[LimitScope]:
-    return [LimitScope(f"tenant:{key.tenant_id}", f"tenant {key.tenant_slug}", key.tenant_limits),
-            LimitScope(f"key:{key.pk}", f"API key {key.key_id}", key.key_limits)]
+def _scopes(key: KeyView, target: TargetView | None = None) -> list[LimitScope]:
+    scopes = [LimitScope(f"tenant:{key.tenant_id}", f"tenant {key.tenant_slug}", key.tenant_limits),
+              LimitScope(f"key:{key.pk}", f"API key {key.key_id}", key.key_limits)]
+    if target is not None and target.adapter_id is not None and target.adapter_limits != Limits():
+        name = target.requested.partition("@")[0]
+        scopes.append(LimitScope(f"adapter:{target.adapter_id}", f"adapter {name}", target.adapter_limits))
+    return scopes
 
 
 def _completion_budget(upstream: dict[str, Any], endpoint: str) -> int:
@@ -216,19 +221,21 @@ class GatewayApp:
         self._verified[key.key_id] = (key, secret)
         return True
 
-    async def resolve(self, key: KeyView, model: str) -> TargetView:
-        """``model`` → the base model or the tenant's newest ready version.
+    async def resolve(self, key: KeyView, model: str, user: str | None = None) -> TargetView:
+        """``model`` → what it reaches: a base model, ``name@N`` (that ready version), or ``name`` (the adapter's
+        serving rule; a weighted split is chosen by :meth:`RuleView.pick`, sticky per OpenAI ``user``).
 
         Raises:
-            GatewayError: 404 ``model_not_found`` (unknown or another tenant's), 409 ``adapter_not_ready``.
+            GatewayError: 404 ``model_not_found`` (unknown, another tenant's, a version not ready, or a model this
+                key is not scoped to: the same answer, so a scoped key learns nothing), 409 ``adapter_not_ready``.
         """
-        target = await self.directory.targets.get(key.tenant_id, model)
-        if target == "not_found" or not isinstance(target, TargetView):
-            if target == "not_ready":
+        rule = await self.directory.targets.get(key.tenant_id, model) if key.may_call(model) else "not_found"
+        if not isinstance(rule, RuleView):
+            if rule == "not_ready":
                 raise GatewayError(409, f"Adapter `{model}` has no ready version yet; wait for validation or check "
                                    "its report.", code="adapter_not_ready", param="model")
             raise GatewayError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
-        return target
+        return rule.pick(user=user if isinstance(user, str) else None, draw=random.random())  # noqa: S311 (a split)
 
     async def node_for(self, target: TargetView) -> NodeView:
         """A node ready to serve ``target``, warming a cold adapter with a bounded wait.
@@ -419,8 +426,8 @@ class GatewayApp:
         body = self._parse(raw)
         upstream = hygiene.upstream_body(body, endpoint=endpoint, caps=_caps(key),
                                          salt=hygiene.cache_salt(key.tenant_id, settings.SECRET_KEY))
-        target = await self.resolve(key, body["model"])
-        scopes = _scopes(key)
+        target = await self.resolve(key, body["model"], body.get("user"))
+        scopes = _scopes(key, target)
         if hygiene.requested_tokens(upstream) is None and any(s.limits.tpm is not None for s in scopes):
             # Under a TPM limit the reservation must bound what the engine generates: without max_tokens vLLM
             # runs to the end of the context (a chat reserved 256 tokens and was billed 509, twice over 600).

@@ -25,7 +25,15 @@ from django.utils import timezone
 
 from inference.fleet.node_keys import node_credentials
 from inference.gateway.errors import GatewayError
-from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, PlacementView, TargetView
+from inference.gateway.snapshot import (
+    FleetView,
+    KeyView,
+    Limits,
+    NodeView,
+    PlacementView,
+    RuleView,
+    TargetView,
+)
 
 logger = logging.getLogger(__name__)
 V = TypeVar("V")
@@ -126,28 +134,57 @@ def load_key(key_id: str) -> KeyView | None:
     return KeyView(pk=key.pk, key_id=key.key_id, digest=key.digest, enabled=key.enabled, expires_at=key.expires_at,
                    scopes=frozenset(key.scopes), tenant_id=key.tenant_id, tenant_slug=key.tenant.slug,
                    tenant_limits=_limits(key.tenant), key_limits=_limits(key),
-                   priority=_priority(key.tenant.priority_class, key.priority_class))
+                   priority=_priority(key.tenant.priority_class, key.priority_class),
+                   adapters=frozenset(str(a) for a in (key.adapters or [])))
 
 
-def load_target(tenant_id: int, model: str) -> TargetView | str:
-    """The base model or the tenant's newest ready version named ``model``; else ``"not_found"``/``"not_ready"``."""
+def _version_target(requested: str, adapter: Any, version: Any) -> TargetView:
+    version.adapter = adapter
+    return TargetView(requested=requested, base_model_id=adapter.base_model_id,
+                      base_model_name=adapter.base_model.base_model_name, served_name=version.served_name,
+                      version_id=version.pk, version_number=version.number, r=version.r, adapter_id=adapter.pk,
+                      adapter_limits=Limits(rpm=adapter.rpm_limit, tpm=adapter.tpm_limit))
+
+
+def load_rule(tenant_id: int, model: str) -> RuleView | str:
+    """What ``model`` reaches for the tenant: a base model; ``name@N``, version N of the tenant's adapter while it is
+    ready; or ``name``, the adapter's serving rule over its ready versions (its first ready version while the rule
+    names none). Else ``"not_found"`` (unknown, another tenant's, or ``name@N`` not ready/deleted/rejected) or
+    ``"not_ready"`` (the adapter has no ready version yet)."""
     from adapters_app.models import Adapter, AdapterVersion, BaseModel
+    from adapters_app.serving import rule_pairs
 
     base = BaseModel.objects.filter(base_model_name=model).first()
     if base is not None:
-        return TargetView(requested=model, base_model_id=base.pk, base_model_name=base.base_model_name,
-                          served_name=base.base_model_name)
-    adapter = Adapter.objects.select_related("base_model", "tenant").filter(tenant_id=tenant_id, name=model).first()
+        return RuleView(targets=(TargetView(requested=model, base_model_id=base.pk, base_model_name=base.base_model_name,
+                                            served_name=base.base_model_name),))
+    name, at, number = model.partition("@")
+    adapter = Adapter.objects.select_related("base_model", "tenant").filter(tenant_id=tenant_id, name=name).first()
     if adapter is None:
         return "not_found"
-    version = (AdapterVersion.objects.filter(adapter=adapter, status=AdapterVersion.Status.READY)
-               .order_by("-number").first())
-    if version is None:
-        return "not_ready"
-    version.adapter = adapter
-    return TargetView(requested=model, base_model_id=adapter.base_model_id,
-                      base_model_name=adapter.base_model.base_model_name, served_name=version.served_name,
-                      version_id=version.pk, version_number=version.number, r=version.r)
+    ready = AdapterVersion.objects.filter(adapter=adapter, status=AdapterVersion.Status.READY)
+    if at:
+        if not number.isascii() or not number.isdigit() or len(number) > 9:
+            return "not_found"
+        pinned = ready.filter(number=int(number)).first()
+        return RuleView(targets=(_version_target(model, adapter, pinned),)) if pinned is not None else "not_found"
+    rule = [(n, w) for n, w in rule_pairs(adapter.serving_rule) if w > 0]
+    versions = {v.number: v for v in ready.filter(number__in=[n for n, _ in rule])}
+    rule = [(n, w) for n, w in rule if n in versions]
+    if not rule:
+        first = ready.order_by("number").first()
+        if first is None:
+            return "not_ready"
+        versions, rule = {first.number: first}, [(first.number, 100)]
+    return RuleView(targets=tuple(_version_target(model, adapter, versions[n]) for n, _ in rule),
+                    weights=tuple(w for _, w in rule), salt=str(adapter.pk))
+
+
+def load_target(tenant_id: int, model: str) -> TargetView | str:
+    """:func:`load_rule`'s target for ``model`` when it reaches one version (the heaviest of a split); else its
+    error code (``"not_found"``/``"not_ready"``)."""
+    rule = load_rule(tenant_id, model)
+    return rule if isinstance(rule, str) else rule.targets[0]
 
 
 def _gpu_used(value: Any) -> int:
@@ -303,13 +340,13 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 
 class Directory:
     """The gateway process's caches: ``keys`` (key_id → KeyView | None), ``targets`` ((tenant_id, model) →
-    TargetView | error code) and the fleet view (refreshed every ``QUIVER_GATEWAY_FLEET_REFRESH_S``)."""
+    RuleView | error code) and the fleet view (refreshed every ``QUIVER_GATEWAY_FLEET_REFRESH_S``)."""
 
     def __init__(self) -> None:
         self.bus_ok = False
         self.keys: TtlCache[KeyView | None] = TtlCache(load_key, self._ttl)
         # Unknown names are cached too; `model` is at most 256 characters (MODEL_MAX_CHARS), so this bounds it to ~10 MB.
-        self.targets: TtlCache[TargetView | str] = TtlCache(load_target, self._ttl, max_entries=20_000)
+        self.targets: TtlCache[RuleView | str] = TtlCache(load_rule, self._ttl, max_entries=20_000)
         self._fleet: TtlCache[FleetView] = TtlCache(load_fleet, self._fleet_ttl)
 
     def _ttl(self) -> tuple[float, float]:

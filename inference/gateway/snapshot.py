@@ -15,6 +15,7 @@ from datetime import datetime
 from inference.policy.hrw import hrw_weight
 from inference.policy.routing import Candidate, RouteConfig, RouteDecision, route, route_round_robin
 from inference.policy.tiers import FROM_DB_WORD, Tier
+from inference.policy.versions import choose_version
 
 RESIDENT_TIERS = frozenset({"warm", "hot"})
 
@@ -44,6 +45,18 @@ class KeyView:
     tenant_limits: Limits = Limits()
     key_limits: Limits = Limits()
     priority: int = 0  # vLLM's priority for this key's requests (lower first): tenants.models.PRIORITY_CLASSES
+    # The models this key may call (adapter names, or ``name@N``); empty = every model of its tenant.
+    adapters: frozenset[str] = frozenset()
+
+    def may_call(self, model: str) -> bool:
+        """Whether this key may call ``model``: any model when unscoped; else an adapter it names (every version,
+        ``name`` and ``name@N``) or a version it names (``name@N`` only). A base model only when named."""
+        if not self.adapters:
+            return True
+        if model in self.adapters:
+            return True
+        name, at, _ = model.partition("@")
+        return bool(at) and name in self.adapters
 
     def secret_matches(self, secret: str, hmac_key: bytes) -> bool:
         """Constant-time check of the presented secret against the stored HMAC-SHA256 digest (conventions §4)."""
@@ -65,6 +78,26 @@ class TargetView:
     version_id: int | None = None
     version_number: int | None = None
     r: int | None = None
+    adapter_id: int | None = None
+    adapter_limits: Limits = Limits()  # the adapter's own RPM/TPM limits (tenants' and keys' apply beside them)
+
+
+@dataclass(frozen=True)
+class RuleView:
+    """What ``model`` reaches: one target (a base model, ``name@N``, or a rule of one version) or a weighted split
+    of an adapter's versions (``weights`` in whole percentages, parallel to ``targets``; ``salt`` keeps
+    stickiness per adapter)."""
+
+    targets: tuple[TargetView, ...]
+    weights: tuple[int, ...] = (100,)
+    salt: str = ""
+
+    def pick(self, *, user: str | None, draw: float) -> TargetView:
+        """The target for one request: :func:`inference.policy.versions.choose_version` (sticky per OpenAI
+        ``user``, else by the caller's uniform ``draw`` in [0, 1))."""
+        if len(self.targets) == 1:
+            return self.targets[0]
+        return self.targets[choose_version(self.weights, salt=self.salt, user=user, draw=draw)]
 
 
 @dataclass(frozen=True)

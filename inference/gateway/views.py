@@ -13,7 +13,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
-from adapters_app.models import BaseModel
+from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.selectors import adapter_list_servable
 from inference.gateway import metrics as gateway_metrics
 from inference.gateway.directory import db_call
@@ -43,7 +43,17 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
     return key
 
 
-def _models_payload(tenant: Tenant) -> list[dict[str, Any]]:
+def _may_call(key: ApiKey, model: str) -> bool:
+    scoped = {str(a) for a in (key.adapters or [])}
+    name, at, _ = model.partition("@")
+    return not scoped or model in scoped or (bool(at) and name in scoped)
+
+
+def _models_payload(key: ApiKey) -> list[dict[str, Any]]:
+    """The models ``key`` may call: the base models and the tenant's adapters that have a ready version, by name
+    only. ``name@N`` is addressable (``GET /v1/models/name@N``, and as ``model``) but not listed: the list is what an
+    application should call, and pinning a version is a deliberate act (docs/versions.md)."""
+    tenant: Tenant = key.tenant
     data = [
         {"id": b.base_model_name, "object": "model", "created": int(b.created_at.timestamp()), "owned_by": "quiver",
          "parent": None}
@@ -54,7 +64,20 @@ def _models_payload(tenant: Tenant) -> list[dict[str, Any]]:
          "parent": a.base_model.base_model_name}
         for a in adapter_list_servable(tenant)
     ]
-    return data
+    return [entry for entry in data if _may_call(key, str(entry["id"]))]
+
+
+def _version_entry(key: ApiKey, model_id: str) -> dict[str, Any] | None:
+    """``GET /v1/models/name@N``'s entry while version N is ready and the key may call it, else None."""
+    name, at, number = model_id.partition("@")
+    if not at or not number.isascii() or not number.isdigit() or len(number) > 9 or not _may_call(key, model_id):
+        return None
+    version = AdapterVersion.objects.select_related("adapter__base_model").filter(
+        adapter__tenant=key.tenant, adapter__name=name, number=int(number), status=AdapterVersion.Status.READY).first()
+    if version is None:
+        return None
+    return {"id": model_id, "object": "model", "created": int(version.created_at.timestamp()),
+            "owned_by": key.tenant.slug, "parent": version.adapter.base_model.base_model_name}
 
 
 def _get_only(request: HttpRequest) -> None:
@@ -64,11 +87,12 @@ def _get_only(request: HttpRequest) -> None:
 
 @csrf_exempt
 async def models(request: HttpRequest) -> HttpResponseBase:
-    """``GET /v1/models``: the base models and the caller's adapters that have a ready version."""
+    """``GET /v1/models``: the base models and the caller's adapters that have a ready version (those its key may
+    call)."""
     try:
         _get_only(request)
         key = await _authenticate(request)
-        data = await db_call(_models_payload, key.tenant)
+        data = await db_call(_models_payload, key)
     except GatewayError as exc:
         return exc.response()
     return JsonResponse({"object": "list", "data": data})
@@ -76,11 +100,13 @@ async def models(request: HttpRequest) -> HttpResponseBase:
 
 @csrf_exempt
 async def model_detail(request: HttpRequest, model_id: str) -> HttpResponseBase:
-    """``GET /v1/models/{id}``: one entry of :func:`models`, or OpenAI's 404."""
+    """``GET /v1/models/{id}``: one entry of :func:`models`, or ``name@N`` of a ready version; else OpenAI's 404."""
     try:
         _get_only(request)
         key = await _authenticate(request)
-        data = await db_call(_models_payload, key.tenant)
+        data = await db_call(_models_payload, key)
+        if "@" in model_id:
+            data = [entry for entry in [await db_call(_version_entry, key, model_id)] if entry is not None]
     except GatewayError as exc:
         return exc.response()
     for entry in data:

@@ -1,5 +1,5 @@
 """Control-plane API for metering: ``GET /api/v1/usage[?since=<ISO 8601>]``, ``…/series``, ``…/traffic``,
-``…/rollups``."""
+``…/rollups``, ``…/versions`` (one adapter's versions side by side)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import redis
 from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
-from django.http import StreamingHttpResponse
+from django.http import Http404, StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -19,12 +19,14 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from adapters_app.selectors import adapter_get
 from inference.metering.models import UsageRecord, UsageRollup
 from inference.metering.rollups import usage_rollups
 from inference.metering.selectors import usage_csv, usage_summary
 from inference.metering.series import BUCKETS, usage_series
 from inference.metering.traffic import MAX_BUCKETS, traffic_table
 from inference.metering.usage import usage_drain
+from inference.metering.versions import version_figures
 from tenants.viewsets import TenantScopedViewSet
 
 logger = logging.getLogger(__name__)
@@ -150,6 +152,33 @@ class TrafficQuerySerializer(serializers.Serializer):
         return {**attrs, "since": since, "until": until, "bucket": bucket}
 
 
+class VersionsQuerySerializer(serializers.Serializer):
+    """Query of ``GET /api/v1/usage/versions``: the ``adapter`` (name), ``since`` (default an hour ago), ``until``
+    (default now)."""
+
+    adapter = serializers.SlugField(max_length=40)
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+
+
+class VersionFiguresSerializer(serializers.Serializer):
+    """One version's figures (``inference.metering.versions.version_figures``); latencies in ms."""
+
+    version = serializers.IntegerField()
+    status = serializers.CharField()
+    weight = serializers.IntegerField(help_text="percent of model=<name> it takes now; 0 out of the rule")
+    in_rule = serializers.BooleanField()
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField(help_text="requests answered with status >= 400")  # type: ignore[assignment]
+    error_rate = serializers.FloatField(allow_null=True)
+    ttft_ms_p50 = serializers.FloatField(allow_null=True)
+    ttft_ms_p95 = serializers.FloatField(allow_null=True)
+    latency_ms_p50 = serializers.FloatField(allow_null=True)
+    latency_ms_p95 = serializers.FloatField(allow_null=True)
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+
+
 class TrafficRowSerializer(serializers.Serializer):
     """One row of a traffic table (``inference.metering.traffic.traffic_table``); latencies in ms."""
 
@@ -220,6 +249,23 @@ class UsageViewSet(TenantScopedViewSet):
         TTFT percentiles, a sparkline (``inference.metering.traffic.traffic_table``); most requests first."""
         drain_quietly()
         return traffic_response(self.get_queryset(), request)
+
+    @extend_schema(parameters=[VersionsQuerySerializer], responses=VersionFiguresSerializer(many=True))
+    @action(detail=False, methods=["get"])
+    def versions(self, request: Request) -> Response:
+        """``GET /api/v1/usage/versions?adapter=<name>``: each version of the adapter in its serving rule or with
+        traffic, side by side over the period (default the last hour): requests, errors, TTFT and latency p50/p95,
+        tokens, weight. 404 when the caller has no such adapter."""
+        query = VersionsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q = query.validated_data
+        adapter = adapter_get(self.tenant, name=q["adapter"])
+        if adapter is None:
+            raise Http404
+        drain_quietly()
+        until = q.get("until") or timezone.now()
+        since = q.get("since") or until - timedelta(hours=1)
+        return Response(version_figures(self.get_queryset(), adapter=adapter, since=since, until=until))
 
     @extend_schema(parameters=[UsageRollupQuerySerializer], responses=UsageRollupRowSerializer(many=True))
     @action(detail=False, methods=["get"])

@@ -266,8 +266,10 @@ def test_warm_targets_only_nodes_whose_engine_takes_the_rank(ready_version: Adap
     assert warm_target_node(ready_version).name == "big"  # type: ignore[union-attr]
 
 
-def test_a_new_ready_version_evicts_the_older_ones(ready_version: AdapterVersion, tiny_adapters,  # type: ignore[no-untyped-def]
-                                                   django_capture_on_commit_callbacks, monkeypatch) -> None:
+def test_a_new_ready_version_is_warmed_and_the_older_ones_stay(  # type: ignore[no-untyped-def]
+        ready_version: AdapterVersion, tiny_adapters, django_capture_on_commit_callbacks, monkeypatch) -> None:
+    """A new version takes no traffic until promoted (docs/versions.md), so the serving one is never evicted for it;
+    the new one is warmed so that ``name@N`` and a later promotion find it loaded."""
     node = _beat(_state("a", [{"lora_name": ready_version.served_name,
                                               "lora_int_id": ready_version.pk, "tier": "warm", "served": True}]))
     folder = tiny_adapters["all-r16"]
@@ -280,8 +282,8 @@ def test_a_new_ready_version_evicts_the_older_ones(ready_version: AdapterVersion
     monkeypatch.setattr(fleet_tasks.placement_warm_task, "delay", warmed.append)
     with django_capture_on_commit_callbacks(execute=True):
         placement_on_ready(newer)
-    old = Placement.objects.get(node=node, adapter_version=ready_version)
-    assert evicted == [old.pk]
+    assert evicted == []
+    assert Placement.objects.get(node=node, adapter_version=ready_version).tier == "warm"
     assert warmed == [Placement.objects.get(node=node, adapter_version=newer).pk]
 
 
