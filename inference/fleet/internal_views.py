@@ -12,8 +12,10 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from adapters_app.models import AdapterVersion
 from inference.fleet.nodes import NodeRefused, node_heartbeat_accept
 from inference.fleet.plan import plan_all
+from inference.fleet.reconcile import tenants_at_gpu_quota
 from tenants.authentication import bearer_token
 
 
@@ -21,7 +23,12 @@ from tenants.authentication import bearer_token
 @require_POST
 def heartbeat(request: HttpRequest) -> JsonResponse:
     """``POST /internal/v1/nodes/heartbeat``: a node agent's ``/v1/state`` JSON; answers ``{"node", "healthy",
-    "elsewhere"}``.
+    "elsewhere", "over_quota"}``.
+
+    ``over_quota``: the ``lora_int_id`` of each adapter the node reports whose tenant is at or over its residency
+    quota (``TenantResidencyQuota.max_gpu_bytes``, ``inference.fleet.reconcile.tenants_at_gpu_quota``). The node
+    evicts those first when it must make room (``inference.policy.node_eviction``), so a tenant over its quota loses
+    its own adapters before anyone else does, where the eviction happens.
 
     ``elsewhere``: the ``lora_int_id`` of each adapter the node reports that the reconciler's last plan
     (``inference.fleet.plan``) places on other nodes only. The agent ranks those below the ones planned for
@@ -40,8 +47,21 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         node = node_heartbeat_accept(token=token, body=body)
     except NodeRefused as exc:
         return JsonResponse({"detail": exc.detail, "code": exc.code}, status=exc.status)
+    adapters = body.get("adapters", [])
     return JsonResponse({"node": node.name, "healthy": node.healthy,
-                         "elsewhere": planned_elsewhere(node.name, body.get("adapters", []))})
+                         "elsewhere": planned_elsewhere(node.name, adapters),
+                         "over_quota": over_quota(adapters)})
+
+
+def over_quota(adapters: list[dict[str, Any]]) -> list[int]:
+    """The ``lora_int_id`` of the entries in ``adapters`` (a validated heartbeat's list) whose tenant's GPU-resident
+    bytes reach its ``max_gpu_bytes`` quota, sorted; ``[]`` when no tenant is there."""
+    tenants = tenants_at_gpu_quota()
+    if not tenants:
+        return []
+    ids = {entry["lora_int_id"] for entry in adapters}
+    return sorted(AdapterVersion.objects.filter(pk__in=ids, adapter__tenant_id__in=tenants)
+                  .values_list("pk", flat=True))
 
 
 def planned_elsewhere(node_name: str, adapters: list[dict[str, Any]]) -> list[int]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.test import Client, override_settings
+from django.utils import timezone
 
 from inference.fleet.models import Node
 from inference.fleet.nodes import node_register
@@ -99,4 +100,37 @@ def test_the_answer_names_the_reported_adapters_the_plan_puts_on_other_nodes_onl
         sync_client().delete(plan_key())  # type: ignore[union-attr]
         plan_forget()
     assert resp.status_code == 200, resp.content
-    assert resp.json() == {"node": "n1", "healthy": True, "elsewhere": [1]}
+    assert resp.json() == {"node": "n1", "healthy": True, "elsewhere": [1], "over_quota": []}
+
+
+def test_the_answer_names_the_reported_adapters_of_tenants_at_their_gpu_quota(internal: Client, token: str) -> None:
+    """The node evicts those first (``inference.policy.node_eviction``): tenant A holds two GPU slots against a
+    quota of one, so its resident versions are named, B's (under its quota) and unreported ones are not."""
+    from adapters_app.models import AdapterVersion
+    from adapters_app.services import adapter_create
+    from inference.fleet.models import Placement, TenantResidencyQuota
+    from tests.factories import TenantFactory
+
+    node = Node.objects.get(name="n1")
+    Node.objects.filter(pk=node.pk).update(state={"residency": {"gpu_slot_bytes": 1000}})
+    versions = {}
+    for slug in ("a", "b"):
+        tenant = TenantFactory(slug=slug)
+        adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+        versions[slug] = [AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=n, sha256=f"{n}" * 64,
+                                                        size_bytes=10, s3_prefix=f"{slug}{n}/", files=[],
+                                                        status="ready", r=8) for n in (1, 2, 3)]
+        for v in versions[slug][:2]:
+            Placement.objects.create(node=node, adapter_version=v, tier="hot", served=True,
+                                     load_issued_at=timezone.now())
+        TenantResidencyQuota.objects.create(tenant=tenant, max_gpu_bytes=1000 if slug == "a" else 5000)
+    reported = [v for slug in ("a", "b") for v in versions[slug][1:]]
+    adapters = [{"lora_name": v.served_name, "lora_int_id": v.pk, "tier": "hot", "pinned": False, "served": True}
+                for v in reported]
+
+    body = {"node": "n1", "healthy": True, "adapters": adapters, "residency": {"gpu_slot_bytes": 1000}}
+    resp = internal.post(URL, data=json.dumps(body), content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    assert resp.status_code == 200, resp.content
+    assert resp.json()["over_quota"] == [versions["a"][1].pk, versions["a"][2].pk]
