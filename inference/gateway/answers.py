@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inference.gateway.errors import GatewayError
@@ -156,3 +157,147 @@ def _context_error(engine_message: str, engine_param: str, target: TargetView,
                             f"shorten '{field}'.", code="context_length_exceeded", param=field)
     return None
 
+
+
+class UsageTally:
+    """The tokens one request cost, from the engine's own per-chunk counts, however the request ends.
+
+    vLLM's ``continuous_usage_stats`` puts on each streamed chunk the prompt tokens of that chunk's prompt and the
+    completion tokens of that chunk's choice so far (``vllm/entrypoints/openai/completion/serving.py`` and
+    ``chat_completion/serving.py``: ``previous_num_tokens[i]``, ``num_prompt_tokens[prompt_idx]``); choice ``i``
+    belongs to prompt ``i // n``. The final usage chunk, when the stream ends, carries the engine's totals. A request
+    cut before its end is billed the sum over choices and prompts of the last counts seen; a prompt none of whose
+    chunks arrived is billed its count from ``prompt_tokens`` (the gateway's own count of it).
+
+    Args:
+        n: choices per prompt (the body's ``n``, default 1).
+        prompt_tokens: each prompt's token count as the gateway counted it, in order (may be empty).
+    """
+
+    def __init__(self, *, n: int = 1, prompt_tokens: Sequence[int] = ()) -> None:
+        self.n = max(1, n)
+        self.counted = list(prompt_tokens)
+        self.prompts: dict[int, int] = {}
+        self.choices: dict[int, int] = {}
+        self.final: dict[str, Any] | None = None
+
+    def add(self, chunk: Mapping[str, Any]) -> None:
+        """Take one parsed chunk's ``usage`` (ignored when absent or malformed)."""
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            return
+        choices = chunk.get("choices")
+        if not choices:
+            self.final = usage
+            return
+        prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+        for choice in choices:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            if isinstance(index, int) and not isinstance(index, bool) and 0 <= index:
+                self.choices[index] = max(self.choices.get(index, 0), completion)
+                self.prompts[index // self.n] = prompt
+
+    def usage(self) -> dict[str, int] | None:
+        """``{"prompt_tokens", "completion_tokens", "total_tokens"}``: the engine's totals when its stream ended,
+        else the sum of what was seen (and counted prompts not seen); None when nothing is known at all."""
+        if self.final is not None:
+            prompt, completion = _count(self.final.get("prompt_tokens")), _count(self.final.get("completion_tokens"))
+        else:
+            if not self.choices and not self.counted:
+                return None
+            prompts = dict(enumerate(self.counted))
+            prompts.update(self.prompts)  # the engine's count wins over ours
+            prompt, completion = sum(prompts.values()), sum(self.choices.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _extend(into: dict[str, Any], part: Mapping[str, Any]) -> None:
+    """Append each list of ``part`` (a chunk's logprobs) to the same key of ``into``."""
+    for name, value in part.items():
+        if isinstance(value, list):
+            into.setdefault(name, []).extend(value)
+        elif name not in into:
+            into[name] = value
+
+
+def assemble_answer(endpoint: str, chunks: Sequence[Mapping[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+    """The non-streamed answer OpenAI's API gives, built from the engine's streamed chunks.
+
+    The gateway always streams from the engine, so that a client who leaves before the end is billed what the
+    engine generated up to then (``UsageTally``); a client who asked for one JSON answer gets it from here. Per
+    choice index: the text (chat: ``message.content``, reasoning, ``tool_calls`` joined by their index), logprobs
+    concatenated, the last ``finish_reason`` and ``stop_reason``.
+
+    Args:
+        endpoint: ``"completions"`` or ``"chat/completions"``.
+        chunks: the parsed ``data:`` payloads, in order (usage-only chunks included or not).
+        usage: the request's usage (``UsageTally.usage``).
+
+    Returns:
+        ``{"id", "object", "created", "model", "choices", "usage"}`` in OpenAI's shape.
+    """
+    chat = endpoint == "chat/completions"
+    first = next((c for c in chunks if c.get("choices")), chunks[0] if chunks else {})
+    merged: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
+                continue
+            into = merged.setdefault(choice["index"], {"text": [], "logprobs": None, "finish_reason": None,
+                                                       "stop_reason": None, "role": None, "content": None,
+                                                       "reasoning": {}, "tool_calls": {}})
+            if choice.get("finish_reason") is not None:
+                into["finish_reason"] = choice["finish_reason"]
+            if choice.get("stop_reason") is not None:
+                into["stop_reason"] = choice["stop_reason"]
+            if isinstance(choice.get("logprobs"), dict):
+                into["logprobs"] = into["logprobs"] or {}
+                _extend(into["logprobs"], choice["logprobs"])
+            if not chat:
+                into["text"].append(str(choice.get("text") or ""))
+                continue
+            delta: dict[str, Any] = choice["delta"] if isinstance(choice.get("delta"), dict) else {}
+            into["role"] = delta.get("role") or into["role"]
+            if isinstance(delta.get("content"), str):
+                into["content"] = (into["content"] or "") + delta["content"]
+            for name in ("reasoning", "reasoning_content"):
+                if isinstance(delta.get(name), str):
+                    into["reasoning"][name] = into["reasoning"].get(name, "") + delta[name]
+            for call in delta.get("tool_calls") or []:
+                if isinstance(call, dict):
+                    _tool_call_add(into["tool_calls"], call)
+    choices = []
+    for index in sorted(merged):
+        into = merged[index]
+        out: dict[str, Any] = {"index": index}
+        if chat:
+            message: dict[str, Any] = {"role": into["role"] or "assistant", "content": into["content"], "refusal": None}
+            message.update(into["reasoning"])
+            if into["tool_calls"]:
+                message["tool_calls"] = [into["tool_calls"][k] for k in sorted(into["tool_calls"])]
+            out["message"] = message
+        else:
+            out["text"] = "".join(into["text"])
+        out.update(logprobs=into["logprobs"], finish_reason=into["finish_reason"], stop_reason=into["stop_reason"])
+        choices.append(out)
+    return {"id": first.get("id", ""), "object": "chat.completion" if chat else "text_completion",
+            "created": first.get("created", 0), "model": first.get("model", ""), "choices": choices,
+            "usage": usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+
+
+def _tool_call_add(calls: dict[int, dict[str, Any]], delta: Mapping[str, Any]) -> None:
+    """Join one streamed tool-call delta into ``calls`` by its ``index``: id, type and name from the first delta
+    that has them, ``arguments`` concatenated (OpenAI's streaming format)."""
+    index: int = delta["index"] if isinstance(delta.get("index"), int) else len(calls)
+    call: dict[str, Any] = calls.setdefault(index, {"id": None, "type": "function",
+                                                    "function": {"name": None, "arguments": ""}})
+    call["id"] = call["id"] or delta.get("id")
+    call["type"] = delta.get("type") or call["type"]
+    function: dict[str, Any] = delta["function"] if isinstance(delta.get("function"), dict) else {}
+    call["function"]["name"] = call["function"]["name"] or function.get("name")
+    if isinstance(function.get("arguments"), str):
+        call["function"]["arguments"] += function["arguments"]

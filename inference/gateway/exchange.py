@@ -20,13 +20,25 @@ from starlette.responses import Response
 from inference.fleet.warming import placement_mark_not_served
 from inference.gateway import metrics
 from inference.gateway.admission import AdmissionGate
+from inference.gateway.answers import (
+    ENGINE_AUTH_STATUSES,
+    UsageTally,
+    assemble_answer,
+    engine_error,
+    strip_engine_fields,
+)
 from inference.gateway.directory import Directory, db_call
-from inference.gateway.engine_errors import ENGINE_AUTH_STATUSES, engine_error, strip_engine_fields
 from inference.gateway.errors import GatewayError, error_response
 from inference.gateway.limits import RateLimiter
 from inference.gateway.relay import RecordedResponse, relay_response
 from inference.gateway.snapshot import KeyView, NodeView, TargetView
-from inference.gateway.upstream import UpstreamError, UpstreamRefused, engine_answers, upstream_post
+from inference.gateway.upstream import (
+    UpstreamError,
+    UpstreamRefused,
+    UpstreamResponse,
+    engine_answers,
+    upstream_post,
+)
 from inference.gateway.usage_sink import UsageSink
 from inference.metering.usage import usage_row
 
@@ -63,6 +75,7 @@ class Call:
     admission: Any
     prompt_estimate: int
     completion_estimate: int
+    prompt_counts: tuple[int, ...] = ()
 
 
 class Exchange:
@@ -86,9 +99,12 @@ class Exchange:
                 self.upstream["stream_interval"] = interval
         client_options = self.upstream.get("stream_options") or {}
         self.keep_usage = bool(client_options.get("include_usage"))
-        if self.stream:
-            # Running counts on every chunk: a stream cut short is still billed the tokens it delivered.
-            self.upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        # Always a stream from the engine, with running counts per choice on every chunk: a request cut anywhere,
+        # streamed or not, is billed what the engine generated for each choice (UsageTally); a client that asked
+        # for one JSON answer gets it assembled here (answers.assemble_answer).
+        self.upstream["stream"] = True
+        self.upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        self.tally = UsageTally(n=int(self.upstream.get("n") or 1), prompt_tokens=call.prompt_counts)
         self.content = json.dumps(self.upstream).encode()
 
     def record(self, status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
@@ -166,7 +182,7 @@ class Exchange:
         except BaseException:  # cancelled (the client went away) before any answer: free the slot now
             app.admission.release(self.slot)
             raise
-        if response.status_code >= 400 or not self.stream:
+        if response.status_code >= 400 or not response.is_event_stream:
             try:
                 raw = await response.aread()
             except UpstreamError as exc:
@@ -201,5 +217,61 @@ class Exchange:
             if self.call.admission is not None and self.call.admission.holds_lease:
                 await app.limiter.renew(self.call.admission)
 
+        if not self.stream:
+            return await self._collect(response)
         return relay_response(response, target=target, keep_usage=self.keep_usage, record=record, started=self.started,
+                              tally=self.tally,
                               headers=self.limit_headers, renew=renew, renew_every_s=app.admission.hold_s() / 3)
+
+    async def _collect(self, response: UpstreamResponse) -> Response:
+        """A non-streaming client's answer: read the engine's stream to its end, tallying each chunk's counts, and
+        answer the assembled JSON (metered once sent). An engine error event is answered in OpenAI's shape with its
+        status, a cut stream as 502, each metered with the tokens the engine reported; a client that leaves first
+        cancels this read (the engine aborts on the closed connection) and is metered 499 by the caller with
+        ``self.tally``."""
+        app, target = self.app, self.call.target
+        chunks: list[dict[str, Any]] = []
+        failed: GatewayError | None = None
+        done = False
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    continue
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    continue
+                if not isinstance(chunk, dict):
+                    continue
+                if isinstance(chunk.get("error"), dict) and not chunk.get("choices"):
+                    code = chunk["error"].get("code")
+                    failed = engine_error(code if isinstance(code, int) and 400 <= code < 600 else 500, chunk, target)
+                    break
+                self.tally.add(chunk)
+                if chunk.get("choices"):
+                    chunks.append(chunk)
+        except UpstreamError as exc:
+            logger.warning("gateway.upstream_failed", extra={"node": self.node.name, "error": repr(exc)})
+            failed = GatewayError(502, "The inference node stopped answering; retry.", code="upstream_failed",
+                                  type_="server_error")
+        except BaseException:
+            app.admission.release(self.slot)
+            raise
+        finally:
+            await response.aclose()
+        if failed is None and not done:
+            failed = GatewayError(502, "The inference node stopped mid-answer; retry.", code="upstream_stream_cut",
+                                  type_="server_error")
+        usage = self.tally.usage()
+        if failed is not None:
+            self.record(failed.status, usage)
+            return error_response(failed)
+        data = assemble_answer(self.call.endpoint, chunks, usage)
+        data["model"] = target.requested
+        strip_engine_fields(data)
+        app.admission.release(self.slot)
+        return RecordedResponse(data, headers=self.limit_headers, record=lambda: self.record(200, usage))

@@ -16,6 +16,7 @@ start. Each request's ``max_tokens`` cap is enforced by ``hygiene`` either way.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -32,6 +33,7 @@ from django.conf import settings
 from common.redis import async_client
 from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import Limits
+from inference.gateway.upstream import engine_token_count
 from inference.policy.admission import rpm_pace
 
 logger = logging.getLogger(__name__)
@@ -211,6 +213,63 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
     if tools:
         total += _json_tokens_estimate(tools)
     return total
+
+
+def prompt_token_bound(text: str) -> int:
+    """A count never below ``text``'s real token count in a byte-level BPE tokenizer (Llama 3, GPT-2 and their
+    kin: every token covers at least one UTF-8 byte), plus two for special tokens: the fallback when the engine's
+    own count is not to be had."""
+    return len(text.encode("utf-8", "surrogatepass")) + 2
+
+
+def prompt_token_estimates(body: Mapping[str, Any]) -> list[int]:
+    """:func:`estimate_prompt_tokens` per prompt, in order: one entry per item of a completions ``prompt`` list,
+    one for a single prompt or a chat."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return [estimate_prompt_tokens({"prompt": item}) for item in prompt]
+    return [estimate_prompt_tokens(body)]
+
+
+async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None, node_key: str,
+                              model: str) -> list[int]:
+    """Each prompt's real token count, from the engine that will run it (vLLM's ``/tokenize``: the base model's
+    tokenizer, and for a chat its chat template with the tools rendered), so a TPM reservation cannot be outrun by
+    text that tokenizes more densely than an estimate (``"~" * 500`` is 501 tokens, not 126).
+
+    Token-id prompts count themselves. Where the engine gives no count, :func:`prompt_token_bound` of the text (a
+    chat: of its messages and tools as JSON, plus 64 for the template) stands in: never below the real count.
+
+    Args:
+        body: the upstream body (after hygiene).
+        engine_url: an engine serving the request's base model; None when none is live (bounds only).
+        node_key: that node's key.
+        model: the base model's served name (its tokenizer is the adapters').
+
+    Returns:
+        One count per prompt, as :func:`prompt_token_estimates` orders them.
+    """
+    if "messages" in body:
+        chat: dict[str, Any] = {"model": model, "messages": body["messages"]}
+        if body.get("tools"):
+            chat["tools"] = body["tools"]
+        count = await engine_token_count(engine_url, node_key=node_key, body=chat) if engine_url else None
+        if count is None:
+            rendered = json.dumps([body["messages"], body.get("tools")], ensure_ascii=False, default=str)
+            count = prompt_token_bound(rendered) + 64
+        return [count]
+    prompt = body.get("prompt")
+    items = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else [prompt]
+
+    async def one(item: Any) -> int:
+        if isinstance(item, list):
+            return len(item)
+        text = item if isinstance(item, str) else json.dumps(item)
+        count = (await engine_token_count(engine_url, node_key=node_key, body={"model": model, "prompt": text})
+                 if engine_url else None)
+        return count if count is not None else prompt_token_bound(text)
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
 
 
 def _json_tokens_estimate(value: Any) -> int:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from inference.gateway.engine_errors import engine_error, strip_engine_fields
+from inference.gateway.answers import UsageTally, engine_error, strip_engine_fields
 from inference.gateway.errors import GatewayError, error_response
 from inference.gateway.snapshot import TargetView
 from inference.gateway.upstream import UpstreamError, UpstreamResponse
@@ -25,12 +25,14 @@ logger = logging.getLogger(__name__)
 
 
 async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any,
+                       tally: UsageTally | None = None,
                  started: float, renew: Callable[[], Awaitable[None]] | None = None,
                  renew_every_s: float = 0.0) -> AsyncGenerator[bytes, None]:
     """Relay the engine's SSE stream with ``model`` renamed; meter what was actually sent.
 
     Ends as: ``[DONE]`` relayed → the engine's status; the engine's stream cut → an OpenAI error event, 502;
-    an engine error event → ours in its place, with the mapped status (``engine_error``); the client gone → 499. Tokens are the engine's running ``usage`` (``continuous_usage_stats``).
+    an engine error event → ours in its place, with the mapped status (``engine_error``); the client gone → 499. Tokens are the engine's own running counts, per choice (:class:`~inference.gateway.answers.UsageTally`,
+    ``continuous_usage_stats``), so a stream cut anywhere is billed what the engine generated for every choice.
 
     ``renew`` (the concurrency lease's renewal, ``RateLimiter.renew``) runs every ``renew_every_s`` while the
     stream is relayed, from a timer task of its own: nothing is added per chunk but a count, and a stream whose
@@ -40,7 +42,7 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
     hold (which count against the node's slots) must still run out, as they did before renewals. The task stops
     when the relay ends, however it ends.
     """
-    usage: dict[str, Any] | None = None
+    tally = tally if tally is not None else UsageTally()
     ttft_ms: float | None = None
     outcome = 499
     failed: GatewayError | None = None
@@ -56,7 +58,7 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
             payload = line[5:].strip()
             if payload == "[DONE]":
                 outcome = upstream.status_code
-                record(outcome, usage, ttft_ms)
+                record(outcome, tally.usage(), ttft_ms)
                 yield b"data: [DONE]\n\n"
                 continue
             try:
@@ -73,8 +75,7 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
                                        target)
                 outcome = failed.status
                 break
-            if chunk.get("usage"):
-                usage = chunk["usage"]
+            tally.add(chunk)
             if ttft_ms is None and chunk.get("choices"):
                 ttft_ms = (time.monotonic() - started) * 1000
             if not keep_usage:
@@ -98,7 +99,7 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
         if outcome in (499, 502) or failed is not None:
-            record(outcome, usage, ttft_ms)
+            record(outcome, tally.usage(), ttft_ms)
     if failed is not None:
         yield b"data: " + json.dumps(failed.body()).encode() + b"\n\n"
     elif outcome == 502:
@@ -157,6 +158,7 @@ class _RelayResponse(StreamingResponse):
 
 
 def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any, started: float,
+                   tally: UsageTally | None = None,
                    headers: dict[str, str], renew: Callable[[], Awaitable[None]] | None = None,
                    renew_every_s: float = 0.0) -> StreamingResponse:
     """The SSE response relaying ``upstream`` (:func:`relay_stream`); ``record`` (which releases the admission
@@ -170,7 +172,9 @@ def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage
             recorded = True
             record(status, usage, ttft_ms)
 
+    tally = tally if tally is not None else UsageTally()
     events = relay_stream(upstream, target=target, keep_usage=keep_usage, record=record_once, started=started,
+                          tally=tally,
                                renew=renew, renew_every_s=renew_every_s)
 
     async def cleanup() -> None:
@@ -178,7 +182,7 @@ def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage
             await events.aclose()  # runs the relay's finally now when it is suspended mid-stream
             await upstream.aclose()
         finally:
-            record_once(499, None)
+            record_once(499, tally.usage())
 
     return _RelayResponse(events, cleanup=cleanup,
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})

@@ -15,7 +15,9 @@ for everything else that breaks the exchange (a dropped connection, a timeout, a
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -43,6 +45,11 @@ class UpstreamResponse:
     def __init__(self, raw: aiohttp.ClientResponse) -> None:
         self._raw = raw
         self.status_code = raw.status
+
+    @property
+    def is_event_stream(self) -> bool:
+        """Whether the engine answers with server-sent events (a stream), not one JSON body."""
+        return self._raw.content_type == "text/event-stream"
 
     async def aread(self) -> bytes:
         """The whole body."""
@@ -101,6 +108,22 @@ async def upstream_post(url: str, *, content: bytes, node_key: str) -> UpstreamR
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise UpstreamError(repr(exc)) from exc
     return UpstreamResponse(raw)
+
+
+async def engine_token_count(engine_url: str, *, node_key: str, body: dict[str, Any]) -> int | None:
+    """The engine's own token count of a prompt (vLLM's ``POST /tokenize``: ``{"model", "prompt"}``, or
+    ``{"model", "messages", "tools"?}`` with the chat template applied), or None when the engine did not answer
+    with a count (the caller falls back to a bound). Bounded by the proxy timeout; never raises."""
+    try:
+        async with upstream_session().post(f"{engine_url}/tokenize", data=json.dumps(body).encode(),
+                                           headers=upstream_headers(node_key)) as raw:
+            if raw.status != 200:
+                return None
+            data = await raw.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    count = data.get("count") if isinstance(data, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
 
 async def engine_answers(engine_url: str, *, timeout: float = 2.0) -> bool:

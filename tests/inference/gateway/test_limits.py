@@ -297,6 +297,7 @@ class _SlowStream:
     """An engine stream that sends one token every ``every_s`` for ``tokens`` tokens, then ``[DONE]``."""
 
     status_code = 200
+    is_event_stream = True
 
     def __init__(self, tokens: int, every_s: float) -> None:
         self.tokens, self.every_s = tokens, every_s

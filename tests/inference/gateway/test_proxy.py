@@ -76,7 +76,7 @@ def test_relay_rewrites_model_and_meters_without_leaking_usage() -> None:
     assert [p["model"] for p in payloads] == ["bot", "bot"]
     assert all("usage" not in p for p in payloads)
     assert events[-1] == "data: [DONE]\n\n"
-    assert seen == [(200, {"prompt_tokens": 4, "completion_tokens": 2})]
+    assert seen == [(200, {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6})]
 
 
 def test_relay_keeps_usage_when_the_client_asked() -> None:
@@ -93,7 +93,7 @@ def test_a_cut_stream_ends_with_an_error_event_and_is_metered_502_with_tokens_se
     error = json.loads(events[-1][6:])["error"]
     assert error["code"] == "upstream_stream_cut" and error["type"] == "server_error"
     assert "[DONE]" not in "".join(events)
-    assert seen == [(502, {"prompt_tokens": 4, "completion_tokens": 1})]
+    assert seen == [(502, {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5})]
 
 
 def test_directory_cache_is_bounded_and_refreshes_stale_entries_in_the_background() -> None:
@@ -136,7 +136,7 @@ def test_engine_nulls_that_openai_never_sends_are_dropped_so_the_schema_holds() 
     import llm_comply
     from llm_comply.schema import SpecLoader
 
-    from inference.gateway.engine_errors import strip_engine_fields as _strip_engine_fields
+    from inference.gateway.answers import strip_engine_fields as _strip_engine_fields
 
     # A vLLM 0.32 chat completion as the engine sends it (nulls where OpenAI's schema wants a value or nothing).
     vllm = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bot", "service_tier": None,
@@ -206,4 +206,4 @@ def test_an_engine_error_mid_stream_becomes_our_error_event_metered_with_its_sta
     error = json.loads(events[-1][6:])["error"]
     assert error["code"] == "upstream_error" and error["type"] == "server_error"
     assert "torch" not in "".join(events) and "[DONE]" not in "".join(events)
-    assert seen == [(502, {"prompt_tokens": 4, "completion_tokens": 1})]  # not 200: the client got an error
+    assert seen == [(502, {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5})]  # not 200: the client got an error

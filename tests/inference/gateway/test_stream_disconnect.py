@@ -26,6 +26,7 @@ class _Stream:
     """The engine's SSE answer: ``CHUNKS`` chunks ``GAP_S`` apart (after ``first_s``), with running usage."""
 
     status_code = 200
+    is_event_stream = True
 
     def __init__(self, first_s: float) -> None:
         self.first_s = first_s

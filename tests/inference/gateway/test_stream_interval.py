@@ -23,6 +23,7 @@ class _Refusal:
     """The engine's answer: a 400, so the test needs no stream; the body it was sent is what the test reads."""
 
     status_code = 400
+    is_event_stream = False
 
     async def aread(self) -> bytes:
         return json.dumps({"error": {"message": "no", "type": "BadRequestError", "code": 400}}).encode()
