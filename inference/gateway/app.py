@@ -37,7 +37,12 @@ from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
 from inference.gateway.exchange import Call, Exchange
-from inference.gateway.limits import RateLimiter, estimate_prompt_tokens, limits_mode_log
+from inference.gateway.limits import (
+    RateLimiter,
+    limits_mode_log,
+    prompt_token_counts,
+    prompt_token_estimates,
+)
 from inference.gateway.limits import Scope as LimitScope
 from inference.gateway.relay import unless_client_gone
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, RuleView, TargetView, node_choose
@@ -410,7 +415,8 @@ class GatewayApp:
             return await exchange.proxy()
         # A JSON answer is only sent at the end: a client that leaves before it must not keep the engine
         # generating (and its concurrency slot held) for nothing. Its request is cut and metered 499.
-        return await unless_client_gone(request, exchange.proxy(), gone=lambda: exchange.record(499, None))
+        return await unless_client_gone(request, exchange.proxy(),
+                                       gone=lambda: exchange.record(499, exchange.tally.usage()))
 
     async def _prepare(self, request: Request, endpoint: str) -> Call:
         """Stage 1: the key, the body (hygiene), the model's target and the token limits' reservation.
@@ -436,13 +442,27 @@ class GatewayApp:
         # After hygiene and the model's lookup: a malformed body or unknown model gets its 400/404 before a
         # request too large for a TPM limit gets its (non-retryable) 429.
         # Estimated once: a body's tools are serialised for it, tens of ms on the event loop for a 4 MB one.
-        prompt_estimate = estimate_prompt_tokens(upstream)
+        # Under a TPM limit the prompt counts as the engine tokenizes it (one /tokenize call per prompt, on the
+        # tenant's own critical path only); otherwise an estimate does (admission's fair-share cost, the fallback
+        # bill of a prompt cut before its first chunk).
+        tpm = any(s.limits.tpm is not None for s in scopes)
+        prompt_counts = await self._prompt_counts(upstream, target) if tpm else prompt_token_estimates(upstream)
+        prompt_estimate = sum(prompt_counts)
         completion_estimate = _completion_budget(upstream, endpoint)
         admission = await self.limiter.admit(
             scopes, reserve=prompt_estimate + completion_estimate, prompt_tokens=prompt_estimate,
             length_field="max_completion_tokens" if "max_completion_tokens" in upstream else "max_tokens")
         return Call(key=key, target=target, endpoint=endpoint, upstream=upstream, admission=admission,
-                         prompt_estimate=prompt_estimate, completion_estimate=completion_estimate)
+                    prompt_estimate=prompt_estimate, completion_estimate=completion_estimate,
+                    prompt_counts=tuple(prompt_counts))
+
+    async def _prompt_counts(self, upstream: dict[str, Any], target: TargetView) -> list[int]:
+        """Each prompt's token count from a live engine of ``target``'s base model
+        (:func:`~inference.gateway.limits.prompt_token_counts`); a bound never below it when no engine is live."""
+        nodes = self._routable(await self.directory.fleet()).nodes_for_base(target.base_model_id)
+        node = min(nodes, key=lambda n: (n.num_requests_waiting, n.num_requests_running, n.name), default=None)
+        return await prompt_token_counts(upstream, engine_url=node.engine_url if node else None,
+                                         node_key=node.key if node else "", model=target.base_model_name)
 
     def _policy(self) -> dict[str, Any]:
         """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY``, for round-robin this process's turn, and the
