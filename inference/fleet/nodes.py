@@ -24,7 +24,7 @@ from django.utils import timezone
 from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.purge import purge_node_orphans
 from inference.fleet.heartbeat import HeartbeatInvalid, heartbeat_parse
-from inference.fleet.models import RESIDENT, Node, Placement
+from inference.fleet.models import RESIDENT, Node, Placement, VersionIntent
 from inference.fleet.node_keys import NodeCredentials, node_credentials, token_matches, token_node_name
 from inference.fleet.node_samples import node_sample_record
 
@@ -217,12 +217,17 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         for version in versions:
             if version.pk in ours and version.pk not in known:
                 _log_unasked_claim(node, version, reported[version.pk])
+        # An operator's pin keeps its row's mark until the engine reports it: the mark counts against the node's pin
+        # bound (services.node_pins), and a heartbeat between a pin and its warm must not free that room.
+        intended = {vid for vid, fleet, names in VersionIntent.objects.filter(adapter_version_id__in=known)
+                    .values_list("adapter_version_id", "pinned_fleet", "pinned_nodes") if fleet or node.name in names}
         for version_id in known:
             entry = reported[version_id]
             tier = entry["tier"]
-            wanted = {"tier": tier, "pinned": bool(entry.get("pinned")),
-                      "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
             row = current[version_id]
+            pinned = bool(entry.get("pinned")) or (row.pinned and version_id in intended)
+            wanted = {"tier": tier, "pinned": pinned,
+                      "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
             if row.warming_since is not None and tier not in RESIDENT:
                 # A warm in flight keeps its mark until the node reports the version resident or the warm task
                 # records its outcome: cleared here, the row's previous failure would answer the waiting request.

@@ -30,6 +30,7 @@ from adapters_app.selectors import adapter_versions_serving
 from inference.fleet.models import RESIDENT, Node, Placement, TenantResidencyQuota, VersionIntent
 from inference.fleet.nodes import nodes_live
 from inference.fleet.plan import plan_all, plan_publish, warm_backoff_load, warm_backoff_save
+from inference.fleet.services import node_pin_room
 from inference.fleet.warming import placement_request_warm_enqueued
 from inference.metering.models import UsageRecord
 from inference.policy.backoff import (
@@ -126,12 +127,17 @@ def fleet_reconcile(*, now: float | None = None) -> int:
                     continue
                 repin = new_pin = False
                 if name in d.pinned_nodes:
-                    row, _ = Placement.objects.get_or_create(node=node_by_name[name],
-                                                             adapter_version=versions[d.version_id])
-                    # An operator's new pin goes out on this pass, whatever backoff an earlier warm of the pair left.
-                    new_pin = not row.pinned
-                    Placement.objects.filter(node=node_by_name[name], adapter_version_id=d.version_id).update(
-                        pinned=True)
+                    with transaction.atomic():
+                        # The node's row lock bounds pins against concurrent operator pins (services.version_pin).
+                        if not node_pin_room(node_by_name[name], d.version_id):
+                            logger.warning("fleet.pin_over_bound", extra={"version_id": d.version_id, "node": name})
+                            continue
+                        row, _ = Placement.objects.get_or_create(node=node_by_name[name],
+                                                                 adapter_version=versions[d.version_id])
+                        # An operator's new pin goes out on this pass, whatever backoff an earlier warm left.
+                        new_pin = not row.pinned
+                        Placement.objects.filter(node=node_by_name[name], adapter_version_id=d.version_id).update(
+                            pinned=True)
                     if name in loaded[d.version_id]:
                         if _engine_pinned(node_by_name[name], d.version_id):
                             _backoff_settled(backoff_next, pair, now)

@@ -3,7 +3,9 @@
 Each action writes the operator's intent (``VersionIntent``, ``TenantResidencyQuota``; never touched by heartbeats),
 one ``FleetAuditRecord`` (who, what, target, before → after) and, where the engine must act now, enqueues the existing
 warm/evict tasks on commit. Rules: at most ``max_loras − 1`` pins per node (``inference.policy.eviction.check_pin``),
-a tenant's ``max_pinned`` quota.
+a tenant's ``max_pinned`` quota. Both bounds hold under concurrent pins: a pin locks the tenant's quota row, then the
+node rows it pins on (in primary-key order), before it counts (``node_pins``); the reconciler takes the same node
+lock before it carries a pin to a node (``node_pin_room``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from inference.fleet.models import (
     VersionIntent,
 )
 from inference.fleet.nodes import nodes_live
-from inference.policy.eviction import PinLimitError, check_pin
+from inference.policy.eviction import PinLimitError, check_pin, pin_allowed
 from tenants.models import Tenant
 from workers import schedule
 from workers.enqueue import enqueue_on_commit
@@ -67,21 +69,49 @@ def _pin_nodes(version: AdapterVersion, node: Node | None) -> list[Node]:
     return [p.node for p in held]
 
 
+def node_pins(node: Node) -> set[int]:
+    """The versions pinned on ``node`` or about to be: rows marked pinned (a pin marks its row before its warm runs,
+    and heartbeats keep the mark while an operator's intent pins the version there: ``nodes.node_heartbeat``) and
+    operators' pins naming the node. Count it with the node's row locked (``Node.objects.select_for_update()``),
+    as ``version_pin`` and the reconciler do, so that two pins cannot both see room for one."""
+    pinned = set(Placement.objects.filter(node=node, pinned=True).values_list("adapter_version_id", flat=True))
+    for version_id, names in VersionIntent.objects.exclude(pinned_nodes=[]).values_list("adapter_version_id",
+                                                                                         "pinned_nodes"):
+        if node.name in names:
+            pinned.add(version_id)
+    return pinned
+
+
+def node_pin_room(node: Node, version_id: int) -> bool:
+    """Whether the reconciler may carry ``version_id``'s pin to ``node``: its row there is pinned already (the bound
+    was checked when that happened), or one more pin beside the node's others (``node_pins``) leaves an unpinned
+    slot (``pin_allowed``). Call inside a transaction; it locks the node's row until that transaction ends."""
+    locked = Node.objects.select_for_update().get(pk=node.pk)
+    if Placement.objects.filter(node=locked, adapter_version_id=version_id, pinned=True).exists():
+        return True
+    return pin_allowed(len(node_pins(locked) - {version_id}), locked.max_loras)
+
+
 def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> VersionIntent:
     """Pin ``version`` on ``node`` (or on every live node holding it when None) and have the agents pin it now.
+
+    Concurrent pins are serialised on the tenant's quota row and the nodes' rows (see the module docstring), so
+    neither bound can be passed by a race.
 
     Raises:
         FleetActionError: 409 ``pin_limit`` (the node already has ``max_loras − 1`` pins), 409
             ``residency_quota_exceeded`` (the tenant's ``max_pinned``), 409 ``not_resident`` (fleet pin, held nowhere).
     """
     with transaction.atomic():
-        intent = VersionIntent.objects.select_for_update().get(pk=version_intent_get(version).pk)
-        before = _intent_json(intent)
+        # Lock order, everywhere: quota row, then node rows by pk, then the intent.
+        quota = TenantResidencyQuota.objects.select_for_update().filter(tenant=version.tenant).first()
         nodes = _pin_nodes(version, node)
         if not nodes:
             raise FleetActionError(409, "not_resident", "No live node holds this version; pin it on a named node.")
+        nodes = list(Node.objects.select_for_update().filter(pk__in=[n.pk for n in nodes]).order_by("pk"))
+        intent = VersionIntent.objects.select_for_update().get(pk=version_intent_get(version).pk)
+        before = _intent_json(intent)
         # The tenant's own quota first: it names the fix the tenant's operator can make.
-        quota = TenantResidencyQuota.objects.filter(tenant=version.tenant).first()
         if quota is not None and quota.max_pinned is not None:
             others = VersionIntent.objects.filter(adapter_version__tenant=version.tenant).exclude(
                 adapter_version=version).filter(Q(pinned_fleet=True) | ~Q(pinned_nodes=[])).count()
@@ -89,7 +119,7 @@ def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> Ve
                 raise FleetActionError(409, "residency_quota_exceeded",
                                        f"tenant may pin {quota.max_pinned} versions; unpin one or raise the quota")
         for n in nodes:
-            pinned = Placement.objects.filter(node=n, pinned=True).exclude(adapter_version=version).count()
+            pinned = len(node_pins(n) - {version.pk})
             try:
                 check_pin(pinned, n.max_loras)
             except PinLimitError as exc:
