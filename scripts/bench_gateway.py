@@ -11,8 +11,15 @@ competes for the cores.
 
 Targets (issue 7): added ≤ 2 ms p50 and ≤ 10 ms p99 on 1-token completions; throughput at concurrency 16 ≥ 0.6×.
 
+Then, with a client we did not write (vLLM's own ``vllm bench serve``, random dataset 32 tokens in / 16 out,
+``--ignore-eos``, the three demo adapters assigned round-robin, 240 prompts), the same comparison with mixed
+adapters at concurrency 1 and 16: TTFT p50 and request rate, straight to vLLM (the adapters by their served names)
+and through the gateway (by their tenant-facing names), the two paths alternating, two rounds. Targets (issue 30):
+TTFT p50 added ≤ 2 ms and ≥ 0.95× the engine's request rate at concurrency 1.
+
 Usage:
     ./scripts/bench_gateway [--requests 300] [--rounds 2] [--gateway-workers 1] [--profile out.txt]
+                            [--only-mixed] [--mixed-prompts 240]
 """
 
 from __future__ import annotations
@@ -189,6 +196,83 @@ HEADER = (f"{'scenario':<16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} | {'p50 ms
           f"{'--- through the gateway ---':^26} | {'--- added ---':^23} | ms/req")
 
 
+VLLM_BENCH = """
+import json, sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+result = main(parser.parse_args(sys.argv[1:]))
+print("QUIVER_RESULT " + json.dumps({k: result.get(k) for k in ("median_ttft_ms", "p99_ttft_ms", "request_throughput",
+                                                              "completed", "failed")}))
+"""
+
+
+def _vllm_bench(base_url: str, key: str, model: str, tokenizer: Path, loras: list[str], concurrency: int,
+                prompts: int, env: dict[str, str]) -> dict[str, float]:
+    """One ``vllm bench serve`` run (vLLM's own client) against ``base_url``; its TTFT and request-rate figures."""
+    argv = [PY, "-c", VLLM_BENCH, "--backend", "openai", "--base-url", base_url, "--model", model,
+            "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", "32",
+            "--random-output-len", "16", "--ignore-eos", "--num-prompts", str(prompts),
+            "--max-concurrency", str(concurrency), "--lora-modules", *loras, "--lora-assignment", "round-robin",
+            "--seed", "1", "--disable-tqdm"]
+    out = subprocess.run(argv, cwd=REPO, env={**env, "OPENAI_API_KEY": key}, capture_output=True, text=True,
+                         timeout=1800)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("QUIVER_RESULT ")), None)
+    if out.returncode != 0 or line is None:
+        raise RuntimeError(f"vllm bench serve failed: {out.stdout[-2000:]} {out.stderr[-3000:]}")
+    result = json.loads(line.split(" ", 1)[1])
+    if result.get("failed"):
+        raise RuntimeError(f"vllm bench serve: {result['failed']} requests failed against {base_url}")
+    return result
+
+
+def _mixed(engine: tuple[str, str], gateway: tuple[str, str], model: str, tokenizer: Path,
+           names: dict[str, str], args: argparse.Namespace, env: dict[str, str]) -> dict[str, dict[str, list]]:
+    """Mixed adapters through vLLM's client, concurrency 1 and 16, direct and gateway alternating per round."""
+    rows: dict[str, dict[str, list]] = {}
+    for conc in (1, 16):
+        label = f"mixed vllm c={conc}"
+        rows[label] = {"direct": [], "gateway": []}
+        for round_ in range(args.rounds):
+            order = ("direct", "gateway") if round_ % 2 == 0 else ("gateway", "direct")
+            for path in order:
+                base, key = engine if path == "direct" else gateway
+                loras = list(names.values()) if path == "direct" else list(names)
+                rows[label][path].append(_vllm_bench(base, key, model, tokenizer, loras, conc, args.mixed_prompts,
+                                                     env))
+        d, g = rows[label]["direct"], rows[label]["gateway"]
+        dt = statistics.mean(r["median_ttft_ms"] for r in d)
+        gt = statistics.mean(r["median_ttft_ms"] for r in g)
+        dr = statistics.mean(r["request_throughput"] for r in d)
+        gr = statistics.mean(r["request_throughput"] for r in g)
+        dp = statistics.mean(r["p99_ttft_ms"] for r in d)
+        gp = statistics.mean(r["p99_ttft_ms"] for r in g)
+        print(f"{label:<16} {dt:8.2f} {dp:8.2f} {dr:8.1f} | {gt:8.2f} {gp:8.2f} {gr:8.1f} | "
+              f"{gt - dt:+7.2f} {gp - dp:+7.2f} {gr / dr:6.2f}x |  (TTFT)", flush=True)
+    return rows
+
+
+def _adapters(web_url: str, api_key: str, assets: object, env: dict[str, str]) -> dict[str, str]:
+    """Upload the demo adapters through the public API (validated and warmed inline: eager tasks), and return
+    each tenant-facing name with its served name (the engine's ``lora_name``)."""
+    from demo.api_client import upload_adapter, wait_validated
+
+    names: dict[str, str] = {}
+    with httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=300) as api:
+        for task, folder in assets.adapters.items():  # type: ignore[attr-defined]
+            version = upload_adapter(api, task, folder, base_model=assets.served_name)  # type: ignore[attr-defined]
+            body = wait_validated(api, task, version["number"])
+            if body["status"] != "ready":
+                raise SystemExit(f"demo adapter {task} was rejected: {body.get('report')}")
+            names[task] = ""
+    # Served names are the platform's, never shown to tenants: read them as the operator would.
+    shown = _manage(env, "shell", "-c", "from adapters_app.models import AdapterVersion as V; import json; "
+                    "print(json.dumps({v.adapter.name: v.served_name for v in V.objects.filter(status='ready')}))")
+    served = json.loads(shown.splitlines()[-1])
+    return {task: served[task] for task in names}
+
+
 def _manage(env: dict[str, str], *args: str) -> str:
     out = subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True, text=True)
     return out.stdout.strip()
@@ -202,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway-workers", type=int, default=1, help="uvicorn --workers for the gateway")
     parser.add_argument("--profile", type=Path, help="run the gateway under py-spy and write its report here")
     parser.add_argument("--json", action="store_true", help="also print the raw figures as one JSON object")
+    parser.add_argument("--only-mixed", action="store_true", help="run only the mixed-adapter vLLM-client scenarios")
+    parser.add_argument("--mixed-prompts", type=int, default=240, help="prompts per vllm bench serve run")
     parser.add_argument("--serve", type=Path, help="start the stack, write its URLs and keys to this JSON file and "
                         "wait for Ctrl-C instead of benchmarking (for profiling by hand)")
     args = parser.parse_args(argv)
@@ -223,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         "QUIVER_NODE_SECRET": os.urandom(32).hex(),
         "DJANGO_SECRET_KEY": os.urandom(32).hex(),
         "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex(),
-        "CELERY_TASK_ALWAYS_EAGER": "false",
+        # Uploads validate and warm inline (no worker process): the mixed-adapter scenarios need the demo adapters.
+        "CELERY_TASK_ALWAYS_EAGER": "true",
     }
     with ExitStack() as stack:
         stack.callback(procs.stop_all)
@@ -275,8 +362,18 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         print(f"gateway workers: {args.gateway_workers}; {args.requests} requests x {args.rounds} rounds per "
               f"scenario and path; cores: {os.cpu_count()}; load avg: {os.getloadavg()[0]:.2f}\n{HEADER}", flush=True)
-        results = asyncio.run(_bench((engine.url, node_key), (web_url, api_key), assets.served_name, args,
-                                     [web_proc.pid]))
+        results = {} if args.only_mixed else asyncio.run(
+            _bench((engine.url, node_key), (web_url, api_key), assets.served_name, args, [web_proc.pid]))
+        names = _adapters(web_url, api_key, assets, env)
+        for name in names:  # each adapter served once through the gateway (loaded on the node) before timing
+            deadline = time.monotonic() + 120
+            while httpx.post(web_url + "/v1/completions", json={**probe, "model": name}, timeout=120,
+                             headers={"Authorization": f"Bearer {api_key}"}).status_code != 200:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the gateway never served adapter {name}")
+                time.sleep(0.5)
+        mixed = _mixed((engine.url, node_key), (web_url, api_key), assets.served_name, assets.base_dir, names, args,
+                       env)
         if args.profile:  # py-spy writes its report on SIGINT only (SIGTERM from stop_all loses it)
             web_proc.send_signal(signal.SIGINT)
             try:
@@ -287,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps({k: {p: {"p50": _pct(v["lat"], .5), "p99": _pct(v["lat"], .99),
                                       "rps": statistics.mean(v["rps"])} for p, v in r.items()}
-                              for k, r in results.items()}))
+                              for k, r in results.items()} | {k: r for k, r in mixed.items()}))
     return 0
 
 
