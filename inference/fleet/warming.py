@@ -213,10 +213,18 @@ def placement_on_ready(version: AdapterVersion) -> Placement | None:
 
 def version_warm_state(version_id: int) -> str:
     """Warm before traffic (``adapters_app.signals.FleetPort.version_warm``): ``"warm"`` when a live node's engine
-    holds version ``version_id`` now, else ask for a warm (:func:`warm_for_request`: a no-op while one is in flight)
-    and answer ``"warming"``; ``"no_node"`` when the version is gone or no live node can load it."""
+    holds version ``version_id`` now, else ask for a warm on its node (:func:`warm_target_node`,
+    :func:`placement_request_warm`: a no-op while one is in flight) and answer ``"warming"``; ``"no_node"`` when the
+    version is gone or no live node can load it."""
     fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
     if Placement.objects.filter(adapter_version_id=version_id, tier__in=RESIDENT, node__healthy=True,
                                 node__last_heartbeat_at__gte=fresh).exists():
         return "warm"
-    return "warming" if warm_for_request(version_id) is not None else "no_node"
+    version = AdapterVersion.objects.select_related("adapter__base_model", "adapter__tenant").filter(
+        pk=version_id).first()
+    node = warm_target_node(version) if version is not None else None
+    if version is None or node is None:
+        return "no_node"
+    # Even where the engine still answers the name from disk: a request there would pay the load.
+    placement_request_warm(version, node=node, even_if_served=True)
+    return "warming"

@@ -4,8 +4,9 @@ A serving rule is a list of ``(version number, weight)`` pairs whose weights sum
 promotion; ``[(3, 90), (4, 10)]`` = a 10 % canary of v4). The gateway calls :func:`choose_version` once per request
 (``inference.gateway.snapshot.RuleView.pick``); the control plane validates rules with :func:`rule_check`.
 
-Sticky assignment follows the consistent-hashing bucketing of feature-flag systems (e.g. Unleash's
-``normalizedHash(groupId:userId) % 100``, Unleash/unleash-client-python ``UnleashClient/utils.py``): a caller's
+Sticky assignment follows the hash bucketing of feature-flag systems (Unleash's gradual rollout:
+``normalized_hash(identifier, activation_group)`` = murmur3 of ``"<group>:<user id>"`` mod 100,
+Unleash/unleash-client-python ``UnleashClient/utils.py``; here SHA-256, from the standard library): a caller's
 OpenAI ``user`` field and the adapter hash to a fixed point in [0, 1), so the same user always lands in the same
 version while the rule stands, and moving the split from 10 to 20 % keeps the first 10 %'s users on the canary.
 Without ``user`` the caller's uniform ``draw`` decides. Pure: no clock, randomness or I/O inside.

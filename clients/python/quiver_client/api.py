@@ -159,6 +159,30 @@ class Client:
         """``GET /api/v1/base-models``: name, architecture, pool limits (and ``facts`` where the server gives them)."""
         return list(self.get("/api/v1/base-models"))
 
+    # -- serving rules (docs/versions.md) ---------------------------------------------------------------------
+
+    def serving(self, name: str) -> dict[str, Any]:
+        """``GET /api/v1/adapters/{name}/serving``: the rule (``[{version, weight}]``), the rule a rollback returns
+        to, ``auto_promote``, the adapter's limits and the latest changes."""
+        return dict(self.get(f"/api/v1/adapters/{_name(name)}/serving"))
+
+    def promote(self, name: str, version: int) -> dict[str, Any]:
+        """``POST /api/v1/adapters/{name}/promote``: all traffic to ``version``, warmed first; the answer has each
+        joining version's ``warm`` state and ``serving_since``. ApiError 400 ``serving_rule_invalid`` when not
+        ready."""
+        return dict(self.post(f"/api/v1/adapters/{_name(name)}/promote", {"version": int(version)}))
+
+    def canary(self, name: str, version: int, percent: int) -> dict[str, Any]:
+        """``POST /api/v1/adapters/{name}/canary``: ``percent`` % (0..100) to ``version``, the rest to the current
+        primary (sticky per OpenAI ``user``); 0 ends the canary."""
+        return dict(self.post(f"/api/v1/adapters/{_name(name)}/canary",
+                              {"version": int(version), "percent": int(percent)}))
+
+    def rollback(self, name: str) -> dict[str, Any]:
+        """``POST /api/v1/adapters/{name}/rollback``: back to the rule before the last change. ApiError 409
+        ``nothing_to_roll_back``."""
+        return dict(self.post(f"/api/v1/adapters/{_name(name)}/rollback"))
+
     # -- keys and usage ------------------------------------------------------------------------------------------
 
     def keys(self) -> list[dict[str, Any]]:
@@ -166,11 +190,14 @@ class Client:
         return list(self.get("/api/v1/api-keys"))
 
     def key_create(self, name: str, *, scopes: Sequence[str] | None = None,
-                   expires_at: str | None = None) -> dict[str, Any]:
-        """``POST /api/v1/api-keys``: a new key; its ``secret`` is in this answer only."""
+                   expires_at: str | None = None, adapters: Sequence[str] | None = None) -> dict[str, Any]:
+        """``POST /api/v1/api-keys``: a new key; its ``secret`` is in this answer only. ``adapters`` scopes it at
+        the gateway (adapter names or ``name@N``; other models are a 404)."""
         body: dict[str, Any] = {"name": name}
         if scopes:
             body["scopes"] = list(scopes)
+        if adapters:
+            body["adapters"] = list(adapters)
         if expires_at:
             body["expires_at"] = expires_at
         return dict(self.post("/api/v1/api-keys", body))

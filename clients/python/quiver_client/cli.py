@@ -1,4 +1,5 @@
-"""The quiver command: push adapters and manage versions, keys and usage from a terminal or a CI job.
+"""The quiver command: push adapters, promote / canary / roll back their versions, and manage keys and usage from a
+terminal or a CI job.
 
 Exit codes: 0 done (a push: the version is ready), 1 error (network, key, permission, not found, server),
 2 bad command line, 3 the adapter failed validation (locally, before any upload, or on the server), 4 the server
@@ -14,7 +15,7 @@ import getpass
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,58 @@ def cmd_logout(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rule(rule: Sequence[Mapping[str, Any]] | None) -> str:
+    return " · ".join(f"v{e['version']} {e['weight']} %" for e in rule or []) or "nothing yet"
+
+
+def _serving_line(name: str, body: Mapping[str, Any]) -> str:
+    warm = ", ".join(f"v{v} {state}" for v, state in (body.get("warm") or {}).items())
+    since = f" since {body['serving_since']}" if body.get("serving_since") else " (unchanged)"
+    return f"{escape(name)}: serving {_rule(body.get('rule'))}{since}" + (f"; warmed first: {warm}" if warm else "")
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    """All traffic to NAME@N (warmed on its nodes first)."""
+    name, number = args.ref
+    if number is None:
+        raise QuiverError("Name the version: `quiver promote NAME@N`.", code="no_version")
+    with _client(args) as client:
+        body = client.promote(name, number)
+    render.print_json(body) if args.json else render.out.print(_serving_line(name, body))
+    return EXIT_OK
+
+
+def cmd_canary(args: argparse.Namespace) -> int:
+    """PCT % of NAME's traffic to version N beside the current primary; 0 ends the canary."""
+    name, number = args.ref
+    if number is None:
+        raise QuiverError("Name the version: `quiver canary NAME@N PCT`.", code="no_version")
+    with _client(args) as client:
+        body = client.canary(name, number, args.percent)
+    render.print_json(body) if args.json else render.out.print(_serving_line(name, body))
+    return EXIT_OK
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """Back to the serving rule before the last change."""
+    with _client(args) as client:
+        body = client.rollback(args.name)
+    render.print_json(body) if args.json else render.out.print(_serving_line(args.name, body))
+    return EXIT_OK
+
+
+def _percent(value: str) -> int:
+    if not value.isdigit() or not 0 <= int(value) <= 100:
+        raise argparse.ArgumentTypeError(f"{value!r}: a whole percentage 0..100")
+    return int(value)
+
+
 def cmd_push(args: argparse.Namespace) -> int:
-    """Validate locally, upload straight to S3 (resumable), wait for validation, print the report."""
+    """Validate locally, upload straight to S3 (resumable), wait for validation, print the report; with
+    ``--promote``/``--canary PCT``, then send it traffic (warmed first)."""
+    if (args.promote or args.canary is not None) and args.no_wait:
+        raise QuiverError("--promote and --canary act once the version is ready; drop --no-wait.",
+                          code="bad_arguments")
     reporter = for_terminal(quiet=args.json or args.quiet)
     with _client(args) as client:
         try:
@@ -107,8 +158,13 @@ def cmd_push(args: argparse.Namespace) -> int:
                 render.err.print(f"[red]rejected[/red] ({exc.where} validation):")
                 render.problems(exc.report, to_err=True)
             raise
+        serving = None
+        if result.version is not None and result.status == "ready" and args.promote:
+            serving = client.promote(args.name, result.version)
+        elif result.version is not None and result.status == "ready" and args.canary is not None:
+            serving = client.canary(args.name, result.version, args.canary)
     if args.json:
-        render.print_json(result.to_dict())
+        render.print_json({**result.to_dict(), **({"serving": serving} if serving is not None else {})})
         return EXIT_OK
     sent = f"{result.parts_sent} part(s) sent" + (f", {result.parts_skipped} already stored" if result.parts_skipped
                                                  else "")
@@ -120,8 +176,11 @@ def cmd_push(args: argparse.Namespace) -> int:
                      f"{result.sha256}")
     if result.version_body:
         render.problems(result.version_body.get("validation_report"))
+    if serving is not None:
+        render.out.print(_serving_line(args.name, serving))
     if result.status == "ready":
-        render.out.print(f"Call it with model=\"{escape(args.name)}\", e.g. `quiver chat {args.name} \"Hello\"`.")
+        render.out.print(f"Call it with model=\"{escape(args.name)}@{result.version}\" now; model=\"{escape(args.name)}"
+                         f"\" reaches what `quiver promote` / `quiver canary` set.")
     return EXIT_OK
 
 
@@ -136,7 +195,8 @@ def cmd_adapters_ls(args: argparse.Namespace) -> int:
         ("NAME", lambda r: r["name"]), ("BASE MODEL", lambda r: r["base_model"]),
         ("LATEST", lambda r: (f"v{r['latest_version']['number']} {r['latest_version']['status']}"
                               if r.get("latest_version") else None)),
-        ("SERVING", lambda r: f"v{r['serving_version']}" if r.get("serving_version") else None),
+        ("SERVING", lambda r: _rule(r.get("serving_rule")) if r.get("serving_rule") else (
+            f"v{r['serving_version']}" if r.get("serving_version") else None)),
         ("RESIDENCY", lambda r: r.get("residency")), ("CREATED", lambda r: r.get("created_at"))],
         empty="No adapters yet; push one with `quiver push DIR --name NAME --base-model M`.")
     return EXIT_OK
@@ -195,7 +255,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_keys_create(args: argparse.Namespace) -> int:
     """Mint a key: its secret is printed once (stdout: the key alone, or in ``--json``'s ``secret``)."""
     with _client(args) as client:
-        key = client.key_create(args.name, scopes=args.scope, expires_at=args.expires)
+        key = client.key_create(args.name, scopes=args.scope, expires_at=args.expires, adapters=args.adapter)
     if args.json:
         render.print_json(key)
     else:
@@ -303,6 +363,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-timeout", type=float, default=900.0, help="seconds to wait for validation (900)")
     p.add_argument("--no-local-check", action="store_true", help="skip the local validator (the server still checks)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--promote", action="store_true", help="once ready, send it all traffic (warmed first)")
+    how.add_argument("--canary", type=_percent, metavar="PCT", help="once ready, send it PCT %% of traffic")
+
+    p = leaf(sub, "promote", cmd_promote, "send all of an adapter's traffic to one version (warmed first)")
+    p.add_argument("ref", type=_name_at, metavar="NAME@N", help="adapter and version")
+    p = leaf(sub, "canary", cmd_canary, "send a share of an adapter's traffic to one version (sticky per user)")
+    p.add_argument("ref", type=_name_at, metavar="NAME@N", help="adapter and version")
+    p.add_argument("percent", type=_percent, metavar="PCT", help="share 0..100 (0 ends the canary)")
+    leaf(sub, "rollback", cmd_rollback, "return to the serving rule before the last change").add_argument("name")
 
     adapters = sub.add_parser("adapters", help="adapters: ls").add_subparsers(dest="sub", metavar="ls", required=True)
     leaf(adapters, "ls", cmd_adapters_ls, "list the tenant's adapters")
@@ -324,6 +394,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scope", action="append",
                    help="adapters:read, adapters:write, keys:manage, inference (repeat; default: all yours)")
     p.add_argument("--expires", type=when, help="expiry, ISO 8601")
+    p.add_argument("--adapter", action="append",
+                   help="only this adapter (NAME) or version (NAME@N) at the gateway (repeat; default: all)")
     leaf(keys, "ls", cmd_keys_ls, "list keys (masked)")
     leaf(keys, "revoke", cmd_keys_revoke, "revoke a key for good").add_argument("key_id")
 

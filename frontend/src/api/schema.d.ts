@@ -184,6 +184,91 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/adapters/{name}/canary": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description ``POST .../canary``: ``percent`` % to ``version`` beside the current primary (sticky per OpenAI ``user``),
+         *     or a whole ``split``; joining versions are warmed first. 400 ``serving_rule_invalid``.
+         */
+        post: operations["adapters_canary_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{name}/promote": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description ``POST .../promote``: all traffic to ``version``, warmed on its nodes first (bounded by
+         *     ``QUIVER_PROMOTE_WARM_WAIT_S``); the answer says each version's warm state and ``serving_since``.
+         *     400 ``serving_rule_invalid`` (not a ready version).
+         */
+        post: operations["adapters_promote_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{name}/rollback": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description ``POST .../rollback``: back to the rule before the last change, at once (no warm wait). 409
+         *     ``nothing_to_roll_back``.
+         */
+        post: operations["adapters_rollback_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/adapters/{name}/serving": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description ``GET .../serving``: the serving rule, the rule a rollback returns to, settings and the latest changes.
+         *     ``PATCH``: set ``auto_promote``, ``rpm_limit``, ``tpm_limit`` (audited).
+         */
+        get: operations["adapters_serving_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * @description ``GET .../serving``: the serving rule, the rule a rollback returns to, settings and the latest changes.
+         *     ``PATCH``: set ``auto_promote``, ``rpm_limit``, ``tpm_limit`` (audited).
+         */
+        patch: operations["adapters_serving_partial_update"];
+        trace?: never;
+    };
     "/api/v1/api-keys": {
         parameters: {
             query?: never;
@@ -870,6 +955,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/usage/versions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description ``GET /api/v1/usage/versions?adapter=<name>``: each version of the adapter in its serving rule or with
+         *     traffic, side by side over the period (default the last hour): requests, errors, TTFT and latency p50/p95,
+         *     tokens, weight. 404 when the caller has no such adapter.
+         */
+        get: operations["usage_versions_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -894,8 +1000,13 @@ export interface components {
             /** Format: date-time */
             readonly created_at: string;
             readonly latest_version: components["schemas"]["AdapterVersionOutput"] | null;
-            /** @description The number of the newest ``ready`` version (what ``model=<name>`` serves), or None. */
+            /**
+             * @description The number of the version that takes the largest share of ``model=<name>`` (its serving rule's heaviest
+             *     ready version; the first ready one while the rule names none), or None before any version is ready.
+             */
             readonly serving_version: number | null;
+            readonly serving_rule: components["schemas"]["RuleEntry"][];
+            auto_promote?: boolean;
             readonly residency: {
                 [key: string]: number;
             };
@@ -929,6 +1040,7 @@ export interface components {
             key: string;
             name: string;
             scopes: components["schemas"]["ScopesEnum"][];
+            adapters?: unknown;
             enabled?: boolean;
             /** Format: date-time */
             expires_at?: string | null;
@@ -945,7 +1057,10 @@ export interface components {
             priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["BlankEnum"] | components["schemas"]["NullEnum"]) | null;
             secret: string;
         };
-        /** @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at``. */
+        /**
+         * @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at`` and ``adapters``
+         *     (the models the key may call at the gateway: adapter names or ``name@N``; empty = all).
+         */
         ApiKeyInput: {
             name: string;
             /**
@@ -959,6 +1074,7 @@ export interface components {
             scopes: components["schemas"]["ScopesEnum"][];
             /** Format: date-time */
             expires_at?: string | null;
+            adapters?: string[];
         };
         /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */
         ApiKeyOutput: {
@@ -966,6 +1082,7 @@ export interface components {
             key: string;
             name: string;
             scopes: components["schemas"]["ScopesEnum"][];
+            adapters?: unknown;
             enabled?: boolean;
             /** Format: date-time */
             expires_at?: string | null;
@@ -1007,6 +1124,15 @@ export interface components {
         };
         /** @enum {unknown} */
         BlankEnum: "";
+        /**
+         * @description Input of ``POST .../canary``: either ``version`` and ``percent`` (that share to it, the rest to the current
+         *     rule's heaviest version; 0 ends the canary) or a whole ``split`` (``[{version, weight}]`` summing to 100).
+         */
+        CanaryInput: {
+            version?: number;
+            percent?: number;
+            split?: components["schemas"]["RuleEntry"][];
+        };
         /** @description A version's desired state. */
         Intent: {
             version_id: number;
@@ -1186,6 +1312,7 @@ export interface components {
             key?: string;
             name?: string;
             scopes?: components["schemas"]["ScopesEnum"][];
+            adapters?: unknown;
             enabled?: boolean;
             /** Format: date-time */
             expires_at?: string | null;
@@ -1229,6 +1356,15 @@ export interface components {
             /** Format: int64 */
             max_gpu_bytes?: number | null;
         };
+        /**
+         * @description Input of ``PATCH .../serving``: ``auto_promote`` (each new ready version takes all traffic), ``rpm_limit``,
+         *     ``tpm_limit`` (the adapter's own gateway limits; null = unlimited).
+         */
+        PatchedServingSettingsInput: {
+            auto_promote?: boolean;
+            rpm_limit?: number | null;
+            tpm_limit?: number | null;
+        };
         /** @description Which node to pin on or unpin from; null = every node holding the version. */
         PinInput: {
             node?: string | null;
@@ -1257,6 +1393,10 @@ export interface components {
          * @enum {string}
          */
         PriorityClassEnum: "high" | "normal" | "low";
+        /** @description Input of ``POST .../promote``: the ready ``version`` (number) to send all traffic to. */
+        PromoteInput: {
+            version: number;
+        };
         /** @description A tenant's residency quota; null = no limit. */
         Quota: {
             max_pinned?: number | null;
@@ -1284,6 +1424,11 @@ export interface components {
          * @enum {string}
          */
         RoleEnum: "owner" | "member" | "viewer";
+        /** @description One version's share of an adapter's traffic: ``version`` (number) and ``weight`` (whole percent). */
+        RuleEntry: {
+            version: number;
+            weight: number;
+        };
         /**
          * @description * `adapters:read` - adapters:read
          *     * `adapters:write` - adapters:write
@@ -1292,6 +1437,37 @@ export interface components {
          * @enum {string}
          */
         ScopesEnum: "adapters:read" | "adapters:write" | "keys:manage" | "inference";
+        /**
+         * @description One audited change of the serving rule or settings: who (username, ``key:<id>`` or ``system``), what, when,
+         *     before → after (rules as ``[[version, weight], ...]``).
+         */
+        ServingChange: {
+            actor: string;
+            action: string;
+            before: unknown;
+            after: unknown;
+            /** Format: date-time */
+            created_at: string;
+        };
+        /**
+         * @description An adapter's serving state: the rule ``model = "<name>"`` follows, the rule a rollback returns to, the
+         *     settings, the latest changes (newest first, at most 20), and after a change each joining version's warm state
+         *     (``warm``, ``cold``, ``no_node``) and when the new rule began to serve.
+         */
+        ServingOutput: {
+            adapter: string;
+            rule: components["schemas"]["RuleEntry"][];
+            previous_rule: components["schemas"]["RuleEntry"][] | null;
+            auto_promote: boolean;
+            rpm_limit: number | null;
+            tpm_limit: number | null;
+            history: components["schemas"]["ServingChange"][];
+            warm?: {
+                [key: string]: string;
+            };
+            /** Format: date-time */
+            serving_since?: string | null;
+        };
         /** @description Output of ``GET /api/v1/auth/session``: whether a console session is logged in, and its ``me`` (else null). */
         Session: {
             authenticated: boolean;
@@ -1496,6 +1672,29 @@ export interface components {
             completion_tokens: number;
             /** Format: double */
             latency_ms_avg: number;
+        };
+        /** @description One version's figures (``inference.metering.versions.version_figures``); latencies in ms. */
+        VersionFigures: {
+            version: number;
+            status: string;
+            /** @description percent of model=<name> it takes now; 0 out of the rule */
+            weight: number;
+            in_rule: boolean;
+            requests: number;
+            /** @description requests answered with status >= 400 */
+            errors: number;
+            /** Format: double */
+            error_rate: number | null;
+            /** Format: double */
+            ttft_ms_p50: number | null;
+            /** Format: double */
+            ttft_ms_p95: number | null;
+            /** Format: double */
+            latency_ms_p50: number | null;
+            /** Format: double */
+            latency_ms_p95: number | null;
+            prompt_tokens: number;
+            completion_tokens: number;
         };
     };
     responses: never;
@@ -1759,6 +1958,10 @@ export interface operations {
                 "multipart/form-data": {
                     files: string[];
                     base_model?: string;
+                    /** @description Take all traffic once ready (warmed first). */
+                    promote?: boolean;
+                    /** @description Take this percentage of traffic once ready. */
+                    canary?: number;
                 };
             };
         };
@@ -1841,6 +2044,129 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    adapters_canary_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["CanaryInput"];
+                "multipart/form-data": components["schemas"]["CanaryInput"];
+                "application/x-www-form-urlencoded": components["schemas"]["CanaryInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ServingOutput"];
+                };
+            };
+        };
+    };
+    adapters_promote_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PromoteInput"];
+                "multipart/form-data": components["schemas"]["PromoteInput"];
+                "application/x-www-form-urlencoded": components["schemas"]["PromoteInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ServingOutput"];
+                };
+            };
+        };
+    };
+    adapters_rollback_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ServingOutput"];
+                };
+            };
+        };
+    };
+    adapters_serving_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ServingOutput"];
+                };
+            };
+        };
+    };
+    adapters_serving_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedServingSettingsInput"];
+                "multipart/form-data": components["schemas"]["PatchedServingSettingsInput"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedServingSettingsInput"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ServingOutput"];
+                };
             };
         };
     };
@@ -2958,6 +3284,29 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["TrafficRow"][];
+                };
+            };
+        };
+    };
+    usage_versions_list: {
+        parameters: {
+            query: {
+                adapter: string;
+                since?: string;
+                until?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VersionFigures"][];
                 };
             };
         };

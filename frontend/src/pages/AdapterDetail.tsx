@@ -5,6 +5,8 @@ import { Link, useParams } from 'react-router'
 import { api, unwrap, type AdapterVersion } from '../api/client'
 import { useMe, useRole } from '../auth'
 import { StatusBadge, isSettled } from '../components/StatusBadge'
+import { ServingPanel } from '../components/ServingPanel'
+import { ruleText } from '../components/serving'
 import { UploadPanel } from '../components/UploadPanel'
 import { ValidationReport, type Report } from '../components/ValidationReport'
 import { Residency } from './Adapters'
@@ -40,9 +42,12 @@ export function AdapterDetail() {
           <Text>
             Base model <Code>{adapter.data.base_model}</Code>
           </Text>
-          <Text>Serving: {adapter.data.serving_version ? `v${adapter.data.serving_version}` : 'nothing yet'}</Text>
+          <Text>Serving: {ruleText(adapter.data.serving_rule)}</Text>
           <Residency residency={adapter.data.residency as Record<string, number>} />
         </Group>
+      )}
+      {versions.data && (
+        <ServingPanel name={name} versions={versions.data} canEdit={!!role && role !== 'viewer'} />
       )}
       <Title order={3}>Versions</Title>
       <Table.ScrollContainer minWidth={640}>
