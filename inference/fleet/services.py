@@ -25,7 +25,9 @@ from inference.fleet.models import (
     TenantResidencyQuota,
     VersionIntent,
 )
+from inference.fleet.node_client import NodeCallFailed
 from inference.fleet.nodes import nodes_live
+from inference.fleet.warming import placement_evict
 from inference.policy.eviction import PinLimitError, check_pin, pin_allowed
 from tenants.models import Tenant
 from workers import schedule
@@ -47,8 +49,8 @@ def _intent_json(intent: VersionIntent) -> dict[str, Any]:
             "pinned_fleet": intent.pinned_fleet, "pinned_nodes": list(intent.pinned_nodes)}
 
 
-def _audit(actor: str, action: str, target: str, before: dict[str, Any], after: dict[str, Any]) -> None:
-    FleetAuditRecord.objects.create(actor=actor, action=action, target=target, before=before, after=after)
+def _audit(actor: str, action: str, target: str, before: dict[str, Any], after: dict[str, Any]) -> FleetAuditRecord:
+    return FleetAuditRecord.objects.create(actor=actor, action=action, target=target, before=before, after=after)
 
 
 def _target(version: AdapterVersion) -> str:
@@ -157,8 +159,14 @@ def version_unpin(version: AdapterVersion, *, node: Node | None, actor: str) -> 
     return intent
 
 
-def placement_evict_now(placement: Placement, *, actor: str) -> None:
+def placement_evict_now(placement: Placement, *, actor: str) -> FleetAuditRecord:
     """Remove the version from that node's engine now (its disk copy stays; the next request reloads it).
+
+    The audit row is written at once with ``after.outcome`` ``pending`` (no assumed state); the task fills in what
+    happened once the node answered (``placement_evict_audited``).
+
+    Returns:
+        The audit row.
 
     Raises:
         FleetActionError: 409 ``pinned`` (unpin first).
@@ -166,8 +174,39 @@ def placement_evict_now(placement: Placement, *, actor: str) -> None:
     if placement.pinned:
         raise FleetActionError(409, "pinned", "This placement is pinned; unpin it first.")
     before = {"node": placement.node.name, "tier": placement.tier}
-    _audit(actor, "evict", _target(placement.adapter_version), before, {**before, "tier": "staged"})
-    enqueue_on_commit(schedule.PLACEMENT_EVICT, placement.pk)
+    record = _audit(actor, "evict", _target(placement.adapter_version), before, {"outcome": "pending"})
+    enqueue_on_commit(schedule.PLACEMENT_EVICT, placement.pk, record.pk)
+    return record
+
+
+def placement_evict_audited(placement_id: int, *, audit_id: int) -> Placement | None:
+    """Carry out an operator's evict (``placement_evict_now``) and write its outcome into that action's audit row:
+    ``after`` becomes the row as the node left it (``node``, ``tier``, ``served``) with ``outcome`` ``evicted``, or
+    ``outcome`` ``failed`` with the node's ``error`` code and ``detail``, or ``outcome`` ``gone`` when the
+    placement was deleted meanwhile.
+
+    Returns:
+        The placement after the evict, or None when it is gone.
+
+    Raises:
+        NodeCallFailed: the agent refused or could not be reached (recorded first).
+    """
+    audit = FleetAuditRecord.objects.filter(pk=audit_id)
+    placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(
+        pk=placement_id).first()
+    if placement is None:
+        audit.update(after={"outcome": "gone"})
+        return None
+    try:
+        placement_evict(placement)
+    except NodeCallFailed as exc:
+        audit.update(after={"node": placement.node.name, "tier": placement.tier, "outcome": "failed",
+                            "error": exc.code, "detail": exc.detail[:500]})
+        raise
+    placement.refresh_from_db(fields=["tier", "served", "pinned"])
+    audit.update(after={"node": placement.node.name, "tier": placement.tier, "served": placement.served,
+                        "outcome": "evicted"})
+    return placement
 
 
 def version_replicas_set(version: AdapterVersion, *, min_replicas: int, max_replicas: int | None,

@@ -14,6 +14,7 @@ from inference.fleet.models import Placement, VersionIntent
 from inference.fleet.node_client import NodeCallFailed
 from inference.fleet.nodes import node_mark_stale
 from inference.fleet.reconcile import fleet_reconcile
+from inference.fleet.services import placement_evict_audited
 from inference.fleet.warming import placement_evict, placement_warm
 from workers import schedule
 
@@ -39,8 +40,12 @@ def placement_warm_task(placement_id: int) -> None:
 
 
 @shared_task(name=schedule.PLACEMENT_EVICT, max_retries=0)
-def placement_evict_task(placement_id: int) -> None:
-    """Unload one placement's version from its node."""
+def placement_evict_task(placement_id: int, audit_id: int | None = None) -> None:
+    """Unload one placement's version from its node; an operator's evict (``audit_id``: its audit row) records the
+    outcome in that row (``placement_evict_audited``)."""
+    if audit_id is not None:
+        placement_evict_audited(placement_id, audit_id=audit_id)
+        return
     placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(pk=placement_id).first()
     if placement is not None:
         placement_evict(placement)
