@@ -27,6 +27,23 @@ def _wait_served(gw: GatewayProcess, key: str) -> None:
         time.sleep(0.2)
 
 
+def _until_limit(gw: GatewayProcess, key: str, header: str, value: int, *, within: float = 1.0) -> None:
+    """Poll ``gw`` until its answers carry ``header`` = ``value`` (a limit just set reached the process by cache
+    invalidation), then assert the promise: the last answer without it was sent within ``within`` seconds (an
+    answer sent later must carry it; a slow answer on a busy box does not count against the promise)."""
+    t0 = time.monotonic()
+    last_stale = t0
+    while True:
+        sent = time.monotonic()
+        answer = httpx.post(f"{gw.url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                            json={"model": "tiny-llama", "prompt": "x", "max_tokens": 1})
+        if answer.headers.get(header) == str(value):
+            break
+        last_stale = sent
+        assert time.monotonic() - t0 < 30, f"{header} never became {value}"
+    assert last_stale - t0 < within, f"an answer sent {last_stale - t0:.2f} s after the change still had the old limit"
+
+
 def test_concurrency_limit_is_shared_by_two_gateway_processes(
         live_node, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
     tenant = TenantFactory()
@@ -34,7 +51,8 @@ def test_concurrency_limit_is_shared_by_two_gateway_processes(
     for gw in gateway_processes:
         _wait_served(gw, plaintext)
     limits_set(key, limits={"concurrency_limit": 2, "rpm_limit": 1000})
-    time.sleep(1.0)  # the limit reaches both processes (invalidation)
+    for gw in gateway_processes:  # one write: the concurrency limit arrives with the rpm limit's header
+        _until_limit(gw, plaintext, "x-ratelimit-limit-requests", 1000)
     headers = {"Authorization": f"Bearer {plaintext}"}
     a = httpx.Client(base_url=gateway_processes[0].url, headers=headers, timeout=120)
     b = httpx.Client(base_url=gateway_processes[1].url, headers=headers, timeout=120)
@@ -88,8 +106,8 @@ def test_a_non_streaming_client_that_walks_away_frees_its_slot_and_is_metered_49
     key, plaintext = api_key_create(tenant, name="app")
     gw = gateway_processes[0]
     _wait_served(gw, plaintext)
-    limits_set(key, limits={"concurrency_limit": 1})
-    time.sleep(1.0)  # the limit reaches the process (invalidation)
+    limits_set(key, limits={"concurrency_limit": 1, "rpm_limit": 1000})
+    _until_limit(gw, plaintext, "x-ratelimit-limit-requests", 1000)  # the rpm header marks the write's arrival
     headers = {"Authorization": f"Bearer {plaintext}"}
     # 500 tokens (the test engine's context is 512) take over a second even on a fast machine; the client leaves
     # after 0.3 s, once the gateway has sent the request on.
@@ -124,7 +142,7 @@ def test_under_a_tpm_limit_a_chat_without_max_tokens_generates_no_more_than_it_r
     free = httpx.post(f"{gw.url}/v1/chat/completions", headers=headers, timeout=120, json=chat)
     assert free.status_code == 200 and free.json()["usage"]["completion_tokens"] > 256  # no limit: as vLLM does
     limits_set(key, limits={"tpm_limit": 5000})
-    time.sleep(1.0)  # the limit reaches the process (invalidation)
+    _until_limit(gw, plaintext, "x-ratelimit-limit-tokens", 5000)
     capped = httpx.post(f"{gw.url}/v1/chat/completions", headers=headers, timeout=120, json=chat)
     assert capped.status_code == 200, capped.text
     assert capped.json()["usage"]["completion_tokens"] <= 256

@@ -1,11 +1,12 @@
 """A streamed request whose client leaves at any moment (before the first chunk, mid-stream, during a lease renewal,
-or never) frees its running-slot hold and its concurrency lease exactly once, is metered once, and leaves no renew
+or never; each moment an event the test drives, with the relay's clock in the test's hands) frees its running-slot hold and its concurrency lease exactly once, is metered once, and leaves no renew
 timer behind; a stream that runs to the end renews its lease on the timer while it runs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from inference.gateway import exchange as gateway_exchange
+from inference.gateway import relay as gateway_relay
 from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
@@ -68,24 +70,83 @@ def _streaming_app(monkeypatch: pytest.MonkeyPatch, key: str,
     return GatewayApp(background=False), scope, body
 
 
+class _Clock:
+    """The relay's clock, driven by the test (``inference.gateway.relay``'s ``asyncio.sleep`` and ``time.monotonic``
+    only): the renew timer wakes when :meth:`advance` says so, never by the machine's speed. Each ``advance`` moves
+    the time one renew period and waits for that renewal to finish."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+        self.wake = asyncio.Event()
+        self.renewed = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        await self.wake.wait()
+        self.wake.clear()
+
+    async def advance(self) -> None:
+        self.now += 0.02
+        self.wake.set()
+        await asyncio.wait_for(self.renewed.wait(), 30)  # a safety net, not a timing: it comes at once or never
+        self.renewed.clear()
+
+
+class _Shim:
+    """A module stand-in: ``sleep``/``monotonic`` from the clock, everything else from ``real``."""
+
+    def __init__(self, real: Any, **overrides: Any) -> None:
+        self._real, self._overrides = real, overrides
+
+    def __getattr__(self, name: str) -> Any:
+        return self._overrides[name] if name in self._overrides else getattr(self._real, name)
+
+
+class _DrivenStream(_Stream):
+    """The engine's SSE answer, one chunk per renew period of :class:`_Clock`; where ``leave`` is a moment of the
+    stream, the client leaves there and the engine says nothing more."""
+
+    def __init__(self, clock: _Clock, leave: str, gone: asyncio.Event) -> None:
+        super().__init__(0.0)
+        self.clock, self.leave, self.gone = clock, leave, gone
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        for i in range(CHUNKS):
+            if (self.leave, i) in (("before_first_chunk", 0), ("mid_stream", 3)):
+                self.gone.set()
+                await asyncio.Event().wait()  # silent until the relay gives up on the gone client
+            await self.clock.advance()
+            yield "data: " + json.dumps({"choices": [{"index": 0, "text": "x"}], "model": "m",
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}})
+            yield ""
+        yield "data: [DONE]"
+
+
 @pytest.mark.django_db
-@pytest.mark.parametrize("first_s", [0.0, 0.1])
-@pytest.mark.parametrize("leave_after_s", [0.0, 0.001, 0.05, 0.13, None])
+@pytest.mark.parametrize("leave", ["before_first_chunk", "mid_stream", "during_renewal", "never"])
 def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
-        monkeypatch: pytest.MonkeyPatch, base_model: Any, settings: Any, first_s: float,
-        leave_after_s: float | None) -> None:
-    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.06, 0.0  # a lease renewed every 20 ms
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, settings: Any, leave: str) -> None:
+    """The moments are events of the exchange, not delays: a loaded machine cannot move one across another. The
+    proxy timeout is long (30 s), so neither the hold nor the lease can run out by themselves during the test: the
+    second round is admitted only if the first released its lease."""
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 30.0, 0.0
     tenant = TenantFactory(concurrency_limit=1)  # the second round is refused unless the first freed its lease
     _, key = api_key_create(tenant, name="app")
     streams: list[_Stream] = []
+    box: dict[str, Any] = {}
 
     def stream() -> _Stream:
-        streams.append(_Stream(first_s))
+        streams.append(_DrivenStream(box["clock"], leave, box["gone"]))
         return streams[-1]
 
     app, scope, body = _streaming_app(monkeypatch, key, stream)
 
     async def go() -> tuple[list[int], int]:
+        clock = box["clock"] = _Clock()
+        monkeypatch.setattr(gateway_relay, "asyncio", _Shim(asyncio, sleep=clock.sleep))
+        monkeypatch.setattr(gateway_relay, "time", _Shim(time, monotonic=clock.monotonic))
         app._ensure_started()
         emitted: list[dict[str, Any]] = []
         renewals: list[int] = []
@@ -94,7 +155,11 @@ def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
 
         async def renew(admission: Any) -> None:
             renewals.append(1)
+            if leave == "during_renewal" and len(renewals) % CHUNKS == 2:
+                box["gone"].set()
+                await asyncio.Event().wait()  # the client leaves while this renewal is in flight
             await limiter_renew(admission)
+            clock.renewed.set()
 
         monkeypatch.setattr(app.limiter, "renew", renew)
         sent: list[dict[str, Any]] = []
@@ -104,6 +169,7 @@ def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
 
         for round_ in range(2):
             sent.clear()
+            box["gone"] = asyncio.Event()
             received = 0
 
             async def receive() -> dict[str, Any]:
@@ -111,25 +177,24 @@ def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
                 received += 1
                 if received == 1:
                     return {"type": "http.request", "body": body, "more_body": False}
-                await asyncio.sleep(3600 if leave_after_s is None else leave_after_s)
+                await box["gone"].wait()
                 return {"type": "http.disconnect"}
 
             await app(scope, receive, send)
             assert next(m for m in sent if m["type"] == "http.response.start")["status"] == 200, (round_, sent)
-            await asyncio.sleep(0.05)
-            seen = len(renewals)
-            await asyncio.sleep(0.1)
-            assert len(renewals) == seen, "the renew timer outlived its stream"
-            assert not [t for t in asyncio.all_tasks() if "_renew_every" in repr(t.get_coro())]
+            timers = [t for t in asyncio.all_tasks() if "_renew_every" in repr(t.get_coro())]
+            if timers:  # cancelled by the relay's end; an uncancelled one would wait for the clock for ever
+                done, _ = await asyncio.wait(timers, timeout=30)
+                assert len(done) == len(timers) and all(t.cancelled() for t in timers), "the renew timer lived on"
             assert not app.admission._held  # the running-slot hold is freed
             assert len(emitted) == round_ + 1  # metered once
             assert all(s.closed for s in streams)
         return [row["status_code"] for row in emitted], len(renewals)
 
     statuses, renewals = async_to_sync(go)()
-    assert statuses == ([200, 200] if leave_after_s is None else [499, 499])
-    if leave_after_s is None:
-        assert renewals >= 2 * 3  # each 160 ms stream renewed on its 20 ms timer
+    assert statuses == ([200, 200] if leave == "never" else [499, 499])
+    if leave == "never":
+        assert renewals == 2 * CHUNKS  # one renewal per period of each stream, on its own timer
 
 
 @pytest.mark.django_db
