@@ -193,7 +193,8 @@ class GatewayApp:
         if scheme.lower() != "bearer" or not token:
             raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <api key>'.",
                                code="invalid_api_key", type_="authentication_error")
-        invalid = GatewayError(401, "Invalid, revoked or expired API key.", code="invalid_api_key",
+        invalid = GatewayError(401, "Invalid, revoked or expired API key. Check it, or create one"
+                               " on the console's API keys page.", code="invalid_api_key",
                                type_="authentication_error")
         prefix = f"{settings.QUIVER_API_KEY_PREFIX}_"
         key_id, dot, secret = token[len(prefix):].partition(".")
@@ -239,7 +240,8 @@ class GatewayApp:
             if rule == "not_ready":
                 raise GatewayError(409, f"Adapter `{model}` has no ready version yet; wait for validation or check "
                                    "its report.", code="adapter_not_ready", param="model")
-            raise GatewayError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+            raise GatewayError(404, f"The model `{model}` does not exist. GET /v1/models lists the models this key can "
+                               "call: your adapters' names and the base models.", code="model_not_found", param="model")
         return rule.pick(user=user if isinstance(user, str) else None, draw=random.random())  # noqa: S311 (a split)
 
     async def node_for(self, target: TargetView) -> NodeView:

@@ -293,7 +293,11 @@ def upstream_body(body: Mapping[str, Any], *, endpoint: str, caps: Caps, salt: s
                                param=field)
         check = spec.get(field)
         if check is None:
-            raise GatewayError(400, f"Unrecognized request argument supplied: {clip(field)}.",
+            hint = (" Chat completions take 'messages', not 'prompt' (or call /v1/completions)."
+                    if endpoint != "completions" and field == "prompt" else
+                    " Completions take 'prompt', not 'messages' (or call /v1/chat/completions)."
+                    if endpoint == "completions" and field == "messages" else "")
+            raise GatewayError(400, f"Unrecognized request argument supplied: {clip(field)}.{hint}",
                                code="unknown_parameter", param=field)
         check(field, value)
         if value is not None:

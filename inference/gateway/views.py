@@ -35,7 +35,8 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
     try:
         key = await db_call(api_key_verify, token)
     except ApiKeyInvalid as exc:
-        raise GatewayError(401, "Invalid, revoked or expired API key.", code="invalid_api_key",
+        raise GatewayError(401, "Invalid, revoked or expired API key. Check it, or create one"
+                               " on the console's API keys page.", code="invalid_api_key",
                            type_="authentication_error") from exc
     if INFERENCE not in key.scopes:
         raise GatewayError(403, "This API key lacks the 'inference' scope.", code="insufficient_scope",
@@ -112,7 +113,7 @@ async def model_detail(request: HttpRequest, model_id: str) -> HttpResponseBase:
     for entry in data:
         if entry["id"] == model_id:
             return JsonResponse(entry)
-    return GatewayError(404, f"The model `{model_id}` does not exist.", code="model_not_found",
+    return GatewayError(404, f"The model `{model_id}` does not exist. GET /v1/models lists the models this key can call.", code="model_not_found",
                         param="model").response()
 
 
