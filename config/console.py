@@ -70,14 +70,16 @@ def content_security_policy() -> str:
       uploads in the browser), never inline or ``eval`` (Vite emits no inline script);
     - styles: ``'unsafe-inline'`` as well, because Mantine sets CSS variables in a ``<style>`` tag and ``style``
       attributes at run time (https://mantine.dev/styles/css-variables/);
-    - connections: the API (``'self'``) and the S3 endpoint that browser-direct uploads send parts to;
+    - connections: the API (``'self'``), the S3 endpoint that browser-direct uploads send parts to, and ``data:``
+      (the console answers a fresh upload's first part listing itself with a ``data:`` URL, ``s3upload.ts``; a
+      ``data:`` URL sends nothing anywhere);
     - no plugins, no framing by other sites (``frame-ancestors 'none'``, as ``X-Frame-Options: DENY``), no ``<base>``
       or form posts elsewhere.
 
     The directives follow MDN's Content-Security-Policy reference and OWASP's CSP Cheat Sheet (strict default-src,
     explicit connect-src, frame-ancestors).
     """
-    connect = " ".join(["'self'", *s3_browser_origins()])
+    connect = " ".join(["'self'", "data:", *s3_browser_origins()])
     return ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self' 'unsafe-inline'; "
             "img-src 'self' data: blob:; font-src 'self' data:; "
             f"connect-src {connect}; worker-src 'self' blob:; object-src 'none'; base-uri 'self'; "
