@@ -64,6 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from bench_fleet_trace import adapters_and_plan, engine_snapshot, write_trace  # noqa: E402
 from scaleout import Processes, fresh_bucket, fresh_database, manage, redis_db, say  # noqa: E402
 
 from demo.api_client import upload_adapter, wait_validated  # noqa: E402
@@ -165,14 +166,17 @@ def _sample_queues(redis_url: str, nodes: list[str], stop: threading.Event, out:
 
 
 def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency: int, max_tokens: int,
-           engines: dict[str, tuple[str, str]], redis_url: str | None = None) -> Run:
+           engines: dict[str, tuple[str, str]], redis_url: str | None = None,
+           sent: list[dict[str, Any]] | None = None) -> Run:
     """Send ``trace`` in order from ``concurrency`` closed-loop clients through the gateway at ``url``; with
-    ``redis_url``, also integrate each node's running and LoRA-deferred requests over the replay."""
+    ``redis_url``, also integrate each node's running and LoRA-deferred requests over the replay; with ``sent``,
+    append each request's ``{"i", "adapter", "sent_s", "done_s", "ok"}`` (seconds from the replay's start)."""
     lock = threading.Lock()
     queue = iter(enumerate(trace))
     ttfts: list[float] = []
     errors: list[str] = []
     tokens = 0
+    start = [time.perf_counter()]
 
     def client() -> None:
         nonlocal tokens
@@ -186,12 +190,20 @@ def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency
                 body = {"model": model, "prompt": f"the cat {i % 7} sat on", "max_tokens": max_tokens,
                         "temperature": 0, "ignore_eos": True, "stream": True,
                         "stream_options": {"include_usage": True}}
+                sent_s = time.perf_counter() - start[0]
                 try:
                     ttft, n = _stream(http, url, body)
                 except (RuntimeError, httpx.HTTPError) as exc:
                     with lock:
                         errors.append(f"{model}: {exc}")
+                        if sent is not None:
+                            sent.append({"i": i, "adapter": model, "sent_s": sent_s,
+                                         "done_s": time.perf_counter() - start[0], "ok": False})
                     continue
+                if sent is not None:
+                    with lock:
+                        sent.append({"i": i, "adapter": model, "sent_s": sent_s,
+                                     "done_s": time.perf_counter() - start[0], "ok": True})
                 with lock:
                     ttfts.append(ttft)
                     tokens += n
@@ -202,7 +214,7 @@ def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     sampler = threading.Thread(target=_sample_queues, args=(redis_url, list(engines), stop, queues), daemon=True) \
         if redis_url else None
-    t0 = time.perf_counter()
+    t0 = start[0] = time.perf_counter()
     for thread in threads + ([sampler] if sampler else []):
         thread.start()
     for thread in threads:
@@ -403,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                              "concurrency, and with every request for its hottest adapter (LoRA compute alone)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench-fleet")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    parser.add_argument("--trace-out", type=Path, default=None,
+                        help="write affinity's first measured replay as JSON lines (scripts/bench_fleet_trace.py), "
+                             "for scripts/simulate --replay")
+    parser.add_argument("--only-affinity", action="store_true",
+                        help="replay through the affinity gateway alone (a recorded run for the simulator)")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
                         help="split: each engine's OMP threads bound to its own half of the cores, as two nodes each "
                              "with its own accelerator; shared: both bound to every core (vLLM's auto binding)")
@@ -510,16 +527,28 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                        max_tokens=args.max_tokens, engines=engines)
         if args.settle_s:
             say(f"settled for {args.settle_s:g} s; reconciler's plan: {_plan_summary()}")
+        policies = ("affinity",) if args.only_affinity else POLICIES
         for round_no in range(args.rounds):
-            for policy in (POLICIES if round_no % 2 == 0 else POLICIES[::-1]):
+            for policy in (policies if round_no % 2 == 0 else policies[::-1]):
                 _set_eviction(agents, eviction[policy])
                 if warmup:
                     replay(policy, urls[policy], api_key, warmup, concurrency=args.concurrency,
                            max_tokens=args.max_tokens, engines=engines)
                 say(f"reconciler's plan: {_plan_summary()}")
+                record = args.trace_out is not None and policy == "affinity" and not runs["affinity"]
+                sent: list[dict[str, Any]] | None = [] if record else None
+                if record:
+                    before, (adapters, plan) = engine_snapshot(engines), adapters_and_plan(names)
                 run = replay(policy, urls[policy], api_key, trace, concurrency=args.concurrency,
-                             max_tokens=args.max_tokens, engines=engines, redis_url=env["REDIS_URL"])
+                             max_tokens=args.max_tokens, engines=engines, redis_url=env["REDIS_URL"], sent=sent)
                 runs[policy].append(run)
+                if record and sent is not None:
+                    write_trace(args.trace_out, requests=sent, before=before, after=engine_snapshot(engines),
+                                header={"nodes": sorted(engines), "max_loras": 2, "max_cpu_loras": CPU_SLOTS,
+                                        "adapters": adapters, "plan": plan, "eviction": eviction["affinity"],
+                                        "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                                        "zipf": args.zipf, "seed": args.seed, "load_avg": os.getloadavg()[:2]})
+                    say(f"trace written to {args.trace_out}")
                 say(f"round {round_no + 1} {policy}: {len(run.ttft_ms)} ok, {len(run.errors)} errors, "
                     f"{run.seconds:.1f} s; loads {json.dumps({n: {k: round(v, 2) for k, v in d.items()} for n, d in run.loads.items()})}"
                     + (f"; first error: {run.errors[0]}" if run.errors else ""))
@@ -544,7 +573,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
               f"{args.miss_cost:g}, replica worth {env.get('QUIVER_PLACEMENT_REPLICA_WORTH', 'default')}; eviction affinity {eviction['affinity']}, round-robin {eviction['round_robin']}; "
               f"cores {os.cpu_count()}, "
               f"load avg {load1:.1f}/{load5:.1f}")
-        print("\n".join(table(results)))
+        if "round_robin" in results:
+            print("\n".join(table(results)))
+        else:
+            a = results["affinity"]
+            print(f"affinity: {a['requests']} requests, {a['rps']:.2f} req/s, TTFT p50 {a['ttft_ms_p50']:.0f} ms p99 "
+                  f"{a['ttft_ms_p99']:.0f} ms, engine loads disk→cpu {a['disk_to_cpu']:.0f} "
+                  f"({a['disk_to_cpu'] / max(a['requests'], 1):.3f} per request)")
         if args.json:
             print(json.dumps({"policies": results}))
 

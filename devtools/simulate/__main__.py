@@ -12,6 +12,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import FleetSpec, SimNode
@@ -65,6 +66,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
                    help="routing's bounded-load c over the candidates' mean load (+1)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma list of policies to run")
     p.add_argument("--json", action="store_true", help="print {\"policies\": {name: figures}} only")
+    p.add_argument("--replay", type=Path, action="append", default=None, metavar="TRACE",
+                   help="replay a scripts/bench_fleet --trace-out recording through the production glue and print "
+                        "the engines' figures beside the simulator's (repeatable); other flags are ignored")
     args = p.parse_args(argv)
     if args.gpu_slots < 1 or args.cpu_slots < args.gpu_slots or args.nodes < 1:
         p.error("need --nodes ≥ 1 and 1 ≤ --gpu-slots ≤ --cpu-slots (vLLM's rule)")
@@ -113,6 +117,11 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Result], dict[str, float]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.replay:
+        from devtools.simulate.replay import compare
+
+        print("\n".join(compare(args.replay)))
+        return 0
     results, bound = run(args)
     if args.json:
         print(json.dumps({"policies": {k: v.figures for k, v in results.items()},

@@ -31,19 +31,26 @@ class Result:
 
 
 def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[int],
-             make_policy: Callable[[list[SimNode]], Policy], *, seed: int) -> Result:
+             make_policy: Callable[[list[SimNode]], Policy], *, seed: int, service_s: Sequence[float] | None = None,
+             prepare: Callable[[list[SimNode], Policy], None] | None = None) -> Result:
     """Replay ``trace`` on a fresh fleet under the policy ``make_policy`` builds.
 
     A request is classified by where its adapter was on the chosen node when it arrived (a request that finds a load
     of its adapter in progress there waits for it and counts in that load's tier, without a second load). A request's
     added latency is the time until its adapter is in a GPU slot; loads of different adapters overlap (queueing
     behind one another would only widen the gaps between policies).
+
+    ``service_s`` gives each request's time on its node (a recorded run's, ``devtools.simulate.replay``) instead of
+    the exponential draw; ``prepare`` sets the nodes' and the policy's state before the first request.
     """
     started, cpu_started = time.perf_counter(), time.process_time()
     nodes = [SimNode(f"node-{i}", fleet) for i in range(fleet.nodes)]
     policy = make_policy(nodes)
+    if prepare is not None:
+        prepare(nodes, policy)
     rng = np.random.default_rng(seed + 7)
-    service = rng.exponential(fleet.service_s, len(trace.adapters)).tolist()
+    service = (list(service_s) if service_s is not None
+               else rng.exponential(fleet.service_s, len(trace.adapters)).tolist())
     times = trace.times.tolist()
     wanted = trace.adapters.tolist()
     swap_ms = costs.cpu_to_gpu_ms()

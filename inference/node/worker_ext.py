@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from inference.node.config import eviction_grace_from_env, eviction_policy_from_env
@@ -46,6 +46,8 @@ LOADED: dict[int, tuple[float, int]] = {}
 # The ids of the batch being applied, then of the last batch applied: never victims of an eviction (their requests
 # are running; vLLM's LRU spares them the same way, having just touched them).
 IN_USE: set[int] = set()
+# Requests for an adapter, by whether the CPU cache held it when the request was first scheduled (``note_requests``).
+SERVED: Counter[str] = Counter()
 # Evictions made by Quiver's policy here, and those left to vLLM's LRU (every unpinned resident in use).
 EVICTIONS: Counter[str] = Counter()
 EVICTION = EvictionConfig(policy=EvictionPolicy(eviction_policy_from_env(os.environ)))
@@ -99,24 +101,31 @@ def _count_engine_activity() -> bool:
 
     def counted_set_active(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
         n = int(input_batch.num_reqs)
+        manager = getattr(getattr(self, "lora_manager", None), "_adapter_manager", None)
+        registered = getattr(manager, "_registered_adapters", None)
         note_requests(zip(input_batch.req_ids[:n], input_batch.request_lora_mapping[:n].tolist(), strict=False),
-                      time.monotonic())
+                      time.monotonic(), resident=None if registered is None else registered.__contains__)
         return set_active(self, input_batch, *args, **kwargs)
 
     LoRAModelRunnerMixin.set_active_loras = counted_set_active  # type: ignore[method-assign]
     return True
 
 
-def note_requests(batch: Iterable[tuple[str, int]], now: float, half_life_s: float | None = None) -> None:
+def note_requests(batch: Iterable[tuple[str, int]], now: float, half_life_s: float | None = None, *,
+                  resident: Callable[[int], bool] | None = None) -> None:
     """Count each request of a batch once, for its adapter: ``batch`` pairs a request id with its ``lora_int_id``
     (0: the base model). A new request adds one to :data:`REQUESTS` and to the decayed count in :data:`HITS` (LFU
     with decay, as the agent and the simulator count: ``inference.policy.eviction.decayed_hits``, halving every
-    ``half_life_s``, default the policy's 600 s)."""
+    ``half_life_s``, default the policy's 600 s). With ``resident`` (whether the CPU cache holds an id before this
+    batch's adapters are applied), :data:`SERVED` counts it ``resident`` or ``loaded`` (its batch reads it from
+    disk first): the engine's own served-resident share, which ``scripts/simulate --replay`` is checked against."""
     half_life = EVICTION.half_life_s if half_life_s is None else half_life_s
     for req_id, lora_id in batch:
         if lora_id <= 0 or req_id in _SEEN:
             continue
         _SEEN[req_id] = None
+        if resident is not None:
+            SERVED["resident" if resident(lora_id) else "loaded"] += 1
         if len(_SEEN) > _SEEN_KEPT:
             _SEEN.popitem(last=False)
         REQUESTS[lora_id] += 1
@@ -165,6 +174,14 @@ def policy_victim(registered: Any, *, in_use: set[int], now: float, config: Evic
     except AllPinnedError:
         return None
     return victims[0] if victims else None
+
+
+def _current_hints(now: float) -> dict[str, list[int]]:
+    """The control plane's hints this worker ranks by now (:data:`HINTS`; empty once expired)."""
+    until, over_quota, elsewhere = HINTS
+    if now > until:
+        return {"over_quota": [], "elsewhere": []}
+    return {"over_quota": sorted(over_quota), "elsewhere": sorted(elsewhere)}
 
 
 def _lru_manager_class() -> Any:
@@ -308,11 +325,13 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         "cpu_to_gpu": n, "disk_to_cpu_s": s, "cpu_to_gpu_s": s}, ...}``: ``gpu`` in slot order (``None``
         slots skipped), ``cpu`` every registered id (GPU residents included, as in vLLM), sorted; ``bytes`` per
         registered adapter's CPU copy. Also ``loads`` (engine loads per id since the worker started, and
-        ``loads_total``), ``steps`` (scheduler steps that used each registered id), ``requests`` (requests that used it) and ``idle_s`` (seconds since
+        ``loads_total``), ``steps`` (scheduler steps that used each registered id), ``requests`` (requests that used it), ``served`` (requests whose adapter the CPU cache held when
+        first scheduled, ``resident``, or read from disk for them, ``loaded``) and ``idle_s`` (seconds since
         each registered id was last in a batch or loaded), the order being the engine's own LRU
         order (``lru``, oldest first); ``moves`` the engine's disk→CPU reads and CPU→GPU copies since the first
-        read (``count_loads``); ``eviction`` the engine's policy and its evictions (``{"lfu": n, "lru": n}``:
-        by the policy, or left to vLLM's LRU when every unpinned resident was in use).
+        read (``count_loads``); ``eviction`` the engine's policy, its evictions (``{"lfu": n, "lru": n}``:
+        by the policy, or left to vLLM's LRU when every unpinned resident was in use) and the control plane's
+        hints it ranks by now (``{"over_quota": [id], "elsewhere": [id]}``).
     """
     manager = worker_lora_manager._adapter_manager
     registered = manager._registered_adapters
@@ -332,9 +351,10 @@ def lora_residency(worker_lora_manager: Any) -> dict[str, Any]:
         "loads_total": sum(LOADS.values()),
         "steps": {int(i): STEPS.get(int(i), 0) for i in registered},
         "requests": {int(i): REQUESTS.get(int(i), 0) for i in registered},
+        "served": {"resident": SERVED["resident"], "loaded": SERVED["loaded"]},
         "idle_s": {int(i): round(now - LAST_USED[int(i)], 3) for i in registered if int(i) in LAST_USED},
         "moves": dict(count_loads(worker_lora_manager)),
-        "eviction": {"policy": EVICTION.policy.value, "evictions": dict(EVICTIONS)},
+        "eviction": {"policy": EVICTION.policy.value, "evictions": dict(EVICTIONS), "hints": _current_hints(now)},
     }
 
 

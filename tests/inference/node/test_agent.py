@@ -340,7 +340,8 @@ class _Recorder(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server naming)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Recorder.received.append((self.path, self.headers.get("Authorization", ""), body))
-        answer = json.dumps({"node": body["node"], "healthy": True, "elsewhere": [7, "x", True]}).encode()
+        answer = json.dumps({"node": body["node"], "healthy": True, "elsewhere": [7, "x", True],
+                             "over_quota": [8]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))
@@ -361,11 +362,11 @@ def test_heartbeat_posts_state_with_the_node_token(settings: NodeSettings) -> No
             deadline = time.monotonic() + 15
             while len(_Recorder.received) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            noted = client.app.state.agent.evictor._elsewhere[1]
+            noted = client.app.state.agent.evictor._hints[1:]
     finally:
         server.shutdown()
 
-    assert noted == {7}  # the answer's plan hint reached the agent; non-ints dropped
+    assert noted == ({7}, {8})  # the answer's hints (plan, quota) reached the agent; non-ints dropped
 
     assert len(_Recorder.received) >= 2
     path, auth, body = _Recorder.received[0]

@@ -7,6 +7,7 @@ adapter requests share a batch and every output must equal transformers + PEFT t
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ from peft import PeftModel
 
 from demo.tiny_model import load_base
 from inference.policy.engine_model import LoRAEngineModel
+from inference.policy.node_eviction import GRACE_BUSY_S
 from tests.fixtures.vllm import RunningEngine
 
 PROMPTS = ["the red cat sees", "one big dog runs and", "a king reads the book", "blue river"]
@@ -293,6 +295,42 @@ def test_a_reload_in_a_request_evicts_by_the_nodes_policy(
     assert after["cpu"] == [850, 851, 853, 854]  # c1 (fewest steps, oldest of the three) left; hot stayed
     assert after["eviction"]["policy"] == "lfu"
     assert after["eviction"]["evictions"].get("lfu", 0) >= 1
+
+
+def test_a_reload_in_a_request_evicts_the_over_quota_tenants_adapter_first(
+    engine_http: httpx.Client, tiny_adapters: dict[str, Path]
+) -> None:
+    """The control plane's hint, relayed by the agent (``/quiver/v1/eviction_hints``), ranks an over-quota tenant's
+    adapter first in the engine's own reloads too (``inference.policy.node_eviction``): the most used one goes."""
+    assert _add(engine_http, "acme--qlate", 860, tiny_adapters["qv-r8"]).status_code == 200
+    assert engine_http.post("/quiver/v1/evict_lora", json={"lora_name": "acme--qlate"}).status_code == 200
+    fill = {"over--hot": 861, "acme--q1": 862, "acme--q2": 863, "acme--q3": 864}
+    for name, lora_id in fill.items():
+        assert _add(engine_http, name, lora_id, tiny_adapters["qv-r8"]).status_code == 200
+    for name, uses in (("over--hot", 6), ("acme--q1", 1), ("acme--q2", 1), ("acme--q3", 1)):
+        for _ in range(uses):
+            done = engine_http.post("/v1/completions", json={"model": name, "prompt": "the", "max_tokens": 4})
+            assert done.status_code == 200, done.text
+    try:
+        for body in ({"over_quota": "861"}, {"over_quota": [True]}, {"elsewhere": [1], "valid_s": -1}):
+            assert engine_http.post("/quiver/v1/eviction_hints", json=body).status_code == 400, body
+        hinted = engine_http.post("/quiver/v1/eviction_hints", json={"over_quota": [861], "valid_s": 60})
+        assert hinted.status_code == 200 and hinted.json() == {"over_quota": 1, "elsewhere": 0}
+        report = engine_http.get("/quiver/v1/loras").json()["residency"]
+        assert report["eviction"]["hints"] == {"over_quota": [861], "elsewhere": []}
+        assert report["requests"]["861"] == 6  # LFU counts requests: 6, however many steps they ran
+        # Past the grace's "may still be decoding" second, so the hint alone decides (node_eviction.is_fresh).
+        deadline = time.monotonic() + 30
+        while engine_http.get("/quiver/v1/loras").json()["residency"]["idle_s"]["861"] < GRACE_BUSY_S:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+        done = engine_http.post("/v1/completions", json={"model": "acme--qlate", "prompt": "the", "max_tokens": 2})
+
+        assert done.status_code == 200, done.text
+        assert engine_http.get("/quiver/v1/loras").json()["residency"]["cpu"] == [860, 862, 863, 864]
+    finally:
+        assert engine_http.post("/quiver/v1/eviction_hints", json={"valid_s": 0}).status_code == 200
 
 
 def test_eviction_policy_route_sets_the_workers_policy(engine_http: httpx.Client) -> None:

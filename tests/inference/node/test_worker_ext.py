@@ -176,3 +176,16 @@ def test_moves_are_counted_and_timed_only_when_something_moved() -> None:
     assert counts["disk_to_cpu"] == 1 and counts["cpu_to_gpu"] == 1
     assert 0.02 <= counts["disk_to_cpu_s"] < 0.5
     assert 0.01 <= counts["cpu_to_gpu_s"] < 0.3  # only the activation that moved something
+
+
+def test_each_request_is_counted_resident_or_loaded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's own served-resident share (``SERVED``): a request counts where its adapter was when it was
+    first scheduled, whatever later steps see."""
+    monkeypatch.setattr(worker_ext, "SERVED", Counter())
+    held = {1}
+    now = time.monotonic()
+    worker_ext.note_requests([("a", 1), ("b", 2), ("c", 0)], now, resident=held.__contains__)
+    held.add(2)  # b's batch loaded it
+    worker_ext.note_requests([("a", 1), ("b", 2), ("d", 2)], now, resident=held.__contains__)
+
+    assert worker_ext.SERVED == Counter({"resident": 2, "loaded": 1})
