@@ -46,7 +46,7 @@ class AdapterVersionOutputSerializer(serializers.ModelSerializer):
 
 class RuleEntrySerializer(serializers.Serializer):
     """One version's share of an adapter's traffic: ``version`` (number) and ``weight`` (whole percent)."""
-    version = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
     weight = serializers.IntegerField(min_value=0, max_value=100)
 
 
@@ -126,19 +126,19 @@ class ServingSettingsInputSerializer(serializers.Serializer):
     """Input of ``PATCH .../serving``: ``auto_promote`` (each new ready version takes all traffic), ``rpm_limit``,
     ``tpm_limit`` (the adapter's own gateway limits; null = unlimited)."""
     auto_promote = serializers.BooleanField(required=False)
-    rpm_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
-    tpm_limit = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    rpm_limit = serializers.IntegerField(min_value=1, max_value=2**31 - 1, allow_null=True, required=False)
+    tpm_limit = serializers.IntegerField(min_value=1, max_value=2**31 - 1, allow_null=True, required=False)
 
 
 class PromoteInputSerializer(serializers.Serializer):
     """Input of ``POST .../promote``: the ready ``version`` (number) to send all traffic to."""
-    version = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
 
 
 class CanaryInputSerializer(serializers.Serializer):
     """Input of ``POST .../canary``: either ``version`` and ``percent`` (that share to it, the rest to the current
     rule's heaviest version; 0 ends the canary) or a whole ``split`` (``[{version, weight}]`` summing to 100)."""
-    version = serializers.IntegerField(min_value=1, required=False)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False)
     percent = serializers.IntegerField(min_value=0, max_value=100, required=False)
     split = RuleEntrySerializer(many=True, required=False)
 

@@ -18,6 +18,7 @@ from adapters_app.purge import purge_run, purges_due, s3_orphans_collect, sweep
 from adapters_app.services import adapter_version_fail, adapter_version_validate
 from adapters_app.serving import serving_on_ready
 from adapters_app.signals import version_ready
+from common.exceptions import QuiverError
 from workers import schedule
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,10 @@ def adapter_version_validate_task(self, version_id: int) -> None:  # type: ignor
     if version.status == AdapterVersion.Status.READY:
         version_ready.send(sender=AdapterVersion, version=version)
         # After the fleet placed it: a promotion the upload asked for waits for that warm (adapters_app.serving).
-        serving_on_ready(version)
+        try:
+            serving_on_ready(version)
+        except QuiverError as exc:  # a concurrent promote won the row lock: its rule stands, nothing to retry
+            logger.warning("adapter_version.on_ready_skipped", extra={"version_id": version.pk, "code": exc.code})
 
 
 @shared_task(name=schedule.VALIDATION_SWEEP, ignore_result=True)

@@ -39,6 +39,8 @@ class ApiKeyOutputSerializer(serializers.ModelSerializer):
     """Output: a key's metadata with its masked form and limits; never the secret or digest."""
     key = serializers.CharField(source="masked")
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=ALL_SCOPES))
+    adapters = serializers.ListField(child=serializers.CharField(),
+                                     help_text="models this key may call (names or name@N); empty = all")
 
     class Meta:
         model = ApiKey

@@ -11,8 +11,8 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from adapters_app.models import Adapter, AdapterVersion, ServingChange
-from adapters_app.serving import serving_on_ready
 from adapters_app.services import adapter_create
+from adapters_app.serving import serving_on_ready
 from inference.gateway.app import GatewayApp
 from inference.gateway.directory import load_key
 from inference.gateway.errors import GatewayError
@@ -190,3 +190,17 @@ def test_keys_scoped_to_adapters_through_the_api(make_client, base_model) -> Non
     assert wider.status_code == 400
     adapter_create(tenant, name="gamma", base_model_name="tiny-llama")
     assert scoped.get("/api/v1/adapters/gamma/serving").status_code == 404
+
+
+def test_an_adapters_limits_are_a_limit_scope_beside_the_tenants_and_the_keys(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    from inference.gateway.app import _scopes
+
+    client, tenant, plaintext = make_client()
+    bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    _ready(tenant, bot, 1)
+    app, key = GatewayApp(background=False), _key(plaintext)
+    assert [s.name for s in _scopes(key, async_to_sync(app.resolve)(key, "bot"))] == [
+        f"tenant:{tenant.pk}", f"key:{key.pk}"]
+    client.patch("/api/v1/adapters/bot/serving", {"tpm_limit": 500}, format="json")
+    scopes = _scopes(key, async_to_sync(GatewayApp(background=False).resolve)(key, "bot@1"))
+    assert scopes[-1].name == f"adapter:{bot.pk}" and scopes[-1].limits.tpm == 500 and scopes[-1].label == "adapter bot"

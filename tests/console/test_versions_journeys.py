@@ -51,12 +51,12 @@ def test_promote_canary_slider_rollback_and_the_comparison_table_at_both_widths(
         expect(table.get_by_test_id("figures-2")).to_contain_text("1 (25.0 %)")  # its one error of four
         screenshot(page, "versions-before")
 
-        page.get_by_label("Version").select_option("2")
+        page.get_by_label("Version", exact=True).select_option("2")
         page.get_by_role("button", name="Promote").click()
         expect(rule).to_have_text("v2 100 %")
         expect(page.get_by_test_id("serving-message")).to_contain_text("Serving v2 100 %")
 
-        page.get_by_label("Version").select_option("3")
+        page.get_by_label("Version", exact=True).select_option("3")
         slider = page.get_by_role("slider")
         slider.focus()
         for _ in range(5):

@@ -36,6 +36,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 SHORT = 3  # tokens of the quick probes
 LONG = 40  # tokens of the streams in flight across the rollback
+PROBE = 2  # tokens of the probes dating the rollback at each gateway process
+PROBE_EVERY_S = 0.1
+PROBE_WINDOW_S = 1.5
 
 
 def _until(check, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -46,11 +49,12 @@ def _until(check, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-
 
 
 def _engine_loads(agent: RunningAgent, lora_name: str) -> tuple[int, str]:
-    """The engine's own load count for ``lora_name`` and its tier, from the agent (node key)."""
+    """The engine's own load count (every adapter, since it started: vLLM's disk → CPU loads, counted by
+    ``inference.node.worker_ext``) and ``lora_name``'s tier ("" when the engine no longer lists it), from the agent."""
     key = node_credentials(agent.node_name, 1).key
     state = httpx.get(f"{agent.url}/v1/state", headers={"Authorization": f"Bearer {key}"}, timeout=10).json()
     entry = next((a for a in state["adapters"] if a["lora_name"] == lora_name), {})
-    return int(entry.get("loads", 0)), str(entry.get("tier", ""))
+    return int(state["residency"]["loads_total"]), str(entry.get("tier", ""))
 
 
 def _text(client: openai.OpenAI, model: str, prompt: str, n: int = SHORT, **extra: object) -> str:
@@ -109,24 +113,31 @@ def test_versions_promote_canary_rollback_and_scoped_keys_live(  # type: ignore[
     assert promoted.json()["warm"] == {"2": "warm"} and promoted.json()["serving_since"]
     loads_warmed, tier = _engine_loads(node_agent, v2.served_name)
     assert loads_warmed == loads_before + 1 and tier in ("warm", "hot")
+    # The rule reaches the gateway's cache over the bus right after the commit: poll until it answers from v2.
+    _until(lambda: _text(client, "bot", prompt, 12) != v1_answer, "the promotion at the gateway", timeout=1.0)
     v2_answer = _text(client, "bot", prompt, 12)
-    assert v2_answer != v1_answer and v2_answer == _text(client, "bot@2", prompt, 12)
+    assert v2_answer == _text(client, "bot@2", prompt, 12)
     assert _engine_loads(node_agent, v2.served_name)[0] == loads_warmed  # not a cold load
 
     # Rollback while v2 streams and other requests are in flight, with two more gateway processes serving.
     v1_short = _text(client, "bot@1", prompt)
     v2_short = _text(client, "bot@2", prompt)
-    assert v1_short != v2_short
-    gw_clients = [openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=180)
+    v1_probe, v2_probe = _text(client, "bot@1", prompt, PROBE), _text(client, "bot@2", prompt, PROBE)
+    assert v1_short != v2_short and v1_probe != v2_probe
+    gw_clients = [openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=300)
                   for gw in gateway_processes]
     for gw_client in gw_clients:  # both processes have the v2 rule cached
         assert _text(gw_client, "bot", prompt) == v2_short
+
+    streaming = threading.Semaphore(0)
 
     def stream(gw_client: openai.OpenAI) -> tuple[str, str | None]:
         parts, finish = [], None
         for chunk in gw_client.completions.create(model="bot", prompt=prompt, max_tokens=LONG, temperature=0,
                                                   stream=True, extra_body={"ignore_eos": True}):
             if chunk.choices:
+                if not parts:
+                    streaming.release()
                 parts.append(chunk.choices[0].text)
                 finish = chunk.choices[0].finish_reason or finish
         return "".join(parts), finish
@@ -135,31 +146,53 @@ def test_versions_promote_canary_rollback_and_scoped_keys_live(  # type: ignore[
     statuses: list[int] = []
 
     def steady() -> None:
-        with httpx.Client(timeout=60) as http:
+        with httpx.Client(timeout=300) as http:
             while not stop.is_set():
                 statuses.append(http.post(f"{gateway_processes[1].url}/v1/completions",
                                           headers={"Authorization": f"Bearer {key}"},
                                           json={"model": "bot", "prompt": prompt, "max_tokens": SHORT,
                                                 "temperature": 0}).status_code)
 
-    with ThreadPoolExecutor(max_workers=5) as pool:
-        streams = [pool.submit(stream, gw_clients[i % 2]) for i in range(3)]
-        background = pool.submit(steady)
-        _until(lambda: len(statuses) >= 1, "steady traffic")
-        called = time.monotonic()
-        rolled = api.post("/api/v1/adapters/bot/rollback")
-        returned = time.monotonic()
-        assert rolled.status_code == 200 and rolled.json()["rule"] == [{"version": 1, "weight": 100}]
-        pending = {0, 1}
-        while pending:
-            pending = {i for i in pending if _text(gw_clients[i], "bot", prompt) != v1_short}
-            assert time.monotonic() - returned < 1.0, f"gateways {sorted(pending)} still on v2"
-        reached = time.monotonic()
-        stop.set()
+    probes: list[tuple[int, float, str]] = []  # (gateway, monotonic time sent, answer)
+
+    def probe(i: int) -> None:
+        sent = time.monotonic()
+        probes.append((i, sent, _text(gw_clients[i], "bot", prompt, PROBE)))
+
+    # The gateway resolves `model` when a request arrives, before the engine's queue: a probe's send time dates
+    # the rule it saw, however long the (busy, CPU) engine then takes. Probes leave every PROBE_EVERY_S to each
+    # process, so the measure does not depend on the engine's latency.
+    with ThreadPoolExecutor(max_workers=48) as pool:
+        try:
+            streams = [pool.submit(stream, gw_clients[i % 2]) for i in range(3)]
+            background = pool.submit(steady)
+            for _ in streams:
+                assert streaming.acquire(timeout=300), "a stream never started"
+            called = time.monotonic()
+            rolled = api.post("/api/v1/adapters/bot/rollback")
+            returned = time.monotonic()
+            assert rolled.status_code == 200 and rolled.json()["rule"] == [{"version": 1, "weight": 100}]
+            sent_probes = []
+            tick = returned
+            while tick < returned + PROBE_WINDOW_S:
+                sent_probes += [pool.submit(probe, i) for i in range(len(gw_clients))]
+                tick += PROBE_EVERY_S
+                time.sleep(max(0.0, tick - time.monotonic()))  # the probes' pace, not a wait for the outcome
+            for done in sent_probes:
+                done.result()  # a probe that failed fails the test: no request fails across the switch
+        finally:
+            stop.set()
         background.result()
         finished = [f.result() for f in streams]
-    print(f"rollback: call {returned - called:.3f} s, every gateway on v1 {reached - returned:.3f} s after it "
-          f"({reached - called:.3f} s after the call began)")
+    assert {answer for _, _, answer in probes} <= {v1_probe, v2_probe}
+    for i in range(len(gw_clients)):
+        mine = sorted((sent - returned, answer) for g, sent, answer in probes if g == i)
+        last_v2 = max((at for at, answer in mine if answer == v2_probe), default=float("-inf"))
+        settled = [at for at, answer in mine if at > last_v2]
+        assert settled and all(answer == v1_probe for at, answer in mine if at > last_v2)
+        print(f"rollback at gateway {i}: the call took {returned - called:.3f} s; probes sent {last_v2:.3f} s after it "
+              f"still saw v2, every probe from {settled[0]:.3f} s on saw v1")
+        assert settled[0] < 1.0, (i, mine)
     assert statuses and set(statuses) == {200}, statuses
     for text, finish in finished:  # the old version's streams ran to the end, on the old version
         assert finish == "length" and text.startswith(v2_short)

@@ -1040,7 +1040,8 @@ export interface components {
             key: string;
             name: string;
             scopes: components["schemas"]["ScopesEnum"][];
-            adapters?: unknown;
+            /** @description models this key may call (names or name@N); empty = all */
+            adapters: string[];
             enabled?: boolean;
             /** Format: date-time */
             expires_at?: string | null;
@@ -1082,7 +1083,8 @@ export interface components {
             key: string;
             name: string;
             scopes: components["schemas"]["ScopesEnum"][];
-            adapters?: unknown;
+            /** @description models this key may call (names or name@N); empty = all */
+            adapters: string[];
             enabled?: boolean;
             /** Format: date-time */
             expires_at?: string | null;
@@ -1312,7 +1314,8 @@ export interface components {
             key?: string;
             name?: string;
             scopes?: components["schemas"]["ScopesEnum"][];
-            adapters?: unknown;
+            /** @description models this key may call (names or name@N); empty = all */
+            adapters?: string[];
             enabled?: boolean;
             /** Format: date-time */
             expires_at?: string | null;

@@ -14,6 +14,7 @@ export function ApiKeys() {
   const [name, setName] = useState('')
   const [scopes, setScopes] = useState<string[]>(['inference'])
   const [expires, setExpires] = useState('')
+  const [adapters, setAdapters] = useState('')
   const [created, setCreated] = useState<ApiKeyCreated | null>(null)
   const [error, setError] = useState<string | null>(null)
   const [revoking, setRevoking] = useState<string | null>(null)
@@ -23,7 +24,12 @@ export function ApiKeys() {
     e.preventDefault()
     setError(null)
     const res = await api.POST('/api/v1/api-keys', {
-      body: { name, scopes: scopes as never, expires_at: expires ? new Date(expires).toISOString() : null },
+      body: {
+        name,
+        scopes: scopes as never,
+        expires_at: expires ? new Date(expires).toISOString() : null,
+        adapters: adapters.split(/[\s,]+/).filter(Boolean),
+      },
     })
     if (!res.response.ok) {
       setError((res.error as { detail?: string })?.detail ?? 'Could not create the key.')
@@ -52,6 +58,13 @@ export function ApiKeys() {
             </Group>
           </Checkbox.Group>
           <TextInput label="Expires (optional)" type="datetime-local" value={expires} onChange={(e) => setExpires(e.currentTarget.value)} />
+          <TextInput
+            label="Only these adapters (optional)"
+            description="Names or name@N, comma-separated; any other model is a 404 for this key."
+            placeholder="support-bot, ranker@2"
+            value={adapters}
+            onChange={(e) => setAdapters(e.currentTarget.value)}
+          />
           {error && <Alert color="red">{error}</Alert>}
           <Group>
             <Button type="submit" disabled={!name || scopes.length === 0}>
@@ -99,7 +112,10 @@ export function ApiKeys() {
                 <Table.Td>
                   <Code>{k.key}</Code>
                 </Table.Td>
-                <Table.Td>{k.scopes.join(', ')}</Table.Td>
+                <Table.Td>
+                  {k.scopes.join(', ')}
+                  {k.adapters.length > 0 && <Text size="xs">only {k.adapters.join(', ')}</Text>}
+                </Table.Td>
                 <Table.Td>{k.expires_at ? formatDateTime(k.expires_at) : 'never'}</Table.Td>
                 <Table.Td>{k.last_used_at ? formatDateTime(k.last_used_at) : 'never'}</Table.Td>
                 <Table.Td>
