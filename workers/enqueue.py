@@ -11,6 +11,7 @@ runs, so an import the other way would close a cycle.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import Task
@@ -20,6 +21,7 @@ from kombu.exceptions import OperationalError
 from workers.celery_app import app
 
 logger = logging.getLogger(__name__)
+_IMPORT_LOCK = threading.Lock()
 
 
 def task_named(name: str) -> Task:
@@ -29,7 +31,12 @@ def task_named(name: str) -> Task:
         KeyError: no installed app registers a task of that name.
     """
     if name not in app.tasks:
-        app.loader.import_default_modules()
+        # One importer at a time: a second thread used to find the import already started (Celery marks it done
+        # first), read the registry half-filled and answer 500 NotRegistered (concurrent first uploads after a web
+        # process started, scripts/fleet_scale).
+        with _IMPORT_LOCK:
+            if name not in app.tasks:
+                app.loader.import_default_modules()
     return app.tasks[name]
 
 
