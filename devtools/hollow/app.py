@@ -71,7 +71,7 @@ def read_adapter(engine: HollowEngine, path: str) -> int:
     if r > engine.max_lora_rank:
         raise ExtensionError(422, "engine_load_failed",
                              f"LoRA rank {r} is greater than max_lora_rank {engine.max_lora_rank}.")
-    return engine.costs.adapter_bytes(r, config.get("target_modules"))
+    return engine.costs.adapter_bytes(r, None if engine.charge_all_linear else config.get("target_modules"))
 
 
 async def add_lora(engine: HollowEngine, body: dict[str, Any]) -> dict[str, Any]:

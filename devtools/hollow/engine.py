@@ -74,11 +74,13 @@ class HollowEngine:
         max_cpu_loras: CPU cache entries.
         max_lora_rank: largest accepted ``r``.
         tick_ms: shortest wall time between scheduler wake-ups (several steps per wake-up when steps are shorter).
+        charge_all_linear: charge every adapter as if it targeted all seven projections (its 8B all-linear size).
     """
 
     def __init__(self, model: str, costs: EngineCosts, *, max_loras: int, max_cpu_loras: int,
-                 max_lora_rank: int = 16, tick_ms: float = 20.0) -> None:
+                 max_lora_rank: int = 16, tick_ms: float = 20.0, charge_all_linear: bool = False) -> None:
         self.model = model
+        self.charge_all_linear = charge_all_linear
         self.costs = costs
         self.max_lora_rank = max_lora_rank
         self.tick_ms = tick_ms

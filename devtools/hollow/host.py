@@ -89,7 +89,8 @@ async def run(spec: dict[str, Any]) -> None:
     s3 = None
     for node in spec["nodes"]:
         engine = HollowEngine(base_model, costs, max_loras=node["max_loras"], max_cpu_loras=node["max_cpu_loras"],
-                              max_lora_rank=node.get("max_lora_rank", 16), tick_ms=float(spec.get("tick_ms", 20)))
+                              max_lora_rank=node.get("max_lora_rank", 16), tick_ms=float(spec.get("tick_ms", 20)),
+                              charge_all_linear=bool(spec.get("charge_all_linear", False)))
         engines[node["name"]] = engine
         servers.append(_server(engine_app(engine, node["node_key"]), node["engine_port"]))
         settings = NodeSettings.from_env(node_env(shared, node, base_model))

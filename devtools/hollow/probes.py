@@ -1,0 +1,116 @@
+"""Timing probes around the real control plane's processes, for ``scripts/fleet_scale`` (a development tool).
+
+- ``gateway_application``: ``config.asgi.application`` with ``inference.gateway.directory.load_fleet`` timed (wall
+  and this thread's CPU per refresh) and, after each refresh, the propagation marker checked: the scale run writes
+  ``marker.json`` (``{"id", "version_id", "node_id", "t0"}``: an operator evicted that version from that node at
+  Unix time ``t0``); the first refresh whose view no longer routes the version to the node records ``now − t0``.
+- ``internal_application``: ``config.internal_asgi.application`` with each ``POST /internal/v1/nodes/heartbeat``
+  timed from its first byte in to its last byte out (the time to accept one heartbeat).
+
+Each writes ``<QUIVER_HOLLOW_PROBE_DIR>/<kind>-<pid>.json`` at most every 2 s. The Celery half is
+``devtools.hollow.probe_tasks``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+PROBE_DIR = Path(os.environ.get("QUIVER_HOLLOW_PROBE_DIR", "/tmp/quiver-hollow-probes"))  # noqa: S108
+DUMP_EVERY_S = 2.0
+
+
+class Recorder:
+    """Samples kept in memory and dumped to ``<PROBE_DIR>/<kind>-<pid>.json`` now and then."""
+
+    def __init__(self, kind: str) -> None:
+        self.path = PROBE_DIR / f"{kind}-{os.getpid()}.json"
+        self.samples: dict[str, list[float]] = {}
+        self.totals: dict[str, float] = {"started": time.time()}
+        self._dumped = 0.0
+
+    def add(self, key: str, value: float) -> None:
+        """Record one sample of ``key``."""
+        self.samples.setdefault(key, []).append(value)
+        self.maybe_dump()
+
+    def maybe_dump(self, force: bool = False) -> None:
+        """Write the file if ``DUMP_EVERY_S`` passed since the last write."""
+        now = time.monotonic()
+        if not force and now - self._dumped < DUMP_EVERY_S:
+            return
+        self._dumped = now
+        PROBE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"totals": {**self.totals, "at": time.time()},
+                                   "samples": {k: v[-50_000:] for k, v in self.samples.items()}}))
+        tmp.replace(self.path)
+
+
+def _marker() -> dict[str, Any] | None:
+    try:
+        return json.loads((PROBE_DIR / "marker.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _gateway() -> Any:
+    import django
+
+    django.setup()
+    from inference.gateway import directory
+
+    recorder = Recorder("gateway")
+    original = directory.load_fleet
+    seen: set[Any] = set()
+
+    def timed_load_fleet() -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        view = original()
+        cpu_ms = (time.thread_time() - cpu) * 1000
+        recorder.totals["fleet_cpu_ms"] = recorder.totals.get("fleet_cpu_ms", 0.0) + cpu_ms
+        recorder.totals["fleet_refreshes"] = recorder.totals.get("fleet_refreshes", 0.0) + 1
+        marker = _marker()
+        if marker and marker["id"] not in seen and not view.serves(marker["node_id"], marker["version_id"]):
+            seen.add(marker["id"])
+            recorder.add("propagation_ms", (time.time() - marker["t0"]) * 1000)
+        recorder.add("fleet_view_ms", (time.perf_counter() - wall) * 1000)
+        return view
+
+    directory.load_fleet = timed_load_fleet
+    from config.asgi import application
+
+    return application
+
+
+def _internal() -> Any:
+    from config.internal_asgi import application as inner
+
+    recorder = Recorder("internal")
+
+    async def timed(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/nodes/heartbeat"):
+            await inner(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await inner(scope, receive, send)
+        finally:
+            recorder.add("heartbeat_ms", (time.perf_counter() - started) * 1000)
+
+    return timed
+
+
+def __getattr__(name: str) -> Any:
+    """Build the wrapped application named (``gateway_application`` / ``internal_application``) on first use."""
+    if name == "gateway_application":
+        app = _gateway()
+    elif name == "internal_application":
+        app = _internal()
+    else:
+        raise AttributeError(name)
+    globals()[name] = app
+    return app

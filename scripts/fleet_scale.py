@@ -1,0 +1,359 @@
+"""The fleet at scale (issue 31): the real control plane on N emulated nodes, measured against its SLOs.
+
+Usage:
+    ./scripts/fleet_scale [--nodes 16] [--adapters 200] [--tenants 20] [--rate 10] [--duration 60] [--seed 1]
+                          [--gateways 2] [--json]
+
+Real: PostgreSQL, Redis and SeaweedFS (``devtools.services``; a fresh database, Redis db and bucket of the run's
+own), the web process (``config.asgi``), the internal listener (heartbeats), ``--gateways`` gateway processes
+(``config.asgi`` under uvicorn), a Celery worker and beat, and one real node agent per node (staging the adapters'
+files from S3 and checking their sha256), registered with ``manage.py quiver_node_register``. Emulated: each node's
+vLLM engine (``devtools.hollow``: vLLM's routes, its two LoRA LRUs and a step-cost clock, ``--calibration``
+``h100-8b`` by default). Agents and engines share ``host`` processes of ``--nodes-per-host`` nodes each. Tenants
+(``manage.py quiver_tenant_create``) upload small real PEFT adapters (``devtools.hollow.adapters``) through the
+public API, validated by the worker. Then the trace of ``devtools.simulate.workload`` (Poisson at ``--rate``, Zipf
+popularity; ``--cv``, ``--on-off`` and ``--drift`` for bursty tenants and popularity drift) is replayed open-loop
+through the gateways, and the simulator replays the same trace with the emulator's cost model.
+
+The gateways, the internal listener and the worker run with timing probes (``devtools.hollow.probes``,
+``probe_tasks``); every ``--evict-every-s`` an operator evicts a served adapter from a node and the gateways'
+refreshes time when they stop routing it there (``propagation_ms``). Printed: the table of issue 31's keys with
+their targets (``--json``: one object).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+from scaleout import Processes, fresh_bucket, fresh_database, manage, redis_db  # noqa: E402
+
+from demo.api_client import upload_adapter  # noqa: E402
+from demo.assets import ensure_demo_assets  # noqa: E402
+from devtools.hollow import figures  # noqa: E402
+from devtools.hollow.adapters import adapter_name, make_adapters, tenant_slug  # noqa: E402
+from devtools.hollow.costs import calibration  # noqa: E402
+from devtools.hollow.replay import PageTimer, Sampler, replay, tree_rss_bytes  # noqa: E402
+from devtools.proc import free_port  # noqa: E402
+from devtools.services import backing_services  # noqa: E402
+from devtools.simulate.workload import WorkloadSpec, generate  # noqa: E402
+
+PY = sys.executable
+REDIS_DB = 12
+
+
+def say(msg: str) -> None:
+    """One timestamped progress line on stderr (stdout is the table or the JSON)."""
+    print(f"[fleet_scale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=16)
+    p.add_argument("--adapters", type=int, default=200)
+    p.add_argument("--tenants", type=int, default=20)
+    p.add_argument("--rate", type=float, default=10.0, help="requests per second (mean)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of traffic")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--gateways", type=int, default=2)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--zipf", type=float, default=1.0)
+    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of the gaps (1 = Poisson)")
+    p.add_argument("--on-off", type=float, default=0.0, help="share of bursty (on/off) tenants")
+    p.add_argument("--drift", type=float, default=0.0, help="share of adapters whose popularity moves per epoch")
+    p.add_argument("--gpu-slots", type=int, default=4)
+    p.add_argument("--cpu-slots", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--calibration", default="h100-8b", choices=("h100-8b", "cpu-tiny"))
+    p.add_argument("--nodes-per-host", type=int, default=16)
+    p.add_argument("--heartbeat-s", type=float, default=5.0, help="QUIVER_HEARTBEAT_SECONDS (production default)")
+    p.add_argument("--load-publish-ms", type=float, default=100.0, help="QUIVER_LOAD_PUBLISH_MS (default 100)")
+    p.add_argument("--evict-every-s", type=float, default=10.0)
+    p.add_argument("--workdir", type=Path, default=REPO / ".cache" / "fleet-scale")
+    return p.parse_args(argv)
+
+
+def call(command: str, *args: str, **env: str) -> str:
+    """A ``manage.py`` command run in this process (Django is set up); its stdout."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        call_command(command, *args, stdout=out)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out.getvalue().strip()
+
+
+def wait_until(what: str, done: Any, timeout: float, every: float = 1.0) -> None:
+    """Poll ``done()`` until true; raise after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not done within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def start_control_plane(procs: Processes, env: dict[str, str], gateways: int) -> dict[str, str]:
+    """Web, internal listener, gateways, worker and beat; returns name → URL of the HTTP ones."""
+    urls = {}
+    apps = {"web": "config.asgi:application", "web-internal": "devtools.hollow.probes:internal_application",
+            **{f"gateway-{i}": "devtools.hollow.probes:gateway_application" for i in range(1, gateways + 1)}}
+    for name, app in apps.items():
+        port = free_port()
+        urls[name] = f"http://127.0.0.1:{port}"
+        procs.start(name, [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level",
+                           "warning", "--no-access-log"], env)
+    procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=8",
+                           "-Q", "celery,validation,placement", "-n", "fleet-scale@%h", "--loglevel=WARNING",
+                           "--include", "devtools.hollow.probe_tasks"], env)
+    procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING", "-s",
+                         str(Path(env["QUIVER_HOLLOW_PROBE_DIR"]).parent / "beat-schedule")], env)
+    return urls
+
+
+def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace, served: str, internal: str,
+                workdir: Path) -> dict[str, dict[str, Any]]:
+    """Register ``--nodes`` nodes and start their hosts; returns name → node spec."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for i in range(1, args.nodes + 1):
+        name, engine_port, agent_port = f"node-{i:03d}", free_port(), free_port()
+        creds = dict(line.split("=", 1) for line in call(
+            "quiver_node_register", name, "--agent-url", f"http://127.0.0.1:{agent_port}", "--engine-url",
+            f"http://127.0.0.1:{engine_port}", "--base-model", served).splitlines() if "=" in line)
+        nodes[name] = {"name": name, "engine_port": engine_port, "agent_port": agent_port,
+                       "node_key": creds["QUIVER_NODE_KEY"], "node_token": creds["QUIVER_NODE_TOKEN"],
+                       "cache_dir": str(workdir / "caches" / name), "max_loras": args.gpu_slots,
+                       "max_cpu_loras": args.cpu_slots, "max_lora_rank": 32}
+    node_env = {k: v for k, v in env.items() if k in (
+        "AWS_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_STORAGE_BUCKET_NAME", "REDIS_URL")}
+    node_env.update({"QUIVER_CONTROL_URL": internal, "QUIVER_HEARTBEAT_SECONDS": str(args.heartbeat_s),
+                     "QUIVER_LOAD_PUBLISH_MS": str(args.load_publish_ms)})
+    names = sorted(nodes)
+    for h in range(0, len(names), args.nodes_per_host):
+        spec = {"calibration": args.calibration, "base_model": served, "charge_all_linear": True,
+                "stats_path": str(workdir / "probes" / f"host-{h // args.nodes_per_host}.json"),
+                "env": node_env, "nodes": [nodes[n] for n in names[h:h + args.nodes_per_host]]}
+        spec_path = workdir / f"host-{h // args.nodes_per_host}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        procs.start(f"host-{h // args.nodes_per_host}", [PY, "-m", "devtools.hollow.host", str(spec_path)],
+                    {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")})
+    return nodes
+
+
+def operator_client(web: str, password: str) -> httpx.Client:
+    """A staff console session (the operator pages need one; tenant keys get 403)."""
+    client = httpx.Client(base_url=web, timeout=60)
+    client.get("/api/v1/auth/session")
+    csrf = client.cookies.get("csrftoken", "")
+    answer = client.post("/api/v1/auth/login", json={"username": "operator", "password": password},
+                         headers={"X-CSRFToken": csrf} if csrf else {})
+    answer.raise_for_status()
+    if client.cookies.get("csrftoken"):
+        client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
+    return client
+
+
+def upload_all(web: str, keys: list[str], folders: list[Path], tenant_of: list[int], served: str) -> None:
+    """Upload every adapter through the public API with its tenant's key (8 at a time), then wait until every
+    version is validated."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from adapters_app.models import AdapterVersion
+
+    clients = [httpx.Client(base_url=web, timeout=300, headers={"Authorization": f"Bearer {k}"}) for k in keys]
+
+    def one(i: int) -> None:
+        upload_adapter(clients[tenant_of[i]], adapter_name(i), folders[i], base_model=served)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(len(folders))))
+    pending = AdapterVersion.objects.exclude(status__in=("ready", "rejected"))
+    wait_until("validation", lambda: not pending.exists(), timeout=60 + 2.0 * len(folders), every=2)
+    rejected = AdapterVersion.objects.filter(status="rejected").count()
+    if rejected:
+        raise RuntimeError(f"{rejected} adapters were rejected")
+
+
+def db_bytes() -> int:
+    """The run database's size (PostgreSQL's ``pg_database_size``)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_database_size(current_database())")
+        return int(cursor.fetchone()[0])
+
+
+def evict_one(operator: httpx.Client, probe_dir: Path, rng: Any) -> None:
+    """Evict one served adapter from one node as an operator and mark it for the gateways' probes."""
+    from inference.fleet.models import Placement
+
+    rows = list(Placement.objects.filter(served=True, pinned=False, tier__in=("hot", "warm"))
+                .values_list("pk", "node_id", "adapter_version_id")[:200])
+    if not rows:
+        return
+    pk, node_id, version_id = rows[int(rng.integers(len(rows)))]
+    t0 = time.time()
+    if operator.post(f"/api/v1/operator/placements/{pk}/evict").status_code == 202:
+        marker = {"id": f"{pk}-{t0}", "node_id": node_id, "version_id": version_id, "t0": t0}
+        (probe_dir / "marker.tmp").write_text(json.dumps(marker))
+        (probe_dir / "marker.tmp").replace(probe_dir / "marker.json")
+
+
+def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one linear scenario
+    """Run the scale scenario; see the module docstring. Returns the exit status."""
+    import numpy as np
+
+    args = parse(argv)
+    started = time.monotonic()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Django's root INFO logging would print every request
+    spec = WorkloadSpec(adapters=args.adapters, requests=max(1, int(args.rate * args.duration)), zipf=args.zipf,
+                        rate=args.rate, cv=args.cv, tenants=args.tenants, on_off=args.on_off, drift=args.drift,
+                        seed=args.seed)
+    trace = generate(spec)
+    costs = calibration(args.calibration)
+    assets = ensure_demo_assets()
+    workdir = args.workdir
+    probe_dir = workdir / "probes"
+    for sub in ("logs", "probes"):
+        (workdir / sub).mkdir(parents=True, exist_ok=True)
+        for old in (workdir / sub).glob("*"):
+            old.unlink()
+    folders = make_adapters(workdir / "adapters", assets.base_dir, assets.served_name, trace.rank_of)
+    procs = Processes(workdir / "logs")
+    password = secrets.token_urlsafe(12)
+    peak_rss = 0
+    with ExitStack() as stack:
+        env = {**os.environ}
+        env.update(stack.enter_context(backing_services(env)))
+        stack.callback(procs.stop_all)
+        env["DATABASE_URL"] = stack.enter_context(fresh_database(env["DATABASE_URL"]))
+        env["AWS_STORAGE_BUCKET_NAME"] = stack.enter_context(fresh_bucket(env))
+        env["REDIS_URL"] = env["CELERY_BROKER_URL"] = redis_db(env["REDIS_URL"], REDIS_DB)
+        env.update({"DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
+                    "DJANGO_SECRET_KEY": secrets.token_urlsafe(48), "QUIVER_API_KEY_HMAC_KEY": secrets.token_urlsafe(48),
+                    "QUIVER_NODE_SECRET": secrets.token_urlsafe(48), "QUIVER_NODE_STALE_AFTER_S": "30",
+                    "QUIVER_HOLLOW_PROBE_DIR": str(probe_dir), "QUIVER_LOG_LEVEL": "WARNING"})
+        say(f"{args.nodes} nodes, {args.adapters} adapters, {args.tenants} tenants, {len(trace.times)} requests; "
+            "migrating a fresh database")
+        manage(env, "migrate", "--noinput")
+        manage(env, "quiver_base_model_register", assets.served_name, str(assets.base_dir), "--max-lora-rank", "32")
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        keys = [call("quiver_tenant_create", tenant_slug(t)).splitlines()[-1] for t in range(args.tenants)]
+        call("quiver_user_create", "operator", "--staff", QUIVER_USER_PASSWORD=password)
+        urls = start_control_plane(procs, env, args.gateways)
+        start_nodes(procs, env, args, assets.served_name, urls["web-internal"], workdir)
+        for name, url in urls.items():
+            procs.wait_http(name, url + "/healthz", 300)
+        from inference.fleet.models import Node, Placement
+
+        say(f"control plane up; waiting for {args.nodes} nodes to report live")
+        wait_until("nodes live", lambda: Node.objects.filter(healthy=True).count() >= args.nodes, timeout=300)
+        say(f"uploading {args.adapters} adapters through the public API")
+        upload_all(urls["web"], keys, folders, trace.tenant_of, assets.served_name)
+        say("validated; waiting for the warms placed at upload to settle")
+        wait_until("warms", lambda: not Placement.objects.exclude(warming_since=None).exists(), timeout=300, every=2)
+        operator = operator_client(urls["web"], password)
+        pages = PageTimer(urls["web"], keys[0], operator)
+        pages.once()  # first-use costs out of the window
+        for url in (urls[f"gateway-{i}"] for i in range(1, args.gateways + 1)):  # each gateway reads its view once
+            httpx.post(url + "/v1/completions", json={"model": adapter_name(0), "prompt": "x", "max_tokens": 1},
+                       headers={"Authorization": f"Bearer {keys[trace.tenant_of[0]]}"}, timeout=120)
+        time.sleep(figures.PROBE_DUMP_S + 0.5)  # the probes' files are written every 2 s
+
+        def memory() -> None:
+            nonlocal peak_rss
+            peak_rss = max(peak_rss, tree_rss_bytes(os.getpid()))
+
+        rng = np.random.default_rng(args.seed + 99)
+        gateway_files = figures.read_probes(probe_dir, "gateway")
+        skip = {k: figures.counts(gateway_files, k) for k in ("fleet_view_ms", "propagation_ms")}
+        internal_skip = figures.counts(figures.read_probes(probe_dir, "internal"), "heartbeat_ms")
+        worker_skip = figures.counts(figures.read_probes(probe_dir, "worker"), "fleet_reconcile_task_ms")
+        cpu_before = [(f["totals"].get("fleet_cpu_ms", 0.0), f["totals"]["at"]) for f in gateway_files]
+        hosts_before = figures.engine_totals(figures.read_probes(probe_dir, "host"))
+        db_before = db_bytes()
+        samplers = [Sampler(memory, 2.0), Sampler(pages.once, 3.0),
+                    Sampler(lambda: evict_one(operator, probe_dir, rng), args.evict_every_s)]
+        for s in samplers:
+            s.start()
+        gateways = [urls[f"gateway-{i}"] for i in range(1, args.gateways + 1)]
+        requests = [(keys[trace.tenant_of[a]], adapter_name(a)) for a in trace.adapters.tolist()]
+        say(f"replaying {len(requests)} requests over {trace.times[-1]:.0f} s through {len(gateways)} gateways")
+        result = replay(trace.times.tolist(), requests, gateways, max_tokens=args.max_tokens)
+        time.sleep(figures.PROBE_DUMP_S + 1)  # the probes' last files
+        for s in samplers:
+            s.stop()
+        db_after = db_bytes()
+        gateway_files = figures.read_probes(probe_dir, "gateway")
+        hosts_after = figures.engine_totals(figures.read_probes(probe_dir, "host"))
+        heartbeats = figures.samples(figures.read_probes(probe_dir, "internal"), "heartbeat_ms", internal_skip)
+        reconciles = figures.samples(figures.read_probes(probe_dir, "worker"), "fleet_reconcile_task_ms",
+                                     worker_skip)
+        shares = []
+        for (cpu0, at0), f in zip(cpu_before, gateway_files, strict=False):
+            wall = f["totals"]["at"] - at0
+            if wall > 0:
+                shares.append((f["totals"].get("fleet_cpu_ms", 0.0) - cpu0) / 1000 / wall)
+        load = os.getloadavg()
+    served = {k: hosts_after[k] - hosts_before[k] for k in hosts_after}
+    n = sum(result.statuses.values())
+    pages_all = [v for values in pages.samples.values() for v in values]
+    out: dict[str, Any] = {
+        "nodes": args.nodes, "adapters": args.adapters, "tenants": args.tenants, "rate": args.rate,
+        "duration_s": round(result.wall_s, 1), "gateways": args.gateways, "calibration": args.calibration,
+        "heartbeat_ms_p50": figures.pct(heartbeats, 50), "heartbeat_ms_p99": figures.pct(heartbeats, 99),
+        "heartbeats": len(heartbeats),
+        "fleet_view_ms_p99": figures.pct(figures.samples(gateway_files, "fleet_view_ms", skip["fleet_view_ms"]), 99),
+        "fleet_view_cpu_share": max(shares) if shares else None,
+        "propagation_ms_p99": figures.pct(figures.samples(gateway_files, "propagation_ms",
+                                                          skip["propagation_ms"]), 99),
+        "propagation_samples": len(figures.samples(gateway_files, "propagation_ms", skip["propagation_ms"])),
+        "reconcile_ms_p99": figures.pct(reconciles, 99), "reconciles": len(reconciles),
+        "api_ms_p99": figures.pct(pages_all, 99),
+        "api_ms_p99_by_page": {k: figures.pct(v, 99) for k, v in pages.samples.items()},
+        "gateway_errors_5xx": sum(c for s, c in result.statuses.items() if s >= 500 or s == 0),
+        "requests": n, "ok": result.statuses.get(200, 0),
+        "statuses": {str(k): v for k, v in sorted(result.statuses.items())},
+        "latency_ms_p50": figures.pct(result.latencies_ms, 50), "latency_ms_p99": figures.pct(result.latencies_ms, 99),
+        "client_lag_ms_p99": figures.pct(result.lag_ms, 99),
+        "served_resident_share": served["resident"] / served["requests"] if served["requests"] else None,
+        "loads_per_1k": 1000 * served["loads_total"] / n if n else None,
+        **figures.simulated(trace, costs, nodes=args.nodes, gpu_slots=args.gpu_slots, cpu_slots=args.cpu_slots,
+                            max_tokens=args.max_tokens, seed=args.seed),
+        "db_bytes_per_1m_requests": (db_after - db_before) / n * 1e6 if n else None,
+        "db_bytes_per_s": round((db_after - db_before) / result.wall_s) if result.wall_s else None,
+        "peak_rss_mib": round(peak_rss / (1 << 20)), "load_average": [round(x, 2) for x in load],
+        "errors": {str(k): v for k, v in result.errors.items()}, "total_s": round(time.monotonic() - started),
+    }
+    print(json.dumps(out, indent=2) if args.json else "\n".join(figures.table(out)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
