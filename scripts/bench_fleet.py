@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_fleet_trace import adapters_and_plan, engine_snapshot, write_trace  # noqa: E402
+from bench_fleet_trace import record  # noqa: E402
 from scaleout import Processes, fresh_bucket, fresh_database, manage, redis_db, say  # noqa: E402
 
 from demo.api_client import upload_adapter, wait_validated  # noqa: E402
@@ -312,7 +312,7 @@ def _warm_where_placed(env: dict[str, str], names: list[str], timeout_s: float =
 
     from adapters_app.models import AdapterVersion
     from inference.fleet.models import Placement
-    from inference.fleet.warming import node_select_for_warm, placement_warm
+    from inference.fleet.warming import placement_warm, warm_target_node
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -332,7 +332,7 @@ def _warm_where_placed(env: dict[str, str], names: list[str], timeout_s: float =
             break
         if time.monotonic() > deadline:
             for version in missing:
-                node = node_select_for_warm(version.adapter.base_model, r=version.r)
+                node = warm_target_node(version)
                 if node is not None:
                     placement_warm(version, node=node)
             deadline = time.monotonic() + timeout_s
@@ -420,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                              "for scripts/simulate --replay")
     parser.add_argument("--only-affinity", action="store_true",
                         help="replay through the affinity gateway alone (a recorded run for the simulator)")
+    parser.add_argument("--record", default="",
+                        help="with --trace-out: after the rounds, more recorded affinity replays on the same fleet, "
+                             "'SEED:ZIPF,…' (each its own Zipf trace, written beside --trace-out as STEM-sSEED-zZIPF)")
     parser.add_argument("--engine-cores", choices=("split", "shared"), default="split",
                         help="split: each engine's OMP threads bound to its own half of the cores, as two nodes each "
                              "with its own accelerator; shared: both bound to every core (vLLM's auto binding)")
@@ -528,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         if args.settle_s:
             say(f"settled for {args.settle_s:g} s; reconciler's plan: {_plan_summary()}")
         policies = ("affinity",) if args.only_affinity else POLICIES
+        header = {"nodes": sorted(engines), "max_loras": 2, "max_cpu_loras": CPU_SLOTS, "eviction": args.eviction,
+                  "concurrency": args.concurrency, "max_tokens": args.max_tokens}
         for round_no in range(args.rounds):
             for policy in (policies if round_no % 2 == 0 else policies[::-1]):
                 _set_eviction(agents, eviction[policy])
@@ -535,20 +540,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                     replay(policy, urls[policy], api_key, warmup, concurrency=args.concurrency,
                            max_tokens=args.max_tokens, engines=engines)
                 say(f"reconciler's plan: {_plan_summary()}")
-                record = args.trace_out is not None and policy == "affinity" and not runs["affinity"]
-                sent: list[dict[str, Any]] | None = [] if record else None
-                if record:
-                    before, (adapters, plan) = engine_snapshot(engines), adapters_and_plan(names)
-                run = replay(policy, urls[policy], api_key, trace, concurrency=args.concurrency,
-                             max_tokens=args.max_tokens, engines=engines, redis_url=env["REDIS_URL"], sent=sent)
-                runs[policy].append(run)
-                if record and sent is not None:
-                    write_trace(args.trace_out, requests=sent, before=before, after=engine_snapshot(engines),
-                                header={"nodes": sorted(engines), "max_loras": 2, "max_cpu_loras": CPU_SLOTS,
-                                        "adapters": adapters, "plan": plan, "eviction": eviction["affinity"],
-                                        "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                                        "zipf": args.zipf, "seed": args.seed, "load_avg": os.getloadavg()[:2]})
+                def send(sent: list[dict[str, Any]] | None = None, policy: str = policy) -> Run:
+                    return replay(policy, urls[policy], api_key, trace, concurrency=args.concurrency,
+                                  max_tokens=args.max_tokens, engines=engines, redis_url=env["REDIS_URL"], sent=sent)
+
+                if args.trace_out is not None and policy == "affinity" and not runs["affinity"]:
+                    run = record(args.trace_out, engines=engines, names=names, send=send,
+                                 header={**header, "zipf": args.zipf, "seed": args.seed})
                     say(f"trace written to {args.trace_out}")
+                else:
+                    run = send()
+                runs[policy].append(run)
                 say(f"round {round_no + 1} {policy}: {len(run.ttft_ms)} ok, {len(run.errors)} errors, "
                     f"{run.seconds:.1f} s; loads {json.dumps({n: {k: round(v, 2) for k, v in d.items()} for n, d in run.loads.items()})}"
                     + (f"; first error: {run.errors[0]}" if run.errors else ""))
@@ -564,6 +566,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                              redis_url=env["REDIS_URL"])
                 runs.setdefault(ONE_ADAPTER, []).append(run)
                 say(f"round {round_no + 1} {hottest} only: {len(run.ttft_ms)} ok, {run.seconds:.1f} s")
+        for spec in filter(None, args.record.split(",")) if args.trace_out is not None else ():
+            seed, zipf = int(spec.split(":")[0]), float(spec.split(":")[1])
+            extra, out = zipf_trace(names, args.requests, zipf, seed), args.trace_out.with_name(
+                f"{args.trace_out.stem}-s{seed}-z{zipf:g}.jsonl")
+            _set_eviction(agents, eviction["affinity"])
+            run = record(out, engines=engines, names=names, header={**header, "zipf": zipf, "seed": seed},
+                         send=lambda sent, extra=extra: replay("affinity", urls["affinity"], api_key, extra,
+                                                               concurrency=args.concurrency,
+                                                               max_tokens=args.max_tokens, engines=engines,
+                                                               sent=sent))
+            say(f"recorded {out}: {len(run.ttft_ms)} ok, {len(run.errors)} errors, {run.seconds:.1f} s")
         results = {p: aggregate(r) for p, r in runs.items()}
         # Printed before teardown: a failing cleanup must not lose the figures.
         load1, load5, _ = os.getloadavg()
@@ -573,13 +586,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
               f"{args.miss_cost:g}, replica worth {env.get('QUIVER_PLACEMENT_REPLICA_WORTH', 'default')}; eviction affinity {eviction['affinity']}, round-robin {eviction['round_robin']}; "
               f"cores {os.cpu_count()}, "
               f"load avg {load1:.1f}/{load5:.1f}")
-        if "round_robin" in results:
-            print("\n".join(table(results)))
-        else:
-            a = results["affinity"]
-            print(f"affinity: {a['requests']} requests, {a['rps']:.2f} req/s, TTFT p50 {a['ttft_ms_p50']:.0f} ms p99 "
-                  f"{a['ttft_ms_p99']:.0f} ms, engine loads disk→cpu {a['disk_to_cpu']:.0f} "
-                  f"({a['disk_to_cpu'] / max(a['requests'], 1):.3f} per request)")
+        a = results["affinity"]
+        print("\n".join(table(results)) if "round_robin" in results else f"affinity: {a['requests']} requests, "
+              f"{a['rps']:.2f} req/s, disk→cpu loads {a['disk_to_cpu'] / max(a['requests'], 1):.3f} per request")
         if args.json:
             print(json.dumps({"policies": results}))
 

@@ -73,3 +73,17 @@ def write_trace(path: Path, *, header: dict[str, Any], requests: Sequence[dict[s
              {"kind": "engines", "loads": loads, "served": served}]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def record(out: Path, *, engines: Mapping[str, tuple[str, str]], names: Sequence[str], header: dict[str, Any],
+           send: Any) -> Any:
+    """Run ``send(sent)`` (one replay appending each request to ``sent``) between two ``engine_snapshot``s and
+    write the recording to ``out``; returns what ``send`` returned."""
+    sent: list[dict[str, Any]] = []
+    before, (adapters, plan) = engine_snapshot(engines), adapters_and_plan(names)
+    result = send(sent)
+    import os
+
+    write_trace(out, requests=sent, before=before, after=engine_snapshot(engines),
+                header={**header, "adapters": adapters, "plan": plan, "load_avg": os.getloadavg()[:2]})
+    return result
