@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                                                                max_tokens=args.max_tokens, engines=engines,
                                                                sent=sent))
             say(f"recorded {out}: {len(run.ttft_ms)} ok, {len(run.errors)} errors, {run.seconds:.1f} s")
-        results = {p: aggregate(r) for p, r in runs.items()}
+        results = {p: aggregate(r) for p, r in runs.items() if r}
         # Printed before teardown: a failing cleanup must not lose the figures.
         load1, load5, _ = os.getloadavg()
         print(f"\nbench_fleet: 2 CPU vLLM nodes (max_loras 2, max_cpu_loras 4), {args.adapters} adapters, Zipf α "
