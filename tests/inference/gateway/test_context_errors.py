@@ -12,8 +12,8 @@ from asgiref.sync import async_to_sync
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.gateway import exchange as gateway_exchange
-from inference.gateway.app import GatewayApp
 from inference.gateway.answers import engine_error as _engine_error
+from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import NodeView, TargetView
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
