@@ -70,12 +70,16 @@ def _entries(rule: object) -> list[dict[str, int]]:
 
 
 def serving_state(adapter: Adapter, *, history: int = 20) -> dict[str, object]:
-    """An adapter's serving state for the API: ``rule`` and ``previous_rule`` as ``[{version, weight}]``, settings
+    """An adapter's serving state for the API: ``rule`` (what the gateway applies: the stored rule's ready versions,
+    else the first ready version) and ``previous_rule`` as ``[{version, weight}]``, settings
     (``auto_promote``, ``rpm_limit``, ``tpm_limit``) and its latest ``history`` changes, newest first."""
     changes = ServingChange.objects.filter(adapter=adapter).order_by("-created_at", "-pk")[:history]
+    ready = set(AdapterVersion.objects.filter(adapter=adapter, status=AdapterVersion.Status.READY)
+                .values_list("number", flat=True))
+    rule = [e for e in _entries(adapter.serving_rule) if e["version"] in ready and e["weight"] > 0]
     return {
         "adapter": adapter.name,
-        "rule": _entries(adapter.serving_rule),
+        "rule": rule or ([{"version": min(ready), "weight": 100}] if ready else []),
         "previous_rule": _entries(adapter.previous_rule) if adapter.previous_rule is not None else None,
         "auto_promote": adapter.auto_promote,
         "rpm_limit": adapter.rpm_limit,

@@ -80,9 +80,11 @@ class AdapterOutputSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(RuleEntrySerializer(many=True))
     def get_serving_rule(self, obj: Adapter) -> list[dict[str, int]]:
-        """Which versions ``model=<name>`` reaches, ``[{version, weight}]`` heaviest first (empty before the first
-        ready version)."""
-        return [{"version": v, "weight": w} for v, w in (obj.serving_rule or [])]
+        """Which versions ``model=<name>`` reaches, ``[{version, weight}]`` heaviest first: the rule's ready versions,
+        else the first ready version, as the gateway reads it (empty before the first ready version)."""
+        ready = {v.number for v in self._versions(obj) if v.status == AdapterVersion.Status.READY}
+        rule = [{"version": v, "weight": w} for v, w in (obj.serving_rule or []) if v in ready and w > 0]
+        return rule or ([{"version": min(ready), "weight": 100}] if ready else [])
 
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_residency(self, obj: Adapter) -> dict[str, int]:

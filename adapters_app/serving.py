@@ -57,6 +57,14 @@ def rule_pairs(raw: Any) -> list[tuple[int, int]]:
     return out
 
 
+def effective_rule(adapter: Adapter) -> list[tuple[int, int]]:
+    """The rule the gateway applies (``inference.gateway.directory.load_rule``): the stored rule's ready versions
+    with a weight, else the adapter's first ready version alone; empty before any version is ready."""
+    ready = _ready_numbers(adapter)
+    rule = [(v, w) for v, w in rule_pairs(adapter.serving_rule) if v in ready and w > 0]
+    return rule or ([(min(ready), 100)] if ready else [])
+
+
 def _stored(rule: Sequence[tuple[int, int]]) -> list[list[int]]:
     return [[int(v), int(w)] for v, w in rule]
 
@@ -164,7 +172,7 @@ def serving_canary(tenant: Tenant, *, adapter: Adapter, number: int, percent: in
         QuiverError: 400 ``serving_rule_invalid``, 409 ``serving_rule_changed``.
     """
     try:
-        rule = canary_rule(rule_pairs(adapter.serving_rule), version=number, percent=percent)
+        rule = canary_rule(effective_rule(adapter), version=number, percent=percent)
     except RuleInvalid as exc:
         raise _invalid(exc) from exc
     return serving_rule_set(tenant, adapter=adapter, rule=rule, action="canary", actor=actor)
@@ -220,11 +228,14 @@ def serving_on_ready(version: AdapterVersion) -> ServingResult | None:
     validation finds the rule already in place)."""
     adapter = Adapter.objects.get(pk=version.adapter_id)
     tenant = Tenant.objects.get(pk=adapter.tenant_id)
-    current = rule_pairs(adapter.serving_rule)
     ready = _ready_numbers(adapter)
-    if not [v for v, _ in current if v in ready]:
-        return serving_rule_set(tenant, adapter=adapter, rule=[(version.number, 100)], action="first_ready",
-                                actor=SYSTEM_ACTOR, warm=False)
+    if not [v for v, w in rule_pairs(adapter.serving_rule) if v in ready and w > 0]:
+        # No rule yet: the first ready version (what the gateway already serves) becomes it.
+        first = serving_rule_set(tenant, adapter=adapter, rule=[(min(ready), 100)], action="first_ready",
+                                 actor=SYSTEM_ACTOR, warm=False)
+        if min(ready) == version.number:
+            return first
+    current = rule_pairs(adapter.serving_rule)
     asked = version.on_ready or {}
     if asked.get("promote") or adapter.auto_promote:
         action = "upload_promote" if asked.get("promote") else "auto_promote"

@@ -197,6 +197,23 @@ def upload_all(web: str, keys: list[str], folders: list[Path], tenant_of: list[i
         raise RuntimeError(f"{rejected} adapters were rejected")
 
 
+def process_cpu(procs: Processes) -> dict[str, float]:
+    """CPU seconds (user + system, children included) spent so far by each role's processes (``gateway-2`` counts
+    under ``gateway``)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for name, popen in procs.procs.items():
+        role = name.rstrip("0123456789").rstrip("-")
+        try:
+            proc = psutil.Process(popen.pid)
+            times = [proc.cpu_times(), *(c.cpu_times() for c in proc.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            continue
+        out[role] = out.get(role, 0.0) + sum(t.user + t.system for t in times)
+    return out
+
+
 def db_bytes() -> int:
     """The run database's size (PostgreSQL's ``pg_database_size``)."""
     from django.db import connection
@@ -292,12 +309,16 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
 
         rng = np.random.default_rng(args.seed + 99)
         gateway_files = figures.read_probes(probe_dir, "gateway")
-        skip = {k: figures.counts(gateway_files, k) for k in ("fleet_view_ms", "propagation_ms")}
-        internal_skip = figures.counts(figures.read_probes(probe_dir, "internal"), "heartbeat_ms")
-        worker_skip = figures.counts(figures.read_probes(probe_dir, "worker"), "fleet_reconcile_task_ms")
+        skip = {k: figures.counts(gateway_files, k) for k in ("fleet_view_ms", "fleet_view_cpu_ms", "propagation_ms")}
+        internal_files = figures.read_probes(probe_dir, "internal")
+        internal_skip = {k: figures.counts(internal_files, k) for k in ("heartbeat_ms", "heartbeat_cpu_ms")}
+        worker_files = figures.read_probes(probe_dir, "worker")
+        worker_skip = {k: figures.counts(worker_files, k)
+                       for k in ("fleet_reconcile_task_ms", "fleet_reconcile_task_cpu_ms")}
         cpu_before = [(f["totals"].get("fleet_cpu_ms", 0.0), f["totals"]["at"]) for f in gateway_files]
         hosts_before = figures.engine_totals(figures.read_probes(probe_dir, "host"))
         db_before = db_bytes()
+        cpu0, wall0 = process_cpu(procs), time.monotonic()
         samplers = [Sampler(memory, 2.0), Sampler(pages.once, 3.0),
                     Sampler(lambda: evict_one(operator, probe_dir, rng), args.evict_every_s)]
         for s in samplers:
@@ -310,11 +331,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         for s in samplers:
             s.stop()
         db_after = db_bytes()
+        cpu1, wall1 = process_cpu(procs), time.monotonic()
+        routable = Placement.objects.exclude(tier="cold", served=False).count()
         gateway_files = figures.read_probes(probe_dir, "gateway")
         hosts_after = figures.engine_totals(figures.read_probes(probe_dir, "host"))
-        heartbeats = figures.samples(figures.read_probes(probe_dir, "internal"), "heartbeat_ms", internal_skip)
-        reconciles = figures.samples(figures.read_probes(probe_dir, "worker"), "fleet_reconcile_task_ms",
-                                     worker_skip)
+        internal_files = figures.read_probes(probe_dir, "internal")
+        heartbeats = figures.samples(internal_files, "heartbeat_ms", internal_skip["heartbeat_ms"])
+        heartbeat_cpu = figures.samples(internal_files, "heartbeat_cpu_ms", internal_skip["heartbeat_cpu_ms"])
+        worker_files = figures.read_probes(probe_dir, "worker")
+        reconciles = figures.samples(worker_files, "fleet_reconcile_task_ms", worker_skip["fleet_reconcile_task_ms"])
+        reconcile_cpu = figures.samples(worker_files, "fleet_reconcile_task_cpu_ms",
+                                        worker_skip["fleet_reconcile_task_cpu_ms"])
         shares = []
         for (cpu0, at0), f in zip(cpu_before, gateway_files, strict=False):
             wall = f["totals"]["at"] - at0
@@ -328,13 +355,16 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         "nodes": args.nodes, "adapters": args.adapters, "tenants": args.tenants, "rate": args.rate,
         "duration_s": round(result.wall_s, 1), "gateways": args.gateways, "calibration": args.calibration,
         "heartbeat_ms_p50": figures.pct(heartbeats, 50), "heartbeat_ms_p99": figures.pct(heartbeats, 99),
-        "heartbeats": len(heartbeats),
+        "heartbeat_cpu_ms_p99": figures.pct(heartbeat_cpu, 99), "heartbeats": len(heartbeats),
         "fleet_view_ms_p99": figures.pct(figures.samples(gateway_files, "fleet_view_ms", skip["fleet_view_ms"]), 99),
+        "fleet_view_cpu_ms_p99": figures.pct(figures.samples(gateway_files, "fleet_view_cpu_ms",
+                                                             skip["fleet_view_cpu_ms"]), 99),
         "fleet_view_cpu_share": max(shares) if shares else None,
         "propagation_ms_p99": figures.pct(figures.samples(gateway_files, "propagation_ms",
                                                           skip["propagation_ms"]), 99),
         "propagation_samples": len(figures.samples(gateway_files, "propagation_ms", skip["propagation_ms"])),
-        "reconcile_ms_p99": figures.pct(reconciles, 99), "reconciles": len(reconciles),
+        "reconcile_ms_p99": figures.pct(reconciles, 99), "reconcile_cpu_ms_p99": figures.pct(reconcile_cpu, 99),
+        "reconciles": len(reconciles),
         "api_ms_p99": figures.pct(pages_all, 99),
         "api_ms_p99_by_page": {k: figures.pct(v, 99) for k, v in pages.samples.items()},
         "gateway_errors_5xx": sum(c for s, c in result.statuses.items() if s >= 500 or s == 0),
@@ -344,9 +374,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         "client_lag_ms_p99": figures.pct(result.lag_ms, 99),
         "served_resident_share": served["resident"] / served["requests"] if served["requests"] else None,
         "loads_per_1k": 1000 * served["loads_total"] / n if n else None,
+        "loads_per_1k_by_source": {"agent_add_lora": 1000 * served["loads_add_lora"] / n if n else None,
+                                   "engine_reload": 1000 * served["loads_request"] / n if n else None},
+        "warmed_share": served["warmed"] / served["requests"] if served["requests"] else None,
         **figures.simulated(trace, costs, nodes=args.nodes, gpu_slots=args.gpu_slots, cpu_slots=args.cpu_slots,
                             max_tokens=args.max_tokens, seed=args.seed),
         "db_bytes_per_1m_requests": (db_after - db_before) / n * 1e6 if n else None,
+        "placements_routable": routable,
+        "cpu_cores_by_role": {role: round((cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / (wall1 - wall0), 3)
+                              for role in sorted(cpu1)},
         "db_bytes_per_s": round((db_after - db_before) / result.wall_s) if result.wall_s else None,
         "peak_rss_mib": round(peak_rss / (1 << 20)), "load_average": [round(x, 2) for x in load],
         "errors": {str(k): v for k, v in result.errors.items()}, "total_s": round(time.monotonic() - started),

@@ -23,6 +23,8 @@ from devtools.hollow.costs import EngineCosts
 from inference.policy.engine_model import LoRAEngineModel
 from inference.policy.tiers import Tier
 
+FRESH_LOAD_S = 2.0
+
 
 @dataclass
 class ServedLora:
@@ -95,6 +97,8 @@ class HollowEngine:
         self.prompt_tokens = 0
         self.request_success = 0
         self.loads: Counter[int] = Counter()  # disk → CPU loads per id (vLLM's ``_load_adapter`` calls)
+        self.load_sources: Counter[str] = Counter()  # ``add_lora`` (the agent's warms) or ``request`` (reloads)
+        self.fresh_loads: dict[int, float] = {}  # id → when ``add_lora`` loaded it, until its next request
         self.requests: Counter[int] = Counter()
         self.steps: Counter[int] = Counter()
         self.last_used: dict[int, float] = {}
@@ -117,17 +121,19 @@ class HollowEngine:
         self.sizes[lora.lora_int_id] = lora.size
         ms = 0.0
         if self.loras.tier(lora.lora_int_id) is Tier.COLD:
-            ms += self._count_load(lora.lora_int_id)
+            ms += self._count_load(lora.lora_int_id, "add_lora")
+            self.fresh_loads[lora.lora_int_id] = time.monotonic()
         if self.loras.tier(lora.lora_int_id) is not Tier.GPU:
             ms += self._count_swap()
-        self.loras.activate(lora.lora_int_id)
+        self._forget(self.loras.activate(lora.lora_int_id)[0])
         self.last_used[lora.lora_int_id] = time.monotonic()
         self.stall_ms += ms
         return ms
 
-    def _count_load(self, lora_int_id: int) -> float:
+    def _count_load(self, lora_int_id: int, source: str) -> float:
         ms = self.costs.disk_to_cpu_ms(self.sizes.get(lora_int_id, 0))
         self.loads[lora_int_id] += 1
+        self.load_sources[source] += 1
         self.moves["disk_to_cpu"] += 1
         self.moves["disk_to_cpu_s"] += ms / 1000
         return ms
@@ -138,9 +144,14 @@ class HollowEngine:
         self.moves["cpu_to_gpu_s"] += ms / 1000
         return ms
 
+    def _forget(self, evicted: list[int]) -> None:
+        for lora_int_id in evicted:
+            self.fresh_loads.pop(lora_int_id, None)
+
     def remove_lora(self, lora_int_id: int) -> bool:
         """vLLM's ``remove_lora``: out of both tiers (and unpinned)."""
         self.last_used.pop(lora_int_id, None)
+        self.fresh_loads.pop(lora_int_id, None)
         return self.loras.remove_lora(lora_int_id)
 
     def pin_lora(self, lora_int_id: int) -> None:
@@ -160,7 +171,11 @@ class HollowEngine:
         seq = Sequence(prompt_tokens=max(1, prompt_tokens), max_tokens=max(1, max_tokens), lora_int_id=lora_int_id,
                        event=event or asyncio.Event())
         if lora_int_id is not None and first:
-            self.arrival_tiers[self.loras.tier(lora_int_id).value] += 1
+            # The first request within FRESH_LOAD_S of a load by ``add_lora`` is the one that load was for (the
+            # gateway warms a version through the control plane, then sends it): it counts as a miss, "warmed".
+            loaded = self.fresh_loads.pop(lora_int_id, None)
+            fresh = loaded is not None and time.monotonic() - loaded < FRESH_LOAD_S
+            self.arrival_tiers["warmed" if fresh else self.loras.tier(lora_int_id).value] += 1
             self.requests[lora_int_id] += 1
         self.waiting.append(seq)
         self._ensure_running()
@@ -238,11 +253,11 @@ class HollowEngine:
                 if lora not in adapters:
                     tier = self.loras.tier(lora)
                     if tier is Tier.COLD:
-                        moves_ms += self._count_load(lora)
+                        moves_ms += self._count_load(lora, "request")
                     if tier is not Tier.GPU:
                         moves_ms += self._count_swap()
                     adapters.add(lora)
-                self.loras.activate(lora)
+                self._forget(self.loras.activate(lora)[0])
             if not seq.prefilled:
                 prefill += seq.prompt_tokens + seq.generated
                 seq.prefilled = True

@@ -60,7 +60,8 @@ def counts(files: Sequence[Mapping[str, Any]], key: str) -> dict[int, int]:
 
 def engine_totals(hosts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Sums of the emulated engines' counters over every host."""
-    totals: dict[str, float] = {"loads_total": 0, "requests": 0, "resident": 0, "busy_s": 0, "preemptions": 0}
+    totals: dict[str, float] = {"loads_total": 0, "requests": 0, "resident": 0, "busy_s": 0, "preemptions": 0,
+                                "loads_add_lora": 0, "loads_request": 0, "warmed": 0}
     for host in hosts:
         for engine in host.get("engines", {}).values():
             tiers = engine.get("arrival_tiers", {})
@@ -69,6 +70,9 @@ def engine_totals(hosts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
             totals["resident"] += tiers.get("gpu", 0) + tiers.get("cpu", 0)
             totals["busy_s"] += engine["busy_s"]
             totals["preemptions"] += engine["preemptions"]
+            totals["loads_add_lora"] += engine.get("load_sources", {}).get("add_lora", 0)
+            totals["loads_request"] += engine.get("load_sources", {}).get("request", 0)
+            totals["warmed"] += tiers.get("warmed", 0)
     return totals
 
 

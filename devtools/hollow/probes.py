@@ -5,7 +5,8 @@
   ``marker.json`` (``{"id", "version_id", "node_id", "t0"}``: an operator evicted that version from that node at
   Unix time ``t0``); the first refresh whose view no longer routes the version to the node records ``now − t0``.
 - ``internal_application``: ``config.internal_asgi.application`` with each ``POST /internal/v1/nodes/heartbeat``
-  timed from its first byte in to its last byte out (the time to accept one heartbeat).
+  timed from its first byte in to its last byte out (the time to accept one heartbeat), and the CPU its view's
+  thread spent (``heartbeat_cpu_ms``: on a machine shared with other work the wall time is mostly waiting).
 
 Each writes ``<QUIVER_HOLLOW_PROBE_DIR>/<kind>-<pid>.json`` at most every 2 s. The Celery half is
 ``devtools.hollow.probe_tasks``.
@@ -78,6 +79,7 @@ def _gateway() -> Any:
             seen.add(marker["id"])
             recorder.add("propagation_ms", (time.time() - marker["t0"]) * 1000)
         recorder.add("fleet_view_ms", (time.perf_counter() - wall) * 1000)
+        recorder.add("fleet_view_cpu_ms", cpu_ms)
         return view
 
     directory.load_fleet = timed_load_fleet
@@ -87,9 +89,26 @@ def _gateway() -> Any:
 
 
 def _internal() -> Any:
-    from config.internal_asgi import application as inner
+    import functools
+
+    import django
+
+    django.setup()
+    from inference.fleet import internal_views
 
     recorder = Recorder("internal")
+    view = internal_views.heartbeat
+
+    @functools.wraps(view)
+    def timed_view(request: Any) -> Any:
+        cpu = time.thread_time()
+        try:
+            return view(request)
+        finally:
+            recorder.add("heartbeat_cpu_ms", (time.thread_time() - cpu) * 1000)
+
+    internal_views.heartbeat = timed_view  # before the URLconf is imported (first request)
+    from config.internal_asgi import application as inner
 
     async def timed(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].endswith("/nodes/heartbeat"):

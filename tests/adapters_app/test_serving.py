@@ -204,3 +204,20 @@ def test_an_adapters_limits_are_a_limit_scope_beside_the_tenants_and_the_keys(ma
     client.patch("/api/v1/adapters/bot/serving", {"tpm_limit": 500}, format="json")
     scopes = _scopes(key, async_to_sync(GatewayApp(background=False).resolve)(key, "bot@1"))
     assert scopes[-1].name == f"adapter:{bot.pk}" and scopes[-1].limits.tpm == 500 and scopes[-1].label == "adapter bot"
+
+
+def test_an_adapter_without_a_rule_keeps_serving_its_first_ready_version(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    """Versions made ready outside the validation path (rows written directly) leave the rule empty: the gateway
+    and the API agree on the first ready version, and a newer one becoming ready does not take its traffic."""
+    client, tenant, plaintext = make_client()
+    bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    for n in (1, 2):
+        AdapterVersion.objects.create(tenant=tenant, adapter=bot, number=n, sha256=f"{n:064d}", size_bytes=1,
+                                      s3_prefix="x/", files=[], status="ready")
+    assert client.get("/api/v1/adapters/bot").json()["serving_rule"] == [{"version": 1, "weight": 100}]
+    assert client.get("/api/v1/adapters/bot/serving").json()["rule"] == [{"version": 1, "weight": 100}]
+    assert async_to_sync(GatewayApp(background=False).resolve)(_key(plaintext), "bot").version_number == 1
+    _ready(tenant, bot, 3)
+    assert _rule(bot) == [[1, 100]]
+    body = client.post("/api/v1/adapters/bot/canary", {"version": 3, "percent": 5}, format="json").json()
+    assert body["rule"] == [{"version": 1, "weight": 95}, {"version": 3, "weight": 5}]

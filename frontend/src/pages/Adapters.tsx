@@ -6,6 +6,7 @@ import { useMe, useRole } from '../auth'
 import { StatusBadge, isSettled } from '../components/StatusBadge'
 import { TierBadge, tierCounts } from '../components/tiers'
 import { TrafficSparkline } from '../components/TrafficTable'
+import { ruleText } from '../components/serving'
 import { UploadPanel } from '../components/UploadPanel'
 import type { TrafficRow } from '../api/client'
 
@@ -91,7 +92,7 @@ export function Adapters() {
                     <Text c="dimmed">none</Text>
                   )}
                 </Table.Td>
-                <Table.Td>{a.serving_version ? `v${a.serving_version}` : <Text c="dimmed">—</Text>}</Table.Td>
+                <Table.Td>{a.serving_rule.length > 0 ? ruleText(a.serving_rule) : <Text c="dimmed">—</Text>}</Table.Td>
                 <Table.Td>
                   <Residency residency={a.residency as Record<string, number>} />
                 </Table.Td>

@@ -105,3 +105,16 @@ def test_calibrations_charge_8b_adapter_sizes() -> None:
     # CPU calibration: a step of 8 alone ≈ 18 ms, one adapter ≈ 31 ms (bench_fleet, docs/placement.md stop 29).
     assert CPU_TINY.step_ms(8, 0, 0) == pytest.approx(18, abs=0.5)
     assert CPU_TINY.step_ms(8, 1, 0) == pytest.approx(31, abs=0.5)
+
+
+def test_the_first_request_after_a_warm_counts_as_warmed_not_resident() -> None:
+    async def run() -> None:
+        engine = _engine(max_loras=1, max_cpu_loras=2)
+        _serve(engine, "a", 1)
+        engine.add_lora(engine.served["a"])  # the control plane's warm for the request below
+        engine.submit(4, 1, 1)
+        engine.submit(4, 1, 1)
+        assert engine.arrival_tiers == {"warmed": 1, "gpu": 1}
+        assert engine.load_sources == {"add_lora": 1}
+
+    asyncio.run(run())
