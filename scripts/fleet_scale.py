@@ -343,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         reconcile_cpu = figures.samples(worker_files, "fleet_reconcile_task_cpu_ms",
                                         worker_skip["fleet_reconcile_task_cpu_ms"])
         shares = []
-        for (cpu0, at0), f in zip(cpu_before, gateway_files, strict=False):
+        for (fleet_cpu0, at0), f in zip(cpu_before, gateway_files, strict=False):
             wall = f["totals"]["at"] - at0
             if wall > 0:
-                shares.append((f["totals"].get("fleet_cpu_ms", 0.0) - cpu0) / 1000 / wall)
+                shares.append((f["totals"].get("fleet_cpu_ms", 0.0) - fleet_cpu0) / 1000 / wall)
         load = os.getloadavg()
     served = {k: hosts_after[k] - hosts_before[k] for k in hosts_after}
     n = sum(result.statuses.values())
