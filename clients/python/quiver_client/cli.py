@@ -336,23 +336,31 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+def _json_flag() -> argparse.ArgumentParser:
+    """``--json``, accepted before the command (``quiver --json adapters ls``) or after it; a default of SUPPRESS so
+    a subcommand's parser does not overwrite the top level's value with False (``main`` fills it in)."""
+    flag = argparse.ArgumentParser(add_help=False)
+    flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                      help="print the API's JSON (for scripts)")
+    return flag
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line (``quiver --help``)."""
-    common = _common()
-    top = argparse.ArgumentParser(prog="quiver", parents=[common], description=__doc__.split("\n\n")[0],
+    common, json_flag = _common(), _json_flag()
+    top = argparse.ArgumentParser(prog="quiver", parents=[common, json_flag], description=__doc__.split("\n\n")[0],
                                   epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def leaf(parent: Any, name: str, func: Any, help_text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = parent.add_parser(name, parents=[common], help=help_text, description=help_text)
+    def leaf(parent: Any, name: str, func: Any, help_text: str, *, takes_json: bool = True) -> argparse.ArgumentParser:
+        parents = [common, json_flag] if takes_json else [common]
+        p: argparse.ArgumentParser = parent.add_parser(name, parents=parents, help=help_text, description=help_text)
         p.set_defaults(func=func)
-        if json_flag:
-            p.add_argument("--json", action="store_true", help="print the API's JSON (for scripts)")
         return p
 
-    p = leaf(sub, "login", cmd_login, "store a key for a server in the config file (mode 600)", json_flag=False)
+    p = leaf(sub, "login", cmd_login, "store a key for a server in the config file (mode 600)", takes_json=False)
     p.add_argument("--api-key-stdin", action="store_true", help="read the key from stdin (default: hidden prompt)")
-    leaf(sub, "logout", cmd_logout, "remove the stored key", json_flag=False)
+    leaf(sub, "logout", cmd_logout, "remove the stored key", takes_json=False)
 
     p = leaf(sub, "push", cmd_push, "validate locally, upload straight to S3 (resumable), wait for validation")
     p.add_argument("path", help="PEFT adapter folder (adapter_config.json + adapter_model.safetensors) or .zip/.tar.gz")
@@ -418,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not hasattr(args, "timeout"):
         args.timeout = 60.0
+    if not hasattr(args, "json"):
+        args.json = False
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
