@@ -1,5 +1,9 @@
-"""Control-plane API for metering: ``GET /api/v1/usage[?since=<ISO 8601>]``, ``…/series``, ``…/traffic``,
-``…/rollups``, ``…/versions`` (one adapter's versions side by side)."""
+"""Control-plane API for metering: ``GET /api/v1/usage[?since=…&until=…]``, ``…/series``, ``…/traffic``,
+``…/rollups``, ``…/versions`` (one adapter's versions side by side).
+
+Every ``since``/``until`` is ISO 8601 or a span back from now (``15m``, ``1h``, ``24h``, ``7d``: ``common.moments``);
+anything else is a 400 ``invalid`` naming the field and both forms.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from adapters_app.selectors import adapter_get
+from common.moments import MomentField
 from inference.metering.models import UsageRecord, UsageRollup
 from inference.metering.rollups import usage_rollups
 from inference.metering.selectors import usage_csv, usage_summary
@@ -60,10 +65,10 @@ async def _in_batches(lines: Iterator[str]) -> AsyncIterator[str]:
         yield chunk
 
 class UsageQuerySerializer(serializers.Serializer):
-    """Query of ``GET /api/v1/usage``: optional ``since`` and ``until`` (ISO 8601; ``until`` exclusive), and
+    """Query of ``GET /api/v1/usage``: optional ``since`` and ``until`` (ISO 8601 or ``24h``; ``until`` exclusive), and
     ``export=csv`` for the raw records."""
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
+    since = MomentField(required=False)
+    until = MomentField(required=False)
     export = serializers.ChoiceField(choices=["csv"], required=False, help_text="csv: the raw records as CSV")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -75,15 +80,15 @@ class UsageQuerySerializer(serializers.Serializer):
 
 class UsageSeriesQuerySerializer(serializers.Serializer):
     """Query of ``GET /api/v1/usage/series``: ``since`` (default: an hour ago) and ``bucket`` (minute, hour)."""
-    since = serializers.DateTimeField(required=False)
+    since = MomentField(required=False)
     bucket = serializers.ChoiceField(choices=sorted(BUCKETS), default="minute")
 
 
 class UsageRollupQuerySerializer(serializers.Serializer):
     """Query of ``GET /api/v1/usage/rollups``: ``since`` (default: an hour ago), ``until`` (exclusive, optional),
     ``model`` (one adapter or the base model, optional)."""
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
+    since = MomentField(required=False)
+    until = MomentField(required=False)
     model = serializers.CharField(required=False, max_length=200)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -133,8 +138,8 @@ class TrafficQuerySerializer(serializers.Serializer):
     """Query of the traffic tables: ``since`` (default an hour ago), ``until`` (default now), ``bucket`` of the
     sparklines (default minute up to 6 h, else hour); operators may filter by ``tenant`` slug."""
 
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
+    since = MomentField(required=False)
+    until = MomentField(required=False)
     bucket = serializers.ChoiceField(choices=["minute", "hour"], required=False)
     tenant = serializers.SlugField(required=False)
 
@@ -157,8 +162,8 @@ class VersionsQuerySerializer(serializers.Serializer):
     (default now)."""
 
     adapter = serializers.SlugField(max_length=40)
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
+    since = MomentField(required=False)
+    until = MomentField(required=False)
 
 
 class VersionFiguresSerializer(serializers.Serializer):

@@ -2964,8 +2964,10 @@ export interface operations {
                  *     * `hour` - hour
                  */
                 bucket?: "minute" | "hour";
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
                 tenant?: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 until?: string;
             };
             header?: never;
@@ -3195,7 +3197,9 @@ export interface operations {
                  *     * `csv` - csv
                  */
                 export?: "csv";
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 until?: string;
             };
             header?: never;
@@ -3218,7 +3222,9 @@ export interface operations {
         parameters: {
             query?: {
                 model?: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 until?: string;
             };
             header?: never;
@@ -3245,6 +3251,7 @@ export interface operations {
                  *     * `minute` - minute
                  */
                 bucket?: "hour" | "minute";
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
             };
             header?: never;
@@ -3271,8 +3278,10 @@ export interface operations {
                  *     * `hour` - hour
                  */
                 bucket?: "minute" | "hour";
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
                 tenant?: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 until?: string;
             };
             header?: never;
@@ -3295,7 +3304,9 @@ export interface operations {
         parameters: {
             query: {
                 adapter: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 until?: string;
             };
             header?: never;

@@ -62,3 +62,36 @@ def test_usage_takes_a_time_range_and_exports_csv(make_client, base_model) -> No
     lines = b"".join(export).decode().splitlines()  # as a WSGI server reads it; ASGI reads it in batches
     assert lines[0].startswith("created_at,model,version,endpoint,stream,status_code,prompt_tokens")
     assert [line.split(",")[5:8] for line in lines[1:]] == [["200", "2", "5"], ["499", "2", "7"]]  # theirs absent
+
+
+@pytest.mark.parametrize(("path", "fields"), [("/api/v1/usage", ("since", "until")), ("/api/v1/usage/series", ("since",)),
+                                             ("/api/v1/usage/traffic", ("since", "until")),
+                                             ("/api/v1/usage/rollups", ("since", "until")),
+                                             ("/api/v1/usage/versions", ("since", "until"))])
+def test_every_since_and_until_takes_a_span_back_from_now(  # type: ignore[no-untyped-def]
+        make_client, base_model, path: str, fields: tuple[str, ...]) -> None:
+    client, tenant, _ = make_client()
+    _version(tenant, "bot")
+    base = {"adapter": "bot"} if path.endswith("versions") else {}
+    for field in fields:
+        for span in ("15m", "1h", "24h", "7d"):
+            assert client.get(path, {**base, field: span}).status_code == 200, (field, span)
+        for value in ("yesterday", "1y", "-1h", "999999999w"):
+            bad = client.get(path, {**base, field: value})
+            body = bad.json()
+            assert bad.status_code == 400 and body["code"] == "invalid" and field in body["fields"], (field, value)
+            assert f"'{field}'" in body["detail"] and "ISO 8601" in body["detail"] and "24h" in body["detail"], body
+    if "until" in fields:
+        assert client.get(path, {**base, "since": "2h", "until": "1h"}).status_code == 200
+
+
+def test_a_span_counts_back_from_now(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    now = timezone.now()
+    for minutes_ago, tokens in ((90, 5), (30, 7)):
+        UsageRecord.objects.create(tenant=tenant, base_model=base_model, model_name="tiny-llama", endpoint="completions",
+                                   status_code=200, prompt_tokens=2, completion_tokens=tokens, latency_ms=1.0,
+                                   created_at=now - timedelta(minutes=minutes_ago))
+    assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": "1h"}).json()] == [7]
+    assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"until": "1h"}).json()] == [5]
+    assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": "2h"}).json()] == [12]
