@@ -9,6 +9,18 @@ from config.settings.base import *  # noqa: F403
 from config.settings.base import PLACEHOLDER_MARKERS, pooled, read_secret
 
 DEBUG = False
+
+# Every variable production cannot start without, checked together first: a fresh machine learns the whole list from
+# one try (manage.py prints it as one line), not one name per start.
+REQUIRED_ENV = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "DATABASE_URL",
+                "CELERY_BROKER_URL")
+_missing = [name for name in REQUIRED_ENV if not env.str(name, default="")]  # noqa: F405
+if _missing:
+    raise ImproperlyConfigured(
+        f"{', '.join(_missing)} {'is' if len(_missing) == 1 else 'are'} not set, and the production settings (the "
+        "default) need them: give this process the web service's environment (README, 'Using it'; for the running "
+        "demo: `set -a; . .cache/demo-run/env; set +a`), or set DJANGO_SETTINGS_MODULE=config.settings.local for a "
+        "local SQLite stack with development secrets.")
 SECRET_KEY = read_secret("DJANGO_SECRET_KEY")
 QUIVER_API_KEY_HMAC_KEY = read_secret("QUIVER_API_KEY_HMAC_KEY")
 if QUIVER_API_KEY_HMAC_KEY == SECRET_KEY:

@@ -39,7 +39,33 @@ def test_every_entry_point_defaults_to_production(entry: str) -> None:
             f"import {entry}; from django.conf import settings; settings.SECRET_KEY")
     done = _python(code)
     assert done.returncode != 0
-    assert "DJANGO_SECRET_KEY is not set" in done.stderr, done.stderr[-2000:]
+    assert "DJANGO_SECRET_KEY, QUIVER_API_KEY_HMAC_KEY" in done.stderr and "are not set" in done.stderr, (
+        done.stderr[-2000:])
+
+
+@pytest.mark.parametrize(("unset", "named"), [
+    (tuple(GOOD), "DJANGO_SECRET_KEY, QUIVER_API_KEY_HMAC_KEY, QUIVER_NODE_SECRET, DATABASE_URL, CELERY_BROKER_URL are"),
+    (("DATABASE_URL",), "DATABASE_URL is not set"),
+])
+def test_manage_py_without_the_environment_says_so_in_one_line(unset: tuple[str, ...], named: str) -> None:
+    env = {k: v for k, v in GOOD.items() if k not in unset}
+    done = subprocess.run([sys.executable, "manage.py", "migrate"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                                         "HOME": os.environ.get("HOME", "/tmp"), **env})
+    assert done.returncode == 1 and done.stdout == ""
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"manage.py: {named}"), done.stderr
+    assert "README" in done.stderr and "DJANGO_SETTINGS_MODULE=config.settings.local" in done.stderr
+
+
+def test_manage_py_names_a_placeholder_secret_in_one_line() -> None:
+    env = {**GOOD, "QUIVER_NODE_SECRET": "CHANGE-ME-node-secret"}
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                                         "HOME": os.environ.get("HOME", "/tmp"), **env})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert done.stderr.startswith("manage.py: QUIVER_NODE_SECRET is a placeholder"), done.stderr
 
 
 def test_production_starts_with_real_secrets() -> None:
