@@ -59,11 +59,38 @@ def test_push_goes_straight_to_s3_waits_for_validation_and_prints_json(
     assert ("POST", "/api/v1/adapters/support-bot/versions") not in server_requests
     assert ("POST", "/api/v1/adapters/support-bot/uploads") in server_requests
 
-    # The same push again is the same version (identical bytes), and the human output names it.
+    # The same push again is the same version (identical bytes), found before any upload; the output names it.
+    server_requests.clear()
     again = quiver("push", str(folder), "--name", "support-bot")
     assert again.rc == 0, again.stderr
-    assert "support-bot@1 ready" in again.stdout and "2 part(s) sent" in again.stdout
+    assert "support-bot@1 ready" in again.stdout and "already uploaded: the same files, nothing sent" in again.stdout
+    assert _upload_requests(server_requests) == []
     assert AdapterVersion.objects.filter(tenant=tenancy.tenant).count() == 1
+
+
+def test_pushing_files_a_version_already_holds_uploads_nothing(
+        quiver, tenancy: Tenancy, base_model, tiny_adapters, server_requests) -> None:
+    folder = tiny_adapters["qv-r8"]
+    assert quiver("push", str(folder), "--name", "bot", "--base-model", "tiny-llama").rc == 0
+    assert quiver("push", str(tiny_adapters["all-r16"]), "--name", "bot").rc == 0  # v2, other files
+    server_requests.clear()
+    again = quiver("--json", "push", str(folder), "--name", "bot", "--base-model", "tiny-llama")
+    assert again.rc == 0, again.stderr
+    out = again.json()
+    v1 = AdapterVersion.objects.get(tenant=tenancy.tenant, adapter__name="bot", number=1)
+    assert out["existing"] is True and out["version"] == 1 and out["status"] == "ready" and out["sha256"] == v1.sha256
+    assert out["parts_sent"] == 0 and out["upload_id"] == "" and out["version_body"]["number"] == 1
+    assert _upload_requests(server_requests) == []  # no upload declared, no part signed, nothing sent to S3
+    assert AdapterVersion.objects.filter(tenant=tenancy.tenant).count() == 2
+
+    # Another base model named for the same files: not the existing version, the server's refusal instead.
+    other = quiver("push", str(folder), "--name", "bot", "--base-model", "other-base", "--no-local-check")
+    assert other.rc != 0 and "existing" not in other.stdout
+
+    # A rejected version with the same files is sent again (the server validates it anew), not answered as is.
+    AdapterVersion.objects.filter(pk=v1.pk).update(status="rejected")
+    resent = quiver("--json", "push", str(folder), "--name", "bot")
+    assert resent.json()["existing"] is False and resent.json()["version"] == 1, resent.stderr
 
 
 def test_an_archive_is_checked_unpacked_and_sent_as_its_two_files(quiver, tenancy: Tenancy, base_model,

@@ -140,7 +140,8 @@ def _percent(value: str) -> int:
 
 def cmd_push(args: argparse.Namespace) -> int:
     """Validate locally, upload straight to S3 (resumable), wait for validation, print the report; with
-    ``--promote``/``--canary PCT``, then send it traffic (warmed first)."""
+    ``--promote``/``--canary PCT``, then send it traffic (warmed first). Files a version already holds (same
+    sha256) are not uploaded again: the push answers with that version."""
     if (args.promote or args.canary is not None) and args.no_wait:
         raise QuiverError("--promote and --canary act once the version is ready; drop --no-wait.",
                           code="bad_arguments")
@@ -172,6 +173,8 @@ def cmd_push(args: argparse.Namespace) -> int:
         render.out.print(f"{escape(args.name)}: uploaded ({sent}); the server is checking it (upload "
                          f"{result.upload_id}). See `quiver versions ls {args.name}`.")
         return EXIT_OK
+    if result.existing:  # the same files as a version already there: no upload, no new version
+        sent = "already uploaded: the same files, nothing sent"
     render.out.print(f"{escape(args.name)}@{result.version} [bold]{result.status}[/bold] ({sent}); sha256 "
                      f"{result.sha256}")
     if result.version_body:

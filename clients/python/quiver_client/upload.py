@@ -6,6 +6,11 @@ and the first presigned part URLs; the client ``PUT``s each part to S3 (the byte
 process), the server completes each file from S3's own part listing, and a worker checks every sha256 before the
 version exists and is validated.
 
+Identical files: when a version of the adapter (not a rejected one) already holds exactly these files (names,
+sizes and sha256), nothing is uploaded and the push answers with that version (``PushResult.existing``): the server
+would keep only one version per content anyway (``AdapterVersion``'s unique ``(adapter, sha256)``), after all the
+bytes had moved.
+
 Resume: the upload's id is kept in a small state file (:func:`quiver_client.config.state_dir`), keyed by the
 server, the key's id, the adapter and the files' digests. Rerunning the same push asks the server which parts S3
 already holds (``GET …/parts``) and sends only the others; an upload already verifying goes straight to waiting.
@@ -69,6 +74,8 @@ class PushResult:
         parts_skipped: Parts S3 already held (a resumed push).
         bytes_sent: Bytes this run sent.
         resumed: Whether this run continued an earlier upload.
+        existing: Whether a version already held exactly these files, so nothing was uploaded (``version``,
+            ``status``, ``sha256`` and ``version_body`` are that version's; ``upload_id`` is empty).
         files: The files sent, ``[{name, size, sha256}]`` (local digests; the version's must equal them).
         local_report: The local validation's report (None with ``local_check=False``).
         version_body: The version's JSON as the API returns it (with ``validation_report``), once known.
@@ -84,6 +91,7 @@ class PushResult:
     parts_skipped: int = 0
     bytes_sent: int = 0
     resumed: bool = False
+    existing: bool = False
     files: list[dict[str, Any]] = field(default_factory=list)
     local_report: dict[str, Any] | None = None
     version_body: dict[str, Any] | None = field(default=None, repr=False)
@@ -298,6 +306,13 @@ def push(client: Client, path: Path, *, name: str, base_model: str | None = None
         files = [LocalFile(n, p, p.stat().st_size, sha256_file(p)) for n, p in pairs]
         result.files = [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files]
         state = _State(client, name, files, state_folder)
+        same = _same_files_version(client, name, result.files, base_model=base_model)
+        if same is not None:
+            state.clear()  # an earlier push of these files that ended as this version: nothing left to resume
+            reporter.stage(f"{name}@{same['number']} already holds these files (same sha256); nothing to upload")
+            result.existing, result.version = True, int(same["number"])
+            return _await_version(client, name, result, reporter, timeout=timeout if wait_validation else 0,
+                                  poll=poll)
         upload = _resume(client, name, state, result)
         if upload is None:
             upload = client.upload_create(name, files=[{"name": f.name, "size": f.size, "sha256": f.sha256}
@@ -313,6 +328,34 @@ def push(client: Client, path: Path, *, name: str, base_model: str | None = None
     if result.version is None:
         return result
     return _await_version(client, name, result, reporter, timeout=timeout if wait_validation else 0, poll=poll)
+
+
+def _same_files_version(client: Client, name: str, files: Sequence[dict[str, Any]], *,
+                        base_model: str | None) -> dict[str, Any] | None:
+    """The newest version of ``name`` holding exactly ``files`` (``[{name, size, sha256}]``), unless rejected.
+
+    None when the adapter does not exist yet, when ``base_model`` names another base than the adapter's (the upload
+    then goes on and the server refuses it with ``base_model_mismatch``), for an archive sent as-is (its files are
+    only known once unpacked server-side), or when no version matches. A rejected version with these files is
+    uploaded again on purpose: the server validates it anew (an operator may have raised a limit since).
+    """
+    if len(files) == 1 and str(files[0]["name"]).lower().endswith(local_check.ARCHIVE_SUFFIXES):
+        return None
+    try:
+        adapter = client.adapter(name)
+        if base_model is not None and adapter.get("base_model") != base_model:
+            return None
+        versions = client.versions(name)
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    local = sorted((str(f["name"]), int(f["size"]), str(f["sha256"])) for f in files)
+    for version in versions:  # newest first
+        stored = sorted((str(f["name"]), int(f["size"]), str(f["sha256"])) for f in version.get("files") or [])
+        if stored == local and version.get("status") != "rejected":
+            return version
+    return None
 
 
 def _resume(client: Client, name: str, state: _State, result: PushResult) -> dict[str, Any] | None:
