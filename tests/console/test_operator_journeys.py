@@ -56,7 +56,7 @@ def test_operator_evicts_and_pins_and_the_residency_map_follows_the_engine(
     page.get_by_role("link", name="Residency map").click()
     label = f"acme/capitals v{number}"
     cell = page.get_by_test_id(f"cell-{label}-{live_node.name}")
-    expect(cell).to_have_attribute("aria-label", re.compile(r": (GPU|CPU)$"), timeout=30_000)
+    expect(cell).to_have_attribute("aria-label", re.compile(r": (LoRA slot|CPU cache)$"), timeout=30_000)
     screenshot(page, "operator-residency-before")
     page.get_by_role("button", name=f"evict {label} on {live_node.name}").click()
     page.get_by_role("button", name="Confirm evict").click()
@@ -64,7 +64,7 @@ def test_operator_evicts_and_pins_and_the_residency_map_follows_the_engine(
     expect(cell).to_have_attribute("aria-label", re.compile(r": disk$"), timeout=60_000)
     page.get_by_role("button", name=f"pin {label} on {live_node.name}").click()
     page.get_by_role("button", name="Confirm pin").click()
-    expect(cell).to_have_attribute("aria-label", re.compile(r": (GPU|CPU), pinned$"), timeout=60_000)
+    expect(cell).to_have_attribute("aria-label", re.compile(r": (LoRA slot|CPU cache), pinned$"), timeout=60_000)
     screenshot(page, "operator-residency-after")
     # The cell may show the pin task's answer while a heartbeat sent before the pin is still being written (it
     # reports the row unpinned for a moment): wait for the row, as for the engine's own figures below.
@@ -80,7 +80,7 @@ def test_operator_evicts_and_pins_and_the_residency_map_follows_the_engine(
     # Leave the shared engine without a pinned adapter.
     page.get_by_role("button", name=f"unpin {label} on {live_node.name}").click()
     page.get_by_role("button", name="Confirm unpin").click()
-    expect(cell).to_have_attribute("aria-label", re.compile(r": (disk|CPU|GPU)$"), timeout=60_000)
+    expect(cell).to_have_attribute("aria-label", re.compile(r": (disk|CPU cache|LoRA slot)$"), timeout=60_000)
 
 
 def test_operator_lowers_a_tenants_rpm_and_the_gateway_answers_429(

@@ -1,4 +1,4 @@
-// Nodes × adapter versions: each cell is the version's tier on that node (GPU slot, engine CPU cache, node disk,
+// Nodes × adapter versions: each cell is the version's tier on that node (engine LoRA slot, engine CPU cache, node disk,
 // cold = only in S3, errored), a pinned marker and the size, with the operator actions the cell allows.
 import { Badge, Button, Group, Stack, Table, Text } from '@mantine/core'
 import type { Node, Placement } from '../api/client'

@@ -43,8 +43,8 @@ describe('ResidencyMap', () => {
   it('labels every cell with its tier and pin, and hands the chosen action up', async () => {
     const onAction = vi.fn()
     renderWithMantine(<ResidencyMap nodes={fleet()} tenant={null} onAction={onAction} />)
-    expect(screen.getByRole('cell', { name: 'acme/capitals v1 on gpu-1: GPU, pinned' })).toHaveTextContent('2.0 MiB')
-    expect(screen.getByRole('cell', { name: 'acme/capitals v1 on gpu-2: CPU' })).toBeInTheDocument()
+    expect(screen.getByRole('cell', { name: 'acme/capitals v1 on gpu-1: LoRA slot, pinned' })).toHaveTextContent('2.0 MiB')
+    expect(screen.getByRole('cell', { name: 'acme/capitals v1 on gpu-2: CPU cache' })).toBeInTheDocument()
     expect(screen.getByRole('cell', { name: 'beta/bot v1 on gpu-1: not placed' })).toBeInTheDocument()
     expect(screen.queryByRole('button', { name: 'evict acme/capitals v1 on gpu-1' })).toBeNull()
     await userEvent.click(screen.getByRole('button', { name: 'evict acme/capitals v1 on gpu-2' }))

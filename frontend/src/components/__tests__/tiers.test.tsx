@@ -3,19 +3,25 @@ import { describe, expect, it } from 'vitest'
 import type { Node, Placement } from '../../api/client'
 import { Residency } from '../../pages/Adapters'
 import { ResidencyMap } from '../ResidencyMap'
-import { TIERS, TIER_LABEL, tierCounts, tierLabel } from '../tiers'
+import { TIERS, TIER_HELP, TIER_LABEL, tierCounts, tierLabel } from '../tiers'
 import { renderWithMantine } from './render'
 
 describe('tier vocabulary', () => {
-  it('names every API tier once: hot GPU, warm CPU, staged disk, cold cold', () => {
-    expect(TIERS.map(tierLabel)).toEqual(['GPU', 'CPU', 'disk', 'cold', 'errored'])
+  it('names every API tier once: hot LoRA slot, warm CPU cache, staged disk, cold cold', () => {
+    expect(TIERS.map(tierLabel)).toEqual(['LoRA slot', 'CPU cache', 'disk', 'cold', 'errored'])
     expect(tierLabel('someday')).toBe('someday')
+  })
+
+  it('names the engine places, never a device: a CPU-only node has LoRA slots too', () => {
+    for (const tier of TIERS) expect(tierLabel(tier)).not.toMatch(/\bGPU\b/)
+    expect(TIER_HELP.hot).toContain('max_loras')
+    expect(TIER_HELP.warm).toContain('max_cpu_loras')
   })
 
   it('orders counts closest-to-serving first and drops empty tiers', () => {
     expect(tierCounts({ staged: 2, cold: 0, hot: 1, warm: 3 })).toEqual([
-      { tier: 'hot', label: 'GPU', count: 1 },
-      { tier: 'warm', label: 'CPU', count: 3 },
+      { tier: 'hot', label: 'LoRA slot', count: 1 },
+      { tier: 'warm', label: 'CPU cache', count: 3 },
       { tier: 'staged', label: 'disk', count: 2 },
     ])
   })
@@ -23,7 +29,7 @@ describe('tier vocabulary', () => {
   it('the adapter list and the operator map say the same words, never the API values', () => {
     renderWithMantine(<Residency residency={{ staged: 2, hot: 1 }} />)
     const list = screen.getByLabelText('Replicas per tier')
-    expect(within(list).getAllByText(/./).map((b) => b.textContent)).toEqual(['1 GPU', '2 disk'])
+    expect(within(list).getAllByText(/./).map((b) => b.textContent)).toEqual(['1 LoRA slot', '2 disk'])
     const placement = (tier: Placement['tier']): Placement => ({
       id: 1, version_id: 1, tenant: 'acme', adapter: 'x', version: 1, size_bytes: 1024, tier, pinned: false,
       served: false, load_ms: null, last_error: '', updated_at: '2026-12-01T09:00:00Z',
@@ -34,7 +40,7 @@ describe('tier vocabulary', () => {
       gpu_used: 0, cpu_used: 0, failed_requests_5m: 0, placements: [{ ...placement(tier) }],
     })
     renderWithMantine(<ResidencyMap nodes={[node('n1', 'hot'), node('n2', 'staged')]} tenant={null} onAction={() => {}} />)
-    expect(screen.getByRole('cell', { name: 'acme/x v1 on n1: GPU' })).toHaveTextContent(TIER_LABEL.hot)
+    expect(screen.getByRole('cell', { name: 'acme/x v1 on n1: LoRA slot' })).toHaveTextContent(TIER_LABEL.hot)
     expect(screen.getByRole('cell', { name: 'acme/x v1 on n2: disk' })).toHaveTextContent(TIER_LABEL.staged)
     for (const apiWord of ['hot', 'warm', 'staged']) expect(screen.queryByText(new RegExp(`\\b${apiWord}\\b`))).toBeNull()
   })
