@@ -13,15 +13,13 @@ def main() -> None:
     """Run a management command; settings that cannot load (a missing or placeholder secret, no ``DATABASE_URL``)
     end it with one line on stderr naming the variables and the fix, exit status 1, instead of Django's traceback."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
-    from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    try:
-        settings.INSTALLED_APPS  # noqa: B018 (imports the settings module, where a missing secret stops the start)
+    try:  # around the whole run, not a settings read first: Django applies --settings / --pythonpath itself
+        execute_from_command_line(sys.argv)
     except ImproperlyConfigured as exc:
         sys.exit(f"manage.py: {' '.join(str(exc).split())}")
-    execute_from_command_line(sys.argv)
 
 
 if __name__ == "__main__":

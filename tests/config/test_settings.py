@@ -58,6 +58,13 @@ def test_manage_py_without_the_environment_says_so_in_one_line(unset: tuple[str,
     assert "README" in done.stderr and "DJANGO_SETTINGS_MODULE=config.settings.local" in done.stderr
 
 
+def test_manage_py_still_takes_settings_on_its_command_line() -> None:
+    done = subprocess.run([sys.executable, "manage.py", "check", "--settings=config.settings.local"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")})
+    assert done.returncode == 0 and "no issues" in done.stdout, done.stderr
+
+
 def test_manage_py_names_a_placeholder_secret_in_one_line() -> None:
     env = {**GOOD, "QUIVER_NODE_SECRET": "CHANGE-ME-node-secret"}
     done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO, capture_output=True, text=True,
