@@ -133,6 +133,9 @@ class ApiKey(RequestLimits):
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The console playground's key of ``created_by`` in this tenant: one live row per user, whose secret is replaced
+    # each time the console asks for it (``services.playground_key_issue``), so visits never add keys to the list.
+    console_playground = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return self.masked

@@ -45,7 +45,7 @@ class ApiKeyOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiKey
         fields = ["key_id", "key", "name", "scopes", "adapters", "enabled", "expires_at", "last_used_at", "revoked_at",
-                  "created_at", *LIMIT_FIELDS]
+                  "created_at", "console_playground", *LIMIT_FIELDS]
 
 
 class ApiKeyCreatedSerializer(ApiKeyOutputSerializer):

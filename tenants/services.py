@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from common.echo import clip
 from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Membership, Tenant
-from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
+from tenants.scopes import ALL_SCOPES, INFERENCE, KEYS_MANAGE
 
 
 class ApiKeyInvalid(Exception):
@@ -163,6 +163,44 @@ def _api_key_insert(tenant: Tenant, key_id: str, secret: str, name: str, scopes:
     key.full_clean()
     key.save()
     return key, f"{settings.QUIVER_API_KEY_PREFIX}_{key_id}.{secret}"
+
+
+PLAYGROUND_KEY_NAME = "console playground"
+PLAYGROUND_KEY_TTL = timedelta(hours=1)
+
+
+def playground_key_issue(tenant: Tenant, *, actor: User,
+                         limits: Mapping[str, Any] | None = None) -> tuple[ApiKey, str]:
+    """The console playground's ``inference`` key of ``actor`` in ``tenant``, with a fresh secret valid for an hour.
+
+    One live row per user and tenant: the first call mints it (quota-checked, with ``limits`` as
+    :func:`api_key_create` takes them); later calls replace its secret and expiry in place, so the old secret stops
+    working and the tenant's key list never grows with visits. The secret is never stored (only its HMAC) and is
+    returned this once; a key the user revoked stays revoked, and the next call mints a new row.
+
+    Returns:
+        ``(key, plaintext)``; ``plaintext`` is ``<prefix>_<key_id>.<secret>``, expiring ``PLAYGROUND_KEY_TTL`` from now.
+
+    Raises:
+        common.exceptions.QuiverError: 403 ``quota_exceeded`` when minting the first one finds the tenant's
+            ``max_api_keys`` active keys.
+    """
+    expires_at = timezone.now() + PLAYGROUND_KEY_TTL
+    with transaction.atomic():
+        Tenant.objects.select_for_update().get(pk=tenant.pk)  # two tabs at once: one row, not two
+        key = (ApiKey.objects.select_for_update()
+               .filter(tenant=tenant, created_by=actor, console_playground=True, enabled=True).first())
+        if key is None:
+            key, plaintext = api_key_create(tenant, name=PLAYGROUND_KEY_NAME, scopes=[INFERENCE],
+                                            expires_at=expires_at, actor=actor, limits=limits)
+            key.console_playground = True
+            key.save(update_fields=["console_playground"])
+            return key, plaintext
+        secret = secrets.token_urlsafe(32)
+        key.digest, key.expires_at = _digest(secret), expires_at
+        key.full_clean()
+        key.save(update_fields=["digest", "expires_at"])  # post_save: gateways drop the cached old digest
+    return key, f"{settings.QUIVER_API_KEY_PREFIX}_{key.key_id}.{secret}"
 
 
 def api_key_revoke(tenant: Tenant, *, key_id: str, actor: User | None = None) -> ApiKey:

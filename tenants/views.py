@@ -93,6 +93,24 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             services.member_key_limits_note(self.tenant, key=key, limits=data.validated_data)
         return Response(ApiKeyOutputSerializer(key).data)
 
+    @extend_schema(request=None, responses={201: ApiKeyCreatedSerializer})
+    @action(detail=False, methods=["post"])
+    def playground(self, request: Request) -> Response:
+        """``POST /api/v1/api-keys/playground`` (console sessions, role member): the caller's playground key, an
+        ``inference``-only key expiring in an hour, with a new ``secret`` shown this once. One key per user and
+        tenant, its secret replaced on each call (``services.playground_key_issue``): the console asks once per tab,
+        and the key list does not grow with visits. 403 ``session_only`` for API keys (they call the gateway
+        themselves)."""
+        access = self.principal
+        if access.user is None:
+            raise QuiverError("The playground key is for console sessions; an API key calls the gateway itself.",
+                              code="session_only", status_code=403)
+        limits = ({} if access.has_role(Membership.Role.OWNER)
+                  else services.member_key_limits(self.tenant, user=access.user))
+        key, plaintext = services.playground_key_issue(self.tenant, actor=access.user, limits=limits)
+        body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
+        return Response(body, status=status.HTTP_201_CREATED)
+
     @extend_schema(request=None, responses=ApiKeyOutputSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, key_id: str | None = None) -> Response:

@@ -235,6 +235,8 @@ NOT_TENANT_OBJECTS = {
     "api/v1/auth/me": "the caller's own identity",
     "api/v1/auth/session": "the caller's own identity, or only that there is none",
     "api/v1/auth/tenant": "picks one of the caller's own tenants (membership checked)",
+    "api/v1/api-keys/playground$": "the session user's own playground key in the tenant the session acts in; no "
+                                   "object is named (tests/tenants/test_playground_key.py)",
     "api/v1/operator/nodes$": "staff-only fleet view; tenants' keys and sessions get 403 (tests/inference/gateway/"
                               "test_operator_api.py)",
     "api/v1/operator/nodes/(?P<name>[a-z0-9-]+)$": "staff-only node registry; tenants' keys and sessions get 403 "

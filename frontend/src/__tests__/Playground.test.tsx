@@ -8,7 +8,7 @@ import { ANSWER_HINT, Playground } from '../pages/Playground'
 
 const streams: { model: string; onText: (t: string) => void; done: () => void }[] = []
 vi.mock('../pages/playground', () => ({
-  playgroundKey: async () => 'key',
+  withPlaygroundKey: <T,>(call: (key: string) => Promise<T>) => call('key'),
   streamCompletion: (opts: { model: string; onText: (t: string) => void }) =>
     new Promise<void>((done) => streams.push({ model: opts.model, onText: opts.onText, done })),
 }))

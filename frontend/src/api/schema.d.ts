@@ -325,6 +325,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/api-keys/playground": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description ``POST /api/v1/api-keys/playground`` (console sessions, role member): the caller's playground key, an
+         *     ``inference``-only key expiring in an hour, with a new ``secret`` shown this once. One key per user and
+         *     tenant, its secret replaced on each call (``services.playground_key_issue``): the console asks once per tab,
+         *     and the key list does not grow with visits. 403 ``session_only`` for API keys (they call the gateway
+         *     themselves).
+         */
+        post: operations["api_keys_playground_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/invitations": {
         parameters: {
             query?: never;
@@ -1051,6 +1074,7 @@ export interface components {
             revoked_at?: string | null;
             /** Format: date-time */
             readonly created_at: string;
+            console_playground?: boolean;
             rpm_limit?: number | null;
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
@@ -1094,6 +1118,7 @@ export interface components {
             revoked_at?: string | null;
             /** Format: date-time */
             readonly created_at: string;
+            console_playground?: boolean;
             rpm_limit?: number | null;
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
@@ -1325,6 +1350,7 @@ export interface components {
             revoked_at?: string | null;
             /** Format: date-time */
             readonly created_at?: string;
+            console_playground?: boolean;
             rpm_limit?: number | null;
             tpm_limit?: number | null;
             concurrency_limit?: number | null;
@@ -2282,6 +2308,25 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ApiKeyOutput"];
+                };
+            };
+        };
+    };
+    api_keys_playground_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiKeyCreated"];
                 };
             };
         };

@@ -4,7 +4,7 @@ import { useRef, useState } from 'react'
 import { api, unwrap } from '../api/client'
 import { useMe, useRole } from '../auth'
 import { useBaseModels } from './Adapters'
-import { playgroundKey, streamCompletion } from './playground'
+import { streamCompletion, withPlaygroundKey } from './playground'
 
 /** Where an answer stands: nothing sent yet, streaming, or finished. */
 export type AnswerState = 'idle' | 'busy' | 'done'
@@ -53,13 +53,15 @@ export function Playground() {
     setAnswers({ adapter: '', base: '' })
     abort.current = new AbortController()
     try {
-      const key = await playgroundKey()
       const base = chosen.base_model ?? baseModels.data?.[0]
-      const common = { key, prompt, mode, maxTokens, signal: abort.current.signal }
-      await Promise.all([
-        streamCompletion({ ...common, model: chosen.name, onText: (t) => setAnswers((a) => ({ ...a, adapter: a.adapter + t })) }),
-        streamCompletion({ ...common, model: base, onText: (t) => setAnswers((a) => ({ ...a, base: a.base + t })) }),
-      ])
+      const signal = abort.current.signal
+      await withPlaygroundKey((key) => {
+        const common = { key, prompt, mode, maxTokens, signal }
+        return Promise.all([
+          streamCompletion({ ...common, model: chosen.name, onText: (t) => setAnswers((a) => ({ ...a, adapter: a.adapter + t })) }),
+          streamCompletion({ ...common, model: base, onText: (t) => setAnswers((a) => ({ ...a, base: a.base + t })) }),
+        ])
+      })
     } catch (err) {
       if ((err as Error).name !== 'AbortError') setError((err as Error).message)
     } finally {

@@ -1,20 +1,31 @@
-// Streaming calls to the OpenAI-compatible gateway with a short-lived inference-only key the console mints.
-import { api, currentTenant } from '../api/client'
+// Streaming calls to the OpenAI-compatible gateway with the caller's playground key: an inference-only key the
+// server keeps one of per user and tenant (POST /api/v1/api-keys/playground replaces its secret and shows it once),
+// so visits never add keys to the tenant's list.
+import { api, currentTenant, unwrap } from '../api/client'
 
 const KEY_TTL_MS = 60 * 60 * 1000
 
-/** A 1-hour `inference` key for this tenant, minted once per browser tab (sessionStorage). */
-export async function playgroundKey(): Promise<string> {
+/** The playground key's secret for this tenant: kept for this tab (sessionStorage) until a minute before it expires;
+ * `fresh` asks the server again (the old secret then stops working, in every tab that held it). */
+export async function playgroundKey({ fresh = false }: { fresh?: boolean } = {}): Promise<string> {
   const slot = `quiver.playground.${currentTenant()}`
   const cached = JSON.parse(sessionStorage.getItem(slot) ?? 'null') as { secret: string; until: number } | null
-  if (cached && cached.until > Date.now() + 60_000) return cached.secret
-  const until = Date.now() + KEY_TTL_MS
-  const res = await api.POST('/api/v1/api-keys', {
-    body: { name: 'console playground', scopes: ['inference'] as never, expires_at: new Date(until).toISOString() },
-  })
-  if (!res.response.ok || !res.data) throw new Error((res.error as { detail?: string })?.detail ?? 'Could not mint a playground key.')
-  sessionStorage.setItem(slot, JSON.stringify({ secret: res.data.secret, until }))
-  return res.data.secret
+  if (!fresh && cached && cached.until > Date.now() + 60_000) return cached.secret
+  const key = unwrap(await api.POST('/api/v1/api-keys/playground'))
+  const until = key.expires_at ? Date.parse(key.expires_at) : Date.now() + KEY_TTL_MS
+  sessionStorage.setItem(slot, JSON.stringify({ secret: key.secret, until }))
+  return key.secret
+}
+
+/** Runs `call` with the playground key; when the gateway refuses it (401: another tab asked for the key since, which
+ * replaced its secret), asks for a fresh secret and runs `call` once more. */
+export async function withPlaygroundKey<T>(call: (key: string) => Promise<T>): Promise<T> {
+  try {
+    return await call(await playgroundKey())
+  } catch (err) {
+    if ((err as { status?: number }).status !== 401) throw err
+    return call(await playgroundKey({ fresh: true }))
+  }
 }
 
 /** Streams one completion (or chat) from `model`, calling `onText` with each piece; resolves when done. */
@@ -39,7 +50,7 @@ export async function streamCompletion(opts: {
   })
   if (!res.ok || !res.body) {
     const err = await res.json().catch(() => ({}))
-    throw new Error(err?.error?.message ?? `HTTP ${res.status}`)
+    throw Object.assign(new Error(err?.error?.message ?? `HTTP ${res.status}`), { status: res.status })
   }
   const reader = res.body.getReader()
   const decoder = new TextDecoder()
