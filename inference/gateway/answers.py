@@ -230,7 +230,9 @@ def assemble_answer(endpoint: str, chunks: Sequence[Mapping[str, Any]], usage: d
     The gateway always streams from the engine, so that a client who leaves before the end is billed what the
     engine generated up to then (``UsageTally``); a client who asked for one JSON answer gets it from here. Per
     choice index: the text (chat: ``message.content``, reasoning, ``tool_calls`` joined by their index), logprobs
-    concatenated, the last ``finish_reason`` and ``stop_reason``.
+    concatenated, the last ``finish_reason`` and ``stop_reason``, and vLLM's ``return_token_ids`` fields when asked
+    (``token_ids`` concatenated, ``prompt_token_ids`` from the first chunk that has them: per choice for completions,
+    on the answer for chat, as vLLM's unstreamed answers carry them).
 
     Args:
         endpoint: ``"completions"`` or ``"chat/completions"``.
@@ -243,13 +245,21 @@ def assemble_answer(endpoint: str, chunks: Sequence[Mapping[str, Any]], usage: d
     chat = endpoint == "chat/completions"
     first = next((c for c in chunks if c.get("choices")), chunks[0] if chunks else {})
     merged: dict[int, dict[str, Any]] = {}
+    answer_prompt_ids: list[Any] | None = None
     for chunk in chunks:
+        if answer_prompt_ids is None and isinstance(chunk.get("prompt_token_ids"), list):
+            answer_prompt_ids = chunk["prompt_token_ids"]
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
                 continue
             into = merged.setdefault(choice["index"], {"text": [], "logprobs": None, "finish_reason": None,
                                                        "stop_reason": None, "role": None, "content": None,
-                                                       "reasoning": {}, "tool_calls": {}})
+                                                       "reasoning": {}, "tool_calls": {},
+                                                       "token_ids": None, "prompt_token_ids": None})
+            if isinstance(choice.get("token_ids"), list):
+                into["token_ids"] = (into["token_ids"] or []) + choice["token_ids"]
+            if into["prompt_token_ids"] is None and isinstance(choice.get("prompt_token_ids"), list):
+                into["prompt_token_ids"] = choice["prompt_token_ids"]
             if choice.get("finish_reason") is not None:
                 into["finish_reason"] = choice["finish_reason"]
             if choice.get("stop_reason") is not None:
@@ -283,10 +293,17 @@ def assemble_answer(endpoint: str, chunks: Sequence[Mapping[str, Any]], usage: d
         else:
             out["text"] = "".join(into["text"])
         out.update(logprobs=into["logprobs"], finish_reason=into["finish_reason"], stop_reason=into["stop_reason"])
+        for name in ("prompt_token_ids", "token_ids"):
+            if into[name] is not None:
+                out[name] = into[name]
         choices.append(out)
-    return {"id": first.get("id", ""), "object": "chat.completion" if chat else "text_completion",
-            "created": first.get("created", 0), "model": first.get("model", ""), "choices": choices,
-            "usage": usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+    answer: dict[str, Any] = {
+        "id": first.get("id", ""), "object": "chat.completion" if chat else "text_completion",
+        "created": first.get("created", 0), "model": first.get("model", ""), "choices": choices,
+        "usage": usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+    if answer_prompt_ids is not None:
+        answer["prompt_token_ids"] = answer_prompt_ids
+    return answer
 
 
 def _tool_call_add(calls: dict[int, dict[str, Any]], delta: Mapping[str, Any]) -> None:
