@@ -146,6 +146,7 @@ class UploadViewSet(mixins.RetrieveModelMixin, TenantScopedViewSet):
     serializer_class = UploadOutputSerializer
     lookup_field = "public_id"
     lookup_value_regex = "[0-9a-f]{32}"
+    adapter_field = "adapter_name"
     parser_classes = [JSONParser, S3CompleteXmlParser]
 
     def tenant_queryset(self, queryset):  # type: ignore[no-untyped-def]
@@ -156,6 +157,7 @@ class UploadViewSet(mixins.RetrieveModelMixin, TenantScopedViewSet):
     def create(self, request: Request, adapter_name: str) -> Response:
         """``POST``: declare the files (name, size, sha256); 201 with the S3 upload of each, ready for parts, and
         the URLs of their first parts."""
+        self.adapter_in_reach(adapter_name)
         data = UploadCreateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         upload = direct_upload.upload_create(self.tenant, adapter_name=adapter_name,

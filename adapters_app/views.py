@@ -66,6 +66,7 @@ class AdapterViewSet(
     queryset = Adapter.objects.select_related("base_model").order_by("name")
     serializer_class = AdapterOutputSerializer
     lookup_field = "name"
+    adapter_field = "name"
     role_map = {**DEFAULT_ROLE_MAP, "DELETE": Membership.Role.OWNER}
 
     def tenant_queryset(self, queryset: QuerySet[Adapter]) -> QuerySet[Adapter]:
@@ -90,6 +91,7 @@ class AdapterViewSet(
         """``POST /api/v1/adapters``: create an empty adapter (uploads may also create it). 201 or the service's error."""
         data = AdapterInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        self.adapter_in_reach(data.validated_data["name"])
         adapter = services.adapter_create(
             self.tenant,
             name=data.validated_data["name"],
@@ -104,11 +106,9 @@ class AdapterViewSet(
 
     # --- serving rules (docs/versions.md)
     def _serving_adapter(self) -> Adapter:
-        """The adapter in the URL; a key scoped to other adapters gets the same 404 as for a missing one."""
-        adapter = self.get_object()
-        key = self.principal.api_key
-        if key is not None and key.adapters and adapter.name not in {str(a).partition("@")[0] for a in key.adapters}:
-            raise Http404
+        """The adapter in the URL; a key limited to other adapters gets the same 404 as for a missing one
+        (``adapter_field``)."""
+        adapter: Adapter = self.get_object()
         return adapter
 
     def _actor(self) -> str:
@@ -182,6 +182,7 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     serializer_class = AdapterVersionOutputSerializer
     parser_classes = [MultiPartParser, FormParser, JSONParser]
     lookup_field = "number"
+    adapter_field = "adapter__name"
 
     def tenant_queryset(self, queryset):  # type: ignore[no-untyped-def]
         """Versions of the adapter named in the URL (already limited to the caller's tenant)."""
@@ -189,6 +190,7 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 
     def list(self, request: Request, adapter_name: str) -> Response:
         """``GET .../versions``: newest first; 404 when the caller has no such adapter."""
+        self.adapter_in_reach(adapter_name)
         if adapter_get(self.tenant, name=adapter_name) is None:
             raise Http404
         return super().list(request)
@@ -207,7 +209,9 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
             "required": ["files"]}},
         responses={200: AdapterVersionOutputSerializer, 201: AdapterVersionOutputSerializer})
     def create(self, request: Request, adapter_name: str) -> Response:
-        """``POST .../versions``: upload (201 new, 200 identical bytes); 413 before parsing when the body is too large."""
+        """``POST .../versions``: upload (201 new, 200 identical bytes); 413 before parsing when the body is too large;
+        404 for a key limited to other adapters."""
+        self.adapter_in_reach(adapter_name)
         # Refuse oversized bodies before Django spools them to disk (multipart framing adds a few KiB).
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > settings.QUIVER_MAX_UPLOAD_BYTES + 64 * 1024:

@@ -48,10 +48,16 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     role_map = KEYS_ROLE_MAP
 
     def tenant_queryset(self, queryset: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
-        """Members see only the keys they created; owners and ``keys:manage`` keys see all."""
+        """Members see only the keys they created; owners and ``keys:manage`` keys see all, except that a key limited
+        to some adapters sees only keys limited to some of those (the others would name adapters it cannot see)."""
         access = self.principal
         if access.user is not None and not access.has_role(Membership.Role.OWNER):
             return queryset.filter(created_by=access.user)
+        names = self.key_adapter_names
+        if names is not None:
+            within = [k.pk for k in queryset.only("pk", "adapters")
+                      if k.adapters and {str(a).partition("@")[0] for a in k.adapters} <= names]
+            return queryset.filter(pk__in=within)
         return queryset
 
     @extend_schema(request=ApiKeyInputSerializer, responses={201: ApiKeyCreatedSerializer})

@@ -6,6 +6,7 @@ from typing import Any, cast
 
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
+from django.http import Http404
 from rest_framework import viewsets
 
 from tenants.access import Access, access_for
@@ -21,6 +22,10 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
 
     # None marks shared, read-only catalogues (base models) that every tenant may list.
     tenant_field: str | None = "tenant"
+    # The lookup from the model to its adapter's name (``"name"``, ``"adapter__name"``): a key limited to some
+    # adapters (``ApiKey.adapters``) sees only their rows, the others as if they did not exist (404, docs/security.md).
+    # None: the model's rows are not an adapter's.
+    adapter_field: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -47,6 +52,22 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
         """The session user; None for API-key callers."""
         return self.principal.user
 
+    @property
+    def key_adapter_names(self) -> frozenset[str] | None:
+        """The adapter names the caller's key is limited to (``"name@2"`` counts as ``"name"``), or None when it
+        reaches every adapter of its tenant (an unlimited key, a console session)."""
+        key = self.principal.api_key
+        if key is None or not key.adapters:
+            return None
+        return frozenset(str(a).partition("@")[0] for a in key.adapters)
+
+    def adapter_in_reach(self, name: str) -> None:
+        """Raise ``Http404`` when the caller's key is limited to adapters other than ``name``: the same answer as
+        for an adapter that does not exist, so a limited key learns nothing about the others (nor creates them)."""
+        names = self.key_adapter_names
+        if names is not None and name not in names:
+            raise Http404
+
     def tenant_queryset(self, queryset: QuerySet) -> QuerySet:
         """Narrow the tenant's queryset further; the default keeps it."""
         return queryset
@@ -57,4 +78,7 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
         assert base is not None, "set queryset on the viewset"
         tenant = self.tenant  # authenticates even for shared catalogues
         scoped = base.all() if self.tenant_field is None else base.filter(**{self.tenant_field: tenant})
+        names = self.key_adapter_names if self.adapter_field is not None else None
+        if names is not None:
+            scoped = scoped.filter(**{f"{self.adapter_field}__in": sorted(names)})
         return self.tenant_queryset(scoped)

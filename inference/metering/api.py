@@ -220,6 +220,7 @@ class UsageViewSet(TenantScopedViewSet):
     queryset = UsageRecord.objects.all()
     serializer_class = UsageRowSerializer
     pagination_class = None
+    adapter_field = "adapter_version__adapter__name"  # a limited key sees its adapters' rows, no base-model rows
 
     @extend_schema(parameters=[UsageQuerySerializer], responses=UsageRowSerializer(many=True))
     def list(self, request: Request) -> Response | StreamingHttpResponse:
@@ -264,6 +265,7 @@ class UsageViewSet(TenantScopedViewSet):
         query = VersionsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         q = query.validated_data
+        self.adapter_in_reach(q["adapter"])
         adapter = adapter_get(self.tenant, name=q["adapter"])
         if adapter is None:
             raise Http404
@@ -281,6 +283,10 @@ class UsageViewSet(TenantScopedViewSet):
         query.is_valid(raise_exception=True)
         data = query.validated_data
         since = data.get("since") or timezone.now() - timedelta(hours=1)
-        rows = usage_rollups(UsageRollup.objects.filter(tenant=self.tenant), since=since, until=data.get("until"),
+        rollups = UsageRollup.objects.filter(tenant=self.tenant)
+        names = self.key_adapter_names
+        if names is not None:
+            rollups = rollups.filter(adapter_version__adapter__name__in=sorted(names))
+        rows = usage_rollups(rollups, since=since, until=data.get("until"),
                              model=data.get("model"))
         return Response(rows)
