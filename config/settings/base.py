@@ -177,6 +177,15 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {"TITLE": "Quiver control-plane API", "VERSION": "0.1.0"}
 
+# Console logins (operators included): Django's validators, checked by quiver_user_create (NIST SP 800-63B §5.1.1.2:
+# at least 8 characters, checked against common passwords; we ask 12).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
 # --- Celery (conventions §8): named queues, bounded time below Redis's visibility timeout.
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)

@@ -1,7 +1,8 @@
 """``manage.py quiver_user_create <username>``: a console login (password from env), optionally staff or a member.
 
 The password is read from the environment variable named by ``--password-env`` (default ``QUIVER_USER_PASSWORD``),
-so it never shows in the process list; Django hashes it. Re-running updates the password and adds the membership.
+so it never shows in the process list; it must pass ``AUTH_PASSWORD_VALIDATORS`` (12 characters or more, not a
+common or all-digit password) and Django hashes it. Re-running updates the password and adds the membership.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Membership, Tenant
@@ -35,6 +38,12 @@ class Command(BaseCommand):
         user = User.objects.filter(username=username).first() or User(username=username)
         user.email = email or user.email
         user.is_staff = staff or user.is_staff
+        try:
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise CommandError(f"The password in {password_env} is too weak: {' '.join(exc.messages)} "
+                               "Choose a longer, uncommon one (e.g. python -c 'import secrets; "
+                               "print(secrets.token_urlsafe(16))').") from None
         user.set_password(password)
         user.save()
         if tenant:
