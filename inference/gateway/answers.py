@@ -94,11 +94,30 @@ def engine_error(status: int, data: Any, target: TargetView, *, node_name: str |
             # Only the top-level field: the rest is the engine's schema (`messages.0.ChatCompletion…Param.role`).
             field = raw_param.removeprefix("body.").split(".")[0] if isinstance(raw_param, str) else ""
             param = field if re.fullmatch(r"[a-z_]{1,40}", field) else None
+        detail = _engine_detail(engine_message, target)
         message = "The engine refused the request" + (f" (field '{param}')" if param else "") + \
-            "; check the request's parameters against the model's limits."
+            (f": {detail}" if detail else "; check the request's parameters against the model's limits.")
         return GatewayError(400, message, code="invalid_request", param=param)
     return GatewayError(502, "The inference node failed to answer; retry.", code="upstream_error",
                         type_="server_error")
+
+
+# What may not appear in an engine message passed on: adapters' and nodes' names, paths, code, multi-line text.
+_INTERNAL = re.compile(r"lora|adapter|node|quiver|[/\\\n`{}]|traceback|file ", re.IGNORECASE)
+
+
+def _engine_detail(engine_message: str, target: TargetView) -> str:
+    """vLLM's own reason for a refused request (its ``VLLMValidationError`` text, such as ``n must be 1 when using
+    greedy sampling, got 2.``) when it says nothing of how the platform is built, else ``""``: no served or base
+    model name, nothing naming adapters or nodes, no paths or code, at most 300 characters."""
+    text = engine_message.strip()
+    if not text or len(text) > 300 or _INTERNAL.search(text):
+        return ""
+    if target.served_name and target.served_name in text:
+        return ""
+    if target.base_model_name and target.base_model_name in text:
+        return ""
+    return text
 
 
 # vLLM's refusals of a request that cannot fit the model's context (vllm/renderers/params.py, TokenizeParams): a

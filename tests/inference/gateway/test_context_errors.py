@@ -80,9 +80,16 @@ def test_a_figure_past_ints_digit_limit_is_no_500(message: str) -> None:
     assert error.status == 400 and "acme--" not in error.message
 
 
-def test_other_refusals_keep_the_generic_answer() -> None:
-    error = _engine_error(400, _vllm("temperature must be non-negative, got -1.", "temperature"), TARGET)
-    assert (error.code, error.param) == ("invalid_request", "temperature")
+def test_other_refusals_pass_on_the_engines_reason_when_it_tells_nothing_internal() -> None:
+    """vLLM's sampling-parameter refusals are the caller's to read (fresh-user finding: n=2 at temperature 0 got only
+    "check the request's parameters"); any that names a served model, an adapter, a node or a path stays generic."""
+    error = _engine_error(400, _vllm("n must be 1 when using greedy sampling, got 2.", "n"), TARGET)
+    assert (error.code, error.param) == ("invalid_request", "n")
+    assert error.message == "The engine refused the request (field 'n'): n must be 1 when using greedy sampling, got 2."
+    for leaky in ("model acme--support-bot--7 has no such option", "LoRA rank 64 is greater than max_lora_rank 16",
+                  "tiny-llama does not support it", "failed to read /srv/models/x", "x" * 301):
+        generic = _engine_error(400, _vllm(leaky, "temperature"), TARGET)
+        assert generic.message.endswith("check the request's parameters against the model's limits."), leaky
 
 
 
