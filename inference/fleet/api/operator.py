@@ -20,6 +20,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from common.moments import MomentField
 from inference.fleet.models import Node, Placement
 from inference.fleet.node_samples import node_samples, slots_used
 from inference.metering.api import (
@@ -101,10 +102,10 @@ class NodeOutputSerializer(serializers.ModelSerializer):
 
 
 class SamplesQuerySerializer(serializers.Serializer):
-    """Query of ``GET /api/v1/operator/nodes/{name}/samples``: ``since`` (default an hour ago), ``until``."""
+    """Query of ``GET /api/v1/operator/nodes/{name}/samples``: ``since`` (default an hour ago), ``until``: ISO 8601 or a span back from now (``15m``, ``1h``, ``7d``)."""
 
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
+    since = MomentField(required=False)
+    until = MomentField(required=False)
 
 
 class NodeSampleSerializer(serializers.Serializer):

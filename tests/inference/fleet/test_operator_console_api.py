@@ -67,6 +67,10 @@ def test_samples_api_gives_the_history_with_preemption_deltas(op: APIClient, nod
     assert [r["preemptions"] for r in rows] == [None, 4, None]
     since = (start - timedelta(hours=3)).isoformat()
     assert len(op.get("/api/v1/operator/nodes/gpu-1/samples", {"since": since}).json()) == 4
+    assert len(op.get("/api/v1/operator/nodes/gpu-1/samples", {"since": "6h"}).json()) == 4  # a span, as usage takes
+    assert len(op.get("/api/v1/operator/nodes/gpu-1/samples", {"since": "10m"}).json()) == 3
+    bad = op.get("/api/v1/operator/nodes/gpu-1/samples", {"since": "yesterday"})
+    assert bad.status_code == 400 and "since" in bad.json()["fields"]
     assert old.pk in NodeSample.objects.values_list("pk", flat=True)
     assert op.get("/api/v1/operator/nodes/nope/samples").status_code == 404
     owner, _, _ = make_session_client(role="owner")
