@@ -141,7 +141,10 @@ export interface paths {
         /** @description ``GET .../versions``: newest first; 404 when the caller has no such adapter. */
         get: operations["adapters_versions_list"];
         put?: never;
-        /** @description ``POST .../versions``: upload (201 new, 200 identical bytes); 413 before parsing when the body is too large. */
+        /**
+         * @description ``POST .../versions``: upload (201 new, 200 identical bytes); 413 before parsing when the body is too large;
+         *     404 for a key limited to other adapters.
+         */
         post: operations["adapters_versions_create"];
         delete?: never;
         options?: never;
@@ -2796,7 +2799,9 @@ export interface operations {
     operator_nodes_samples_list: {
         parameters: {
             query?: {
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
+                /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 until?: string;
             };
             header?: never;
