@@ -125,6 +125,11 @@ def engine_env(config: EngineConfig, base: Mapping[str, str] | None = None) -> d
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             "VLLM_API_KEY": config.api_key,
+            # vLLM wraps its logprobs rank count in torch.compile (vllm/v1/sample/ops/logprobs.py): the first request
+            # with logprobs compiles it inside the only worker, stalling every request on the node for 3 s on a quiet
+            # 2-core host and past 60 s on a busy one (py-spy: Sampler.gather_logprobs in torch._dynamo). The CPU
+            # engine runs eager anyway; without dynamo that first request takes 0.1 s.
+            "TORCHDYNAMO_DISABLE": "1",
         }
     )
     return env

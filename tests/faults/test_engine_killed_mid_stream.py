@@ -48,25 +48,10 @@ def victim(demo_assets: DemoAssets, internal_server: str, tmp_path_factory: pyte
     try:
         with engine_running(config, root / "engine.log") as engine, \
                 agent_running(engine, VICTIM, internal_server, root / "cache") as agent:
-            _warm_logprobs(engine)
             yield engine, agent
     finally:
         with django_db_blocker.unblock():
             Node.objects.filter(name=VICTIM).delete()
-
-
-def _warm_logprobs(engine: RunningEngine) -> None:
-    """One streamed request with ``logprobs`` straight to the engine, to its end.
-
-    A fresh vLLM CPU engine's first request that asks for logprobs waits seconds before its first token (11 s at a
-    load of 18 on 2 cores, over 60 s in CI) while later ones start at once; the test's stream must see tokens
-    before it kills the engine, so that one-time cost is paid here, not inside the test's read timeout.
-    """
-    with httpx.stream("POST", f"{engine.url}/v1/completions", headers={"Authorization": f"Bearer {engine.api_key}"},
-                      json={"model": TINY_SERVED_NAME, "prompt": "the cat", "max_tokens": 2, "temperature": 0,
-                            "logprobs": 1, "stream": True}, timeout=600) as warm:
-        assert warm.status_code == 200, warm.read()
-        assert any(line == "data: [DONE]" for line in warm.iter_lines())
 
 
 def _wait(what: str, predicate: object, timeout: float) -> None:

@@ -41,6 +41,7 @@ def test_env_sets_cpu_lora_and_auth_variables_without_mutating_base() -> None:
     assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["VLLM_API_KEY"] == "secret-node-key"
+    assert env["TORCHDYNAMO_DISABLE"] == "1"  # no torch.compile stall on the first logprobs request
     assert env["PATH"] == "/bin"
     assert base["VLLM_API_KEY"] == "old"
     assert CONFIG.url == "http://127.0.0.1:8011"
