@@ -291,6 +291,9 @@ QUIVER_GATEWAY_UPSTREAM_POOL = env.int("QUIVER_GATEWAY_UPSTREAM_POOL", default=5
 # Platform-wide caps on a request's choices (n, best_of) and logprobs (OpenAI's own logprobs cap is 5).
 QUIVER_GATEWAY_MAX_N = env.int("QUIVER_GATEWAY_MAX_N", default=8)
 QUIVER_GATEWAY_MAX_LOGPROBS = env.int("QUIVER_GATEWAY_MAX_LOGPROBS", default=5)
+# Under a TPM limit a prompt counts as the engine's /tokenize counts it, up to this many characters; a longer one
+# counts its UTF-8 bytes (never below its tokens) without engine work (inference.gateway.limits.prompt_token_counts).
+QUIVER_GATEWAY_TOKENIZE_MAX_CHARS = env.int("QUIVER_GATEWAY_TOKENIZE_MAX_CHARS", default=100_000)
 # Admission from KV pressure (inference.policy.admission, inference.gateway.admission): a node is saturated at
 # QUEUE waiting requests or KV use >= KV (GIE's defaults); figures older than MAX_AGE_S are unknown (= admit).
 # When every eligible node is saturated a request waits in the gateway, in VTC order across tenants, for at most

@@ -464,7 +464,8 @@ class GatewayApp:
         nodes = self._routable(await self.directory.fleet()).nodes_for_base(target.base_model_id)
         node = min(nodes, key=lambda n: (n.num_requests_waiting, n.num_requests_running, n.name), default=None)
         return await prompt_token_counts(upstream, engine_url=node.engine_url if node else None,
-                                         node_key=node.key if node else "", model=target.base_model_name)
+                                         node_key=node.key if node else "", model=target.base_model_name,
+                                         max_chars=settings.QUIVER_GATEWAY_TOKENIZE_MAX_CHARS)
 
     def _policy(self) -> dict[str, Any]:
         """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY``, for round-robin this process's turn, and the

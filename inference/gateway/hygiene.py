@@ -147,6 +147,41 @@ def _obj(f: str, v: Any) -> None:
         raise _bad(f, f"expected an object, got {type(v).__name__}.")
 
 
+# Bounds on what the engine's grammar compiler (xgrammar) is handed: a 20,000-entry enum held it 39 s for every
+# tenant on the node, and a pattern "a{10000}" crashed it (attack round: response_format was only type-checked).
+MAX_SCHEMA_BYTES = 16 * 1024
+MAX_TOOLS_BYTES = 64 * 1024  # tools are prompt text too; a grammar only under tool_choice "required" or a name
+MAX_PATTERN_REPEAT = 1000
+_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def _grammar(f: str, v: Any, max_bytes: int = MAX_SCHEMA_BYTES) -> None:
+    """``response_format`` (and ``tools``, whose parameters become a grammar under ``tool_choice``): JSON of at most
+    ``max_bytes`` and no regex repetition count over ``MAX_PATTERN_REPEAT``."""
+    if v is None:
+        return
+    text = json.dumps(v, separators=(",", ":"), ensure_ascii=False, default=str)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise _bad(f, f"{size} bytes as JSON, over the cap of {max_bytes} bytes for a schema or tool "
+                      "definitions; shorten it (fewer enum values, shared definitions).")
+    for match in _REPEAT.finditer(text):
+        counts = [int(g) for g in match.groups() if g]
+        if any(c > MAX_PATTERN_REPEAT for c in counts):
+            raise _bad(f, f"a pattern repeats {clip(max(counts))} times, over the cap of {MAX_PATTERN_REPEAT}; "
+                          "use a shorter repetition or 'maxLength'.")
+
+
+def _response_format(f: str, v: Any) -> None:
+    _obj(f, v)
+    _grammar(f, v)
+
+
+def _tools(f: str, v: Any) -> None:
+    _list(f, v)
+    _grammar(f, v, MAX_TOOLS_BYTES)
+
+
 def _list(f: str, v: Any) -> None:
     if v is not None and not isinstance(v, list):
         raise _bad(f, f"expected a list, got {type(v).__name__}.")
@@ -251,7 +286,7 @@ COMMON: dict[str, Callable[[str, Any], None]] = {
     "stream": _bool, "stream_options": _stream_options, "max_tokens": _int(1), "temperature": _num(0, 2),
     "top_p": _num(0, 1, open_low=True), "n": _int(1, nullable=False), "stop": _stop,
     "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2), "seed": _int(-(2**63), 2**63 - 1),
-    "logit_bias": _logit_bias, "response_format": _obj,
+    "logit_bias": _logit_bias, "response_format": _response_format,
     # vLLM extensions (sampling only)
     "top_k": _int(-1, INT32_MAX), "min_p": _num(0, 1), "repetition_penalty": _num(0, 10, open_low=True), "ignore_eos": _bool,
     "min_tokens": _int(0, INT32_MAX), "stop_token_ids": _int_list, "skip_special_tokens": _bool,
@@ -260,7 +295,7 @@ COMMON: dict[str, Callable[[str, Any], None]] = {
 COMPLETIONS = {**COMMON, "prompt": _prompt, "echo": _bool, "suffix": _optional_string,
                "logprobs": _int(0), "best_of": _int(1)}
 CHAT = {**COMMON, "messages": _messages, "max_completion_tokens": _int(1), "logprobs": _bool,
-        "top_logprobs": _int(0), "tools": _list, "tool_choice": _tool_choice, "parallel_tool_calls": _bool,
+        "top_logprobs": _int(0), "tools": _tools, "tool_choice": _tool_choice, "parallel_tool_calls": _bool,
         "add_generation_prompt": _bool, "continue_final_message": _bool, "echo": _bool}
 REQUIRED = {"completions": "prompt", "chat/completions": "messages"}
 

@@ -232,17 +232,22 @@ def prompt_token_estimates(body: Mapping[str, Any]) -> list[int]:
 
 
 async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None, node_key: str,
-                              model: str) -> list[int]:
+                              model: str, max_chars: int | None = None) -> list[int]:
     """Each prompt's real token count, from the engine that will run it (vLLM's ``/tokenize``: the base model's
     tokenizer, and for a chat its chat template with the tools rendered), so a TPM reservation cannot be outrun by
     text that tokenizes more densely than an estimate (``"~" * 500`` is 501 tokens, not 126).
 
     Token-id prompts count themselves. Where the engine gives no count, :func:`prompt_token_bound` of the text (a
-    chat: of its messages and tools as JSON, plus 64 for the template) stands in: never below the real count.
+    chat: of its messages and tools as JSON, plus 64 for the template) stands in: never below the real count. So
+    does it for a text longer than ``max_chars``, which the engine is not asked to tokenize: a 4 MB prompt kept
+    the node's tokenizer busy 5 to 10 s for every tenant before its 429 (attack round), while its byte bound is
+    already past any TPM limit that would refuse it.
 
     Args:
         body: the upstream body (after hygiene).
         engine_url: an engine serving the request's base model; None when none is live (bounds only).
+        max_chars: the longest text (characters; a chat: its messages and tools as JSON) sent to ``/tokenize``;
+            None for no bound.
         node_key: that node's key.
         model: the base model's served name (its tokenizer is the adapters').
 
@@ -253,11 +258,10 @@ async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None
         chat: dict[str, Any] = {"model": model, "messages": body["messages"]}
         if body.get("tools"):
             chat["tools"] = body["tools"]
-        count = await engine_token_count(engine_url, node_key=node_key, body=chat) if engine_url else None
-        if count is None:
-            rendered = json.dumps([body["messages"], body.get("tools")], ensure_ascii=False, default=str)
-            count = prompt_token_bound(rendered) + 64
-        return [count]
+        rendered = json.dumps([body["messages"], body.get("tools")], ensure_ascii=False, default=str)
+        asked = engine_url is not None and (max_chars is None or len(rendered) <= max_chars)
+        count = await engine_token_count(engine_url, node_key=node_key, body=chat) if asked else None  # type: ignore[arg-type]
+        return [count if count is not None else prompt_token_bound(rendered) + 64]
     prompt = body.get("prompt")
     items = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else [prompt]
 
@@ -265,8 +269,9 @@ async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None
         if isinstance(item, list):
             return len(item)
         text = item if isinstance(item, str) else json.dumps(item)
-        count = (await engine_token_count(engine_url, node_key=node_key, body={"model": model, "prompt": text})
-                 if engine_url else None)
+        asked = engine_url is not None and (max_chars is None or len(text) <= max_chars)
+        count = (await engine_token_count(engine_url, node_key=node_key, body={"model": model, "prompt": text})  # type: ignore[arg-type]
+                 if asked else None)
         return count if count is not None else prompt_token_bound(text)
 
     return list(await asyncio.gather(*(one(item) for item in items)))

@@ -191,3 +191,22 @@ def test_a_100_kb_field_name_or_number_is_not_echoed_whole() -> None:
     assert error.code == "unknown_parameter" and "k" * 100 + "…" in error.message
     assert len(error.message) < 300 and len(error.param or "") <= 101
     assert len(_refused({"prompt": "x", "n": 10**4000}).message) < 300
+
+
+def test_grammars_are_bounded_before_the_engine_compiles_them() -> None:
+    """A 20,000-entry enum stalled the node's grammar compiler for every tenant and ``a{10000}`` crashed it (attack
+    round): the schema's size and its patterns' repetition counts are capped, ordinary schemas pass."""
+    schema = {"type": "json_schema", "json_schema": {"name": "pick", "schema": {
+        "type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2,3}-[0-9]{4}$"},
+                                         "colour": {"enum": ["red", "green", "blue"]}}}}}
+    assert _check({"prompt": "x", "response_format": schema})["response_format"] == schema
+    huge = {"type": "json_schema", "json_schema": {"name": "e", "schema": {"enum": [f"v{i}" for i in range(20000)]}}}
+    error = _refused({"prompt": "x", "response_format": huge})
+    assert error.param == "response_format" and "over the cap of 16384 bytes" in error.message
+    for pattern in ("a{10000}", "a{2,5000}", "a{ 1001 }"):
+        bad = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "pattern": pattern}}}
+        error = _refused({"prompt": "x", "response_format": bad})
+        assert error.param == "response_format" and "over the cap of 1000" in error.message, pattern
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "b{9999}"}}}
+    error = _refused({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}, "chat/completions")
+    assert error.param == "tools"

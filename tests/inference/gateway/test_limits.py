@@ -372,3 +372,30 @@ def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
 
     assert async_to_sync(go)() == [200, 429, 200]
     assert running == [1]  # the stream's running-slot hold was renewed with its lease, not swept
+
+
+def test_a_text_past_the_tokenize_bound_counts_its_bytes_without_asking_the_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 MB prompt under a TPM limit kept the node's tokenizer busy 5 to 10 s for every tenant, only to be refused
+    (attack round): past ``max_chars`` the byte bound counts it and the engine is not asked."""
+    from inference.gateway import limits
+
+    asked: list[dict[str, Any]] = []
+
+    async def engine_token_count(url: str, *, node_key: str, body: dict[str, Any]) -> int:
+        asked.append(body)
+        return 7
+
+    monkeypatch.setattr(limits, "engine_token_count", engine_token_count)
+    big, small = "~" * 5000, "~" * 10
+
+    def counts(body: dict[str, Any]) -> list[int]:
+        return asyncio.run(limits.prompt_token_counts(body, engine_url="http://engine.invalid", node_key="k",
+                                                      model="m", max_chars=1000))
+
+    assert counts({"prompt": [small, big]}) == [7, 5002]
+    assert [b["prompt"] for b in asked] == [small]
+    asked.clear()
+    chat = counts({"messages": [{"role": "user", "content": big}]})[0]
+    assert asked == [] and chat >= 5000 + 64
+    assert counts({"messages": [{"role": "user", "content": small}]}) == [7] and len(asked) == 1
