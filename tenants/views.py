@@ -87,6 +87,17 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         if extra:
             raise serializers.ValidationError({clip(extra[0]): f"Only limits can be changed: {list(LIMIT_FIELDS)}."})
         access = self.principal
+        if access.api_key is not None:
+            # A key never sets a limit looser than its own, on itself or another key (attack round: a limited
+            # keys:manage key cleared its own limits and its children's).
+            # A key without a priority class of its own ranks as its tenant does (the gateway caps every key
+            # there), so it may set any class; one with a class may not set a higher one.
+            asked = {k: v for k, v in data.validated_data.items()
+                     if k != "priority_class" or access.api_key.priority_class is not None}
+            over = _loosened(access.api_key, asked)
+            if over:
+                raise QuiverError(f"This key cannot set '{over}' looser than its own; an owner can, from the console "
+                                  "or with an unlimited key.", code="limit_owner_only", status_code=403)
         owner = access.has_role(Membership.Role.OWNER) if access.user is not None else (
             access.api_key is not None and KEYS_MANAGE in access.api_key.scopes)
         if not owner:

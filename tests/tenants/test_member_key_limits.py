@@ -73,3 +73,23 @@ def test_a_key_minted_by_a_limited_key_is_no_looser() -> None:
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     child = client.post("/api/v1/api-keys", {"name": "child", "scopes": ["inference"]}, format="json").json()
     assert (child["rpm_limit"], child["concurrency_limit"]) == (10, 2), child
+
+
+def test_a_limited_key_cannot_loosen_its_own_limits_or_its_childrens() -> None:
+    """Attack round: a keys:manage key an owner limited PATCHed itself back to unlimited, raised its priority class
+    and cleared the limits its child inherited; each is now a 403, and tightening still works."""
+    tenant = TenantFactory()
+    parent, plaintext = api_key_create(tenant, name="manager", scopes=["keys:manage", "inference"])
+    parent.rpm_limit, parent.tpm_limit, parent.priority_class = 2, 100, "low"
+    parent.save()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    child = client.post("/api/v1/api-keys", {"name": "child", "scopes": ["inference"]}, format="json").json()
+    for key_id in (parent.key_id, child["key_id"]):
+        for change in ({"rpm_limit": None}, {"tpm_limit": 5000}, {"priority_class": "high"}):
+            refused = client.patch(f"/api/v1/api-keys/{key_id}", change, format="json")
+            assert refused.status_code == 403 and refused.json()["code"] == "limit_owner_only", (key_id, change)
+    parent.refresh_from_db()
+    assert (parent.rpm_limit, parent.tpm_limit, parent.priority_class) == (2, 100, "low")
+    tighter = client.patch(f"/api/v1/api-keys/{child['key_id']}", {"tpm_limit": 50}, format="json")
+    assert tighter.status_code == 200 and tighter.json()["tpm_limit"] == 50
