@@ -167,7 +167,9 @@ def load_rule(tenant_id: int, model: str) -> RuleView | str:
         if not number.isascii() or not number.isdigit() or len(number) > 9:
             return "not_found"
         pinned = ready.filter(number=int(number)).first()
-        return RuleView(targets=(_version_target(model, adapter, pinned),)) if pinned is not None else "not_found"
+        # Named as `name@N` however the number was written (`name@01`): usage groups by this name.
+        canonical = f"{name}@{int(number)}"
+        return RuleView(targets=(_version_target(canonical, adapter, pinned),)) if pinned is not None else "not_found"
     rule = [(n, w) for n, w in rule_pairs(adapter.serving_rule) if w > 0]
     versions = {v.number: v for v in ready.filter(number__in=[n for n, _ in rule])}
     rule = [(n, w) for n, w in rule if n in versions]

@@ -164,6 +164,10 @@ def test_name_at_n_and_scoped_keys_on_the_resolve_path(base_model) -> None:  # t
     assert resolve(everything, "alpha@2") == 2 and resolve(everything, "alpha@1") == 1
     for missing in ("alpha@3", "alpha@9", "alpha@x", "alpha@"):
         assert resolve(everything, missing) == "404 model_not_found"
+    # However the number is written, the target (and so usage) names the version one way (attack round: alpha@01
+    # and alpha@0001 were separate usage rows).
+    for spelled in ("alpha@02", "alpha@0002"):
+        assert async_to_sync(app.resolve)(_key(everything), spelled).requested == "alpha@2"
     assert resolve(only_alpha, "alpha@2") == 2
     for refused in ("beta", "beta@1", "tiny-llama"):
         assert resolve(only_alpha, refused) == "404 model_not_found"
