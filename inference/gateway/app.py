@@ -21,9 +21,11 @@ import random
 import time
 from dataclasses import replace
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from django.utils import timezone
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -160,7 +162,13 @@ class GatewayApp:
             return
         self._ensure_started()
         endpoint = ROUTES.get(scope["path"])
-        if endpoint is None:
+        host = _host(scope)
+        if not _host_allowed(host, tuple(settings.ALLOWED_HOSTS), settings.DEBUG):
+            # As Django answers it for every other route of this process (config.error_views.bad_request).
+            response = error_response(GatewayError(
+                400, f"Host '{clip(host)}' is not served here; use the address this service is published under, or "
+                     "ask an operator to add it to DJANGO_ALLOWED_HOSTS.", code="disallowed_host"))
+        elif endpoint is None:
             response = error_response(GatewayError(404, f"Unknown route {clip(scope['path'])}.", code="not_found"))
         elif scope["method"] != "POST":
             response = error_response(GatewayError(405, f"Use POST for {clip(scope['path'])}.", code="method_not_allowed",
@@ -489,3 +497,22 @@ class GatewayApp:
 
 
 application = GatewayApp()
+
+
+def _host(scope: Scope) -> str:
+    """The request's ``Host`` header (latin-1, as ASGI servers pass it), else the server's address."""
+    for name, value in scope.get("headers") or ():
+        if name == b"host":
+            return str(value.decode("latin-1"))
+    server = scope.get("server")
+    return f"{server[0]}:{server[1]}" if server else ""
+
+
+@lru_cache(maxsize=256)
+def _host_allowed(host: str, allowed: tuple[str, ...], debug: bool) -> bool:
+    """Django's own ``ALLOWED_HOSTS`` rule (``HttpRequest.get_host``: ``validate_host``, and under ``DEBUG`` with an
+    empty list, localhost only), for the routes this app serves without Django; memoised per host."""
+    domain, _ = split_domain_port(host)
+    if not allowed and debug:
+        allowed = (".localhost", "127.0.0.1", "[::1]")
+    return bool(domain) and validate_host(domain, list(allowed))

@@ -115,3 +115,21 @@ def test_a_prompt_hidden_in_tools_or_tool_calls_counts_against_a_tpm_limit(base_
     for answer in async_to_sync(go)():
         assert answer.status_code == 429 and answer.headers["x-should-retry"] == "false", answer.text
         assert "Limit 1000" in answer.json()["error"]["message"]
+
+
+@pytest.mark.django_db
+def test_a_host_outside_allowed_hosts_is_refused_as_django_refuses_it(base_model: Any) -> None:
+    """The completion routes run without Django, and answered any Host while /v1/models (Django) refused it (attack
+    round): the same ALLOWED_HOSTS rule, the same code, before the key or the body is read."""
+    _, key = api_key_create(TenantFactory(), name="app")
+    app = GatewayApp(background=False)
+
+    async def go(base_url: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url) as http:
+            return await http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                                   json={"model": "nope", "prompt": "x", "max_tokens": 1})
+
+    refused = async_to_sync(go)("http://evil.example")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "disallowed_host", refused.text
+    allowed = async_to_sync(go)("http://testserver")
+    assert allowed.status_code == 404 and allowed.json()["error"]["code"] == "model_not_found", allowed.text
