@@ -95,6 +95,14 @@ def test_keys_create_ls_revoke(quiver, tenancy: Tenancy) -> None:
     gone = quiver("adapters", "ls", env=reader)
     assert gone.rc == 1 and "quiver login" in gone.stderr and key["secret"] not in gone.stderr + gone.stdout
     assert "revoked" in quiver("keys", "ls").stdout
+    unknown = quiver("keys", "revoke", "0123456789ab")
+    assert unknown.rc == 1 and "No key '0123456789ab' in this tenant; `quiver keys ls`" in unknown.stderr
+
+
+def test_a_key_limited_to_adapters_says_so_when_made_and_listed(quiver, tenancy: Tenancy) -> None:
+    made = quiver("keys", "create", "bot-app", "--adapter", "support-bot")
+    assert made.rc == 0 and "only support-bot" in made.stderr, made.stderr
+    assert "support-bot" in quiver("keys", "ls").stdout
 
 
 def test_usage_json_and_csv_shapes(quiver, tenancy: Tenancy) -> None:

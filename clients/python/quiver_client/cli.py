@@ -262,8 +262,9 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json(key)
     else:
-        render.err.print(f"Key {key['key_id']} ({escape(key['name'])}, scopes {', '.join(key['scopes'])}); the secret "
-                         "is shown this once:")
+        only = f", only {', '.join(key['adapters'])}" if key.get("adapters") else ""
+        render.err.print(f"Key {key['key_id']} ({escape(key['name'])}, scopes {', '.join(key['scopes'])}"
+                         f"{escape(only)}); the secret is shown this once:")
         print(key["secret"], flush=True)
     return EXIT_OK
 
@@ -277,7 +278,7 @@ def cmd_keys_ls(args: argparse.Namespace) -> int:
         return EXIT_OK
     render.table(rows, [
         ("KEY ID", lambda r: r["key_id"]), ("KEY", lambda r: r["key"]), ("NAME", lambda r: r["name"]),
-        ("SCOPES", lambda r: r["scopes"]),
+        ("SCOPES", lambda r: r["scopes"]), ("ADAPTERS", lambda r: r.get("adapters") or "all"),
         ("STATE", lambda r: "revoked" if r.get("revoked_at") else ("enabled" if r.get("enabled") else "disabled")),
         ("LAST USED", lambda r: r.get("last_used_at")), ("EXPIRES", lambda r: r.get("expires_at"))],
         empty="No keys.")
@@ -287,7 +288,13 @@ def cmd_keys_ls(args: argparse.Namespace) -> int:
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     """Revoke a key for good."""
     with _client(args) as client:
-        key = client.key_revoke(args.key_id)
+        try:
+            key = client.key_revoke(args.key_id)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            raise ApiError(f"No key {args.key_id!r} in this tenant; `quiver keys ls` lists the key ids.",
+                           status=404, code=exc.code) from None
     if args.json:
         render.print_json(key)
     else:
