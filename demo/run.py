@@ -5,8 +5,9 @@ Starts SeaweedFS (pip), a SQLite-backed control plane served by uvicorn, a Celer
 uploads the demo adapters through the public REST API, waits until they are ready, then asks each adapter its
 training prompts through the gateway with the official ``openai`` SDK and prints answers next to the expected ones.
 
-Then, unless ``--once``, it keeps the stack and the web console up until Ctrl-C, printing the console URL and two
-logins (an operator and a tenant owner), with light traffic on the demo adapters so the usage charts move.
+Then, unless ``--once``, it starts Celery beat and keeps the stack and the web console up until Ctrl-C, printing the
+console URL and two logins (an operator and a tenant owner), with light traffic on the demo adapters so the usage
+charts move.
 
 Exit status: 0 when every answer matches, 1 otherwise.
 """
@@ -321,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.once:
             print("Run ./scripts/demo without --once to keep the stack up and open the web console.")
         else:
+            # Celery beat, as production runs it (workers/schedule.py): its sweeps revalidate a version whose task a
+            # killed worker lost (it stayed "validating" here), and rollups and retention run. Started after the
+            # check, so the printed run is the same as under --once.
+            procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING",
+                                 "--schedule", str(args.workdir / "celerybeat-schedule")], env)
             logins = create_logins(env, "demo")
             serve_until_interrupted(web_url, logins, client, assets.examples)
         return 0 if failures == 0 else 1
