@@ -145,6 +145,11 @@ class ApiKey(RequestLimits):
         """The key as shown after creation: its id with the secret hidden."""
         return f"{settings.QUIVER_API_KEY_PREFIX}_{self.key_id}.****"
 
+    @property
+    def adapter_names(self) -> frozenset[str]:
+        """The adapter names ``adapters`` limits the key to (``"name@2"`` counts as ``"name"``); empty: no limit."""
+        return frozenset(str(a).partition("@")[0] for a in self.adapters or ())
+
 
 class LoginFailure(models.Model):
     """One failed console login, kept to throttle password guessing (``tenants.login_throttle``).

@@ -55,8 +55,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             return queryset.filter(created_by=access.user)
         names = self.key_adapter_names
         if names is not None:
-            within = [k.pk for k in queryset.only("pk", "adapters")
-                      if k.adapters and {str(a).partition("@")[0] for a in k.adapters} <= names]
+            within = [k.pk for k in queryset.only("pk", "adapters") if k.adapters and k.adapter_names <= names]
             return queryset.filter(pk__in=within)
         return queryset
 

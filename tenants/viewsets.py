@@ -57,9 +57,7 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
         """The adapter names the caller's key is limited to (``"name@2"`` counts as ``"name"``), or None when it
         reaches every adapter of its tenant (an unlimited key, a console session)."""
         key = self.principal.api_key
-        if key is None or not key.adapters:
-            return None
-        return frozenset(str(a).partition("@")[0] for a in key.adapters)
+        return (key.adapter_names or None) if key is not None else None
 
     def adapter_in_reach(self, name: str) -> None:
         """Raise ``Http404`` when the caller's key is limited to adapters other than ``name``: the same answer as
@@ -78,7 +76,12 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
         assert base is not None, "set queryset on the viewset"
         tenant = self.tenant  # authenticates even for shared catalogues
         scoped = base.all() if self.tenant_field is None else base.filter(**{self.tenant_field: tenant})
-        names = self.key_adapter_names if self.adapter_field is not None else None
-        if names is not None:
-            scoped = scoped.filter(**{f"{self.adapter_field}__in": sorted(names)})
+        if self.adapter_field is not None:
+            scoped = self.within_key_adapters(scoped, self.adapter_field)
         return self.tenant_queryset(scoped)
+
+    def within_key_adapters(self, queryset: QuerySet, adapter_field: str) -> QuerySet:
+        """``queryset`` narrowed to rows whose ``adapter_field`` (a lookup to an adapter's name) is one of the
+        caller's key's adapters (:attr:`key_adapter_names`); unchanged for a caller reaching every adapter."""
+        names = self.key_adapter_names
+        return queryset if names is None else queryset.filter(**{f"{adapter_field}__in": sorted(names)})

@@ -283,10 +283,7 @@ class UsageViewSet(TenantScopedViewSet):
         query.is_valid(raise_exception=True)
         data = query.validated_data
         since = data.get("since") or timezone.now() - timedelta(hours=1)
-        rollups = UsageRollup.objects.filter(tenant=self.tenant)
-        names = self.key_adapter_names
-        if names is not None:
-            rollups = rollups.filter(adapter_version__adapter__name__in=sorted(names))
+        rollups = self.within_key_adapters(UsageRollup.objects.filter(tenant=self.tenant), "adapter_version__adapter__name")
         rows = usage_rollups(rollups, since=since, until=data.get("until"),
                              model=data.get("model"))
         return Response(rows)
