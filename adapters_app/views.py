@@ -105,12 +105,6 @@ class AdapterViewSet(
         services.adapter_delete(self.tenant, adapter=instance)
 
     # --- serving rules (docs/versions.md)
-    def _serving_adapter(self) -> Adapter:
-        """The adapter in the URL; a key limited to other adapters gets the same 404 as for a missing one
-        (``adapter_field``)."""
-        adapter: Adapter = self.get_object()
-        return adapter
-
     def _actor(self) -> str:
         return serving.actor_name(user=self.principal.user, api_key=self.principal.api_key)
 
@@ -128,7 +122,7 @@ class AdapterViewSet(
     def serving(self, request: Request, name: str) -> Response:
         """``GET .../serving``: the serving rule, the rule a rollback returns to, settings and the latest changes.
         ``PATCH``: set ``auto_promote``, ``rpm_limit``, ``tpm_limit`` (audited)."""
-        adapter = self._serving_adapter()
+        adapter = self.get_object()  # a key limited to other adapters: 404 (adapter_field)
         if request.method == "PATCH":
             data = ServingSettingsInputSerializer(data=request.data)
             data.is_valid(raise_exception=True)
@@ -142,7 +136,7 @@ class AdapterViewSet(
         """``POST .../promote``: all traffic to ``version``, warmed on its nodes first (bounded by
         ``QUIVER_PROMOTE_WARM_WAIT_S``); the answer says each version's warm state and ``serving_since``.
         400 ``serving_rule_invalid`` (not a ready version)."""
-        adapter = self._serving_adapter()
+        adapter = self.get_object()  # a key limited to other adapters: 404 (adapter_field)
         data = PromoteInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         result = serving.serving_promote(self.tenant, adapter=adapter, number=data.validated_data["version"],
@@ -154,7 +148,7 @@ class AdapterViewSet(
     def canary(self, request: Request, name: str) -> Response:
         """``POST .../canary``: ``percent`` % to ``version`` beside the current primary (sticky per OpenAI ``user``),
         or a whole ``split``; joining versions are warmed first. 400 ``serving_rule_invalid``."""
-        adapter = self._serving_adapter()
+        adapter = self.get_object()  # a key limited to other adapters: 404 (adapter_field)
         data = CanaryInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         if "split" in data.validated_data:
@@ -170,7 +164,7 @@ class AdapterViewSet(
     def rollback(self, request: Request, name: str) -> Response:
         """``POST .../rollback``: back to the rule before the last change, at once (no warm wait). 409
         ``nothing_to_roll_back``."""
-        adapter = self._serving_adapter()
+        adapter = self.get_object()  # a key limited to other adapters: 404 (adapter_field)
         result = serving.serving_rollback(self.tenant, adapter=adapter, actor=self._actor())
         return Response(self._serving_body(result.adapter, result))
 
