@@ -49,6 +49,30 @@ def s3_browser_client() -> Any:
     )
 
 
+@lru_cache(maxsize=1)
+def s3_node_client() -> Any:
+    """A boto3 client that only presigns node downloads, for the endpoint nodes reach (``AWS_S3_NODE_ENDPOINT_URL``,
+    default ``AWS_S3_ENDPOINT_URL``): SigV4 signs the host."""
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.AWS_S3_NODE_ENDPOINT_URL or settings.AWS_S3_ENDPOINT_URL,
+        aws_access_key_id=settings.AWS_ACCESS_KEY_ID,
+        aws_secret_access_key=settings.AWS_SECRET_ACCESS_KEY,
+        region_name=settings.AWS_S3_REGION_NAME,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
+def presign_get(key: str, *, expires_s: int) -> str:
+    """A URL that GETs object ``key`` (that one object, no other method) for ``expires_s`` seconds.
+
+    What a node is given with each load instead of a standing S3 credential (docs/security.md): the signature covers
+    the method, bucket and key, so the URL reads nothing else and writes, lists or deletes nothing.
+    """
+    return s3_node_client().generate_presigned_url(
+        "get_object", ExpiresIn=expires_s, Params={"Bucket": settings.AWS_STORAGE_BUCKET_NAME, "Key": key})
+
+
 class SizeLimitExceeded(Exception):
     """More bytes arrived than the cap allows; ``limit`` is that cap in bytes."""
 

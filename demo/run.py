@@ -37,13 +37,15 @@ from demo.assets import ensure_demo_assets
 from demo.console import create_logins, serve_until_interrupted
 from devtools.frontend import ensure_console_built
 from devtools.proc import free_port
-from devtools.services import S3Service, start_seaweedfs
+from devtools.services import start_seaweedfs
 from inference.node.launch import EngineConfig, engine_argv, engine_env
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 # The node (engine and agent) gets its own credentials, none of the control plane's secrets.
 CONTROL_ONLY = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "DATABASE_URL")
+# The control plane's S3 key: nodes never get it (nor any other).
+S3_CREDENTIAL = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def web_argv(app: str, port: int) -> list[str]:
@@ -57,11 +59,11 @@ def web_argv(app: str, port: int) -> list[str]:
             "--no-proxy-headers", "--http", "config.request_timeouts:TimedHTTPProtocol"]
 
 
-def node_process_env(env: Mapping[str, str], s3: S3Service) -> dict[str, str]:
-    """The environment a node process (engine, agent) starts from: the demo's without :data:`CONTROL_ONLY`, and
-    S3 through the node's read-only credential (``GetObject`` under ``tenants/``; docs/security.md), never the
-    control plane's key, which reads, writes and deletes every tenant's objects."""
-    return {**{k: v for k, v in env.items() if k not in CONTROL_ONLY}, **s3.node_env()}
+def node_process_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a node process (engine, agent) starts from: the demo's without :data:`CONTROL_ONLY` and with no
+    S3 credential at all. A node reads adapter files only through the presigned GETs each load carries, so it can
+    read nothing it was not asked to load, and write, list or delete nothing (docs/security.md)."""
+    return {k: v for k, v in env.items() if k not in CONTROL_ONLY and k not in S3_CREDENTIAL}
 
 
 
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
         _say("starting the vLLM CPU node (about 30 s), the gateway and its internal listener, the worker and the "
              "node agent")
-        procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, node_process_env(env, s3)))
+        procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, node_process_env(env)))
         procs.start("web", web_argv("config.asgi:application", web_port), web_env)
         procs.start("web-internal", web_argv("config.internal_asgi:application", internal_port), web_env)
         procs.start(
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             env,
         )
         agent_env = {
-            **node_process_env(env, s3),
+            **node_process_env(env),
             **node_env,
             "QUIVER_ENGINE_URL": engine_url,
             "QUIVER_BASE_MODEL": assets.served_name,

@@ -38,9 +38,6 @@ class S3Service:
         bucket: Bucket created at start-up.
         data_dir: Where weed keeps volumes, metadata and logs.
         process: The ``weed mini`` child.
-        node_access_key: The inference nodes' access key id: ``GetObject`` under ``<bucket>/tenants/`` only
-            (:func:`node_actions`); no list, write, delete or bucket operation.
-        node_secret_key: Its secret.
         started_s: Seconds it took to become ready.
     """
 
@@ -50,12 +47,11 @@ class S3Service:
     bucket: str
     data_dir: Path
     process: subprocess.Popen[bytes] = field(repr=False)
-    node_access_key: str = ""
-    node_secret_key: str = field(default="", repr=False)
     started_s: float = 0.0
 
     def env(self) -> dict[str, str]:
-        """Return the env vars the Django settings and the node agent read for S3."""
+        """Return the env vars the Django settings read for S3 (a node agent takes only ``AWS_S3_ENDPOINT_URL``: it
+        holds no S3 credential, docs/security.md)."""
         return {
             "AWS_S3_ENDPOINT_URL": self.endpoint_url,
             "AWS_ACCESS_KEY_ID": self.access_key,
@@ -63,24 +59,13 @@ class S3Service:
             "AWS_STORAGE_BUCKET_NAME": self.bucket,
         }
 
-    def node_env(self) -> dict[str, str]:
-        """The S3 env vars of an inference node (agent): the read-only node credential, never the control plane's."""
-        return {**self.env(), "AWS_ACCESS_KEY_ID": self.node_access_key,
-                "AWS_SECRET_ACCESS_KEY": self.node_secret_key}
-
     def exported_env(self) -> dict[str, str]:
-        """:meth:`env` plus the node credential as ``QUIVER_NODE_S3_ACCESS_KEY``/``QUIVER_NODE_S3_SECRET_KEY``, for
-        processes that start nodes (the tests' agents)."""
-        return {**self.env(), "QUIVER_NODE_S3_ACCESS_KEY": self.node_access_key,
-                "QUIVER_NODE_S3_SECRET_KEY": self.node_secret_key}
+        """:meth:`env`, for the processes ``devtools.services`` starts (the tests, the demo)."""
+        return self.env()
 
     def client(self):  # noqa: ANN201 - boto3 clients are dynamically typed
         """Return a boto3 S3 client with this server's credentials (path style, SigV4, us-east-1)."""
         return s3_client(self.endpoint_url, self.access_key, self.secret_key)
-
-    def node_client(self):  # noqa: ANN201
-        """A boto3 S3 client holding the node credential."""
-        return s3_client(self.endpoint_url, self.node_access_key, self.node_secret_key)
 
     def stop(self) -> None:
         """Stop weed by PID with SIGTERM (graceful, about 4 s); SIGKILL after 15 s. Idempotent."""
@@ -125,21 +110,6 @@ def find_weed() -> str:
     return found
 
 
-# Where adapter files live (adapters_app: ``tenants/<tenant pk>/uploads/<id>/<file>``): the only keys a node reads.
-NODE_READ_PREFIX = "tenants/"
-
-
-def node_actions(bucket: str) -> list[str]:
-    """The SeaweedFS actions of the node identity: ``Read`` on ``<bucket>/tenants/*`` and nothing else.
-
-    SeaweedFS scopes an identity's action to a bucket and key pattern with ``Action:bucket/path/*``
-    (seaweedfs/seaweedfs ``weed/s3api/auth_credentials_test.go``, ``TestCanDo``); ``Read`` covers GET and HEAD of
-    objects, while listing (``List``), writing and deleting (``Write``) and bucket operations (``Admin``) are other
-    actions, not granted. The same grant for MinIO and AWS IAM is ``platform/s3/node-read-policy.json``.
-    """
-    return [f"Read:{bucket}/{NODE_READ_PREFIX}*"]
-
-
 def start_seaweedfs(data_dir: Path, *, bucket: str = "quiver", access_key: str | None = None,
                     secret_key: str | None = None, timeout_s: float = READY_TIMEOUT_S) -> S3Service:
     """Start ``weed mini`` on private loopback ports with auth on, and wait until S3 accepts writes.
@@ -152,8 +122,8 @@ def start_seaweedfs(data_dir: Path, *, bucket: str = "quiver", access_key: str |
         timeout_s: Seconds to wait for readiness.
 
     Returns:
-        The running service, with a second, read-only identity for inference nodes (``node_access_key``,
-        :func:`node_actions`); use it as a context manager or call ``stop()``.
+        The running service, with one identity (the control plane's); use it as a context manager or call
+        ``stop()``.
 
     Raises:
         ServiceStartError: If weed is missing, exits, or is not ready in time (message has the log tail).
@@ -163,12 +133,9 @@ def start_seaweedfs(data_dir: Path, *, bucket: str = "quiver", access_key: str |
     access_key = access_key or "quiver" + secrets.token_hex(6)
     secret_key = secret_key or secrets.token_urlsafe(24)
     # Without an identities file (and no AWS_* in weed's env) auth is OFF and any secret is accepted.
-    node_key, node_secret = "node" + secrets.token_hex(6), secrets.token_urlsafe(24)
     identities = {"identities": [
         {"name": "quiver", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
          "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
-        {"name": "quiver-node", "credentials": [{"accessKey": node_key, "secretKey": node_secret}],
-         "actions": node_actions(bucket)},
     ]}
     config_path = data_dir / "s3.json"
     config_path.write_text(json.dumps(identities), encoding="utf-8")
@@ -176,9 +143,7 @@ def start_seaweedfs(data_dir: Path, *, bucket: str = "quiver", access_key: str |
     last_error: ServiceStartError | None = None
     for _ in range(_ATTEMPTS):
         try:
-            service = _start_once(data_dir, bucket, access_key, secret_key, config_path, timeout_s)
-            service.node_access_key, service.node_secret_key = node_key, node_secret
-            return service
+            return _start_once(data_dir, bucket, access_key, secret_key, config_path, timeout_s)
         except ServiceStartError as exc:
             last_error = exc
     assert last_error is not None

@@ -13,8 +13,7 @@ service    skipped when set (and exported to the child when we start it)
 PostgreSQL ``DATABASE_URL``
 Redis      ``REDIS_URL`` (``CELERY_BROKER_URL`` is exported as the same URL unless already set)
 SeaweedFS  ``AWS_S3_ENDPOINT_URL`` (with ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-           ``AWS_STORAGE_BUCKET_NAME``, and the nodes' read-only credential ``QUIVER_NODE_S3_ACCESS_KEY``,
-           ``QUIVER_NODE_S3_SECRET_KEY``)
+           ``AWS_STORAGE_BUCKET_NAME``; nodes get no S3 credential, only presigned GETs with each load)
 ========== ====================================================================================
 
 Everything lives on private loopback ports with its data under one temp folder, is stopped by PID, and the

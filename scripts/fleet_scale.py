@@ -148,7 +148,7 @@ def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace,
                        "cache_dir": str(workdir / "caches" / name), "max_loras": args.gpu_slots,
                        "max_cpu_loras": args.cpu_slots, "max_lora_rank": 32}
     node_env = {k: v for k, v in env.items() if k in (
-        "AWS_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_STORAGE_BUCKET_NAME", "REDIS_URL")}
+        "AWS_S3_ENDPOINT_URL", "REDIS_URL")}  # no S3 credential: loads carry presigned GETs
     node_env.update({"QUIVER_CONTROL_URL": internal, "QUIVER_HEARTBEAT_SECONDS": str(args.heartbeat_s),
                      "QUIVER_LOAD_PUBLISH_MS": str(args.load_publish_ms)})
     names = sorted(nodes)

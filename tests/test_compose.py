@@ -21,7 +21,7 @@ ENV_EXAMPLE = REPO_ROOT / ".env.example"
 COMPOSE_BIN = Path(compose.__file__).parent / "docker-compose"
 # Every variable the file requires (``${NAME:?…}``); compose names whichever it meets first, in no fixed order.
 SECRETS = ("DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY", "QUIVER_NODE_SECRET", "QUIVER_NODE_TOKEN", "POSTGRES_PASSWORD",
-           "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY", "GRAFANA_ADMIN_PASSWORD", "QUIVER_NODE_S3_SECRET_KEY")
+           "MINIO_ROOT_PASSWORD", "QUIVER_NODE_KEY", "GRAFANA_ADMIN_PASSWORD")
 
 
 def _compose(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,12 +1,12 @@
 """What compose and Kubernetes give each process (issue 30, points 4, 5 and 7), read from the rendered files.
 
-- nodes hold the read-only S3 credential (platform/s3/node-read-policy.json), never the control plane's or the
-  root user's;
+- nodes hold no S3 credential at all (each load carries presigned GETs: docs/security.md), never the control plane's
+  or the root user's, and no MinIO user is made for them;
 - web takes ``X-Forwarded-For`` only from its proxy (compose: the ``edge`` network only the proxy joins; Kubernetes:
   the NetworkPolicies admit only the ingress controller), and Caddy trusts nobody's;
 - every uvicorn serving Django runs the read deadlines of ``config.request_timeouts``.
 
-The live halves are tests/devtools/test_node_s3_credential.py (the credential against a real SeaweedFS),
+The live halves are tests/inference/node/test_presigned_reads.py (the presigned GETs against a real S3 server),
 tests/tenants/test_login_behind_proxies.py and tests/config/test_request_timeouts.py (real uvicorn processes).
 """
 
@@ -24,7 +24,8 @@ from tests.test_compose import _rendered
 from tests.test_k8s import K8S, container, may_connect, objects, pod_templates, render
 
 REPO = Path(__file__).resolve().parents[1]
-POLICY = json.loads((REPO / "platform" / "s3" / "node-read-policy.json").read_text())
+S3_CREDENTIAL = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "MINIO_ROOT_USER",
+                 "MINIO_ROOT_PASSWORD")
 TIMEOUTS = ["--http", "config.request_timeouts:TimedHTTPProtocol"]
 
 
@@ -32,28 +33,14 @@ def _has(command: list[str], flags: list[str]) -> bool:
     return any(command[i:i + len(flags)] == flags for i in range(len(command)))
 
 
-def test_the_node_policy_grants_get_object_under_tenants_and_nothing_else() -> None:
-    (statement,) = POLICY["Statement"]
-    assert statement["Effect"] == "Allow" and statement["Action"] == ["s3:GetObject"]
-    assert statement["Resource"] == ["arn:aws:s3:::BUCKET/tenants/*"]
-
-
-def test_compose_nodes_use_the_read_only_user(tmp_path: Path) -> None:
+def test_compose_nodes_hold_no_s3_credential(tmp_path: Path) -> None:
     services = _rendered(tmp_path)["services"]
-    agent = services["node-agent"]["environment"]
-    minio = services["minio"]["environment"]
-    assert agent["AWS_ACCESS_KEY_ID"] != minio["MINIO_ROOT_USER"]
-    assert agent["AWS_SECRET_ACCESS_KEY"] != minio["MINIO_ROOT_PASSWORD"]
-    assert not any(k.startswith(("AWS_", "MINIO_")) for k in services["vllm"]["environment"])
-    make = services["createbuckets"]
-    assert make["environment"]["NODE_ACCESS_KEY"] == agent["AWS_ACCESS_KEY_ID"]
-    assert make["environment"]["NODE_SECRET_KEY"] == agent["AWS_SECRET_ACCESS_KEY"]
-    assert any(v["source"].endswith("platform/s3/node-read-policy.json") for v in make["volumes"])
-    script = " ".join(make["command"])
-    for step in ("mc admin policy create local quiver-node-read", 'mc admin user add local "$$NODE_ACCESS_KEY"',
-                 "mc admin policy attach local quiver-node-read --user"):
-        assert step in script, step
-    assert services["node-agent"]["depends_on"]["createbuckets"]["condition"] == "service_completed_successfully"
+    for name in ("node-agent", "vllm"):
+        env = services[name].get("environment") or {}
+        assert not set(env) & set(S3_CREDENTIAL), name
+    assert services["node-agent"]["environment"]["AWS_S3_ENDPOINT_URL"] == "http://minio:9000"
+    script = " ".join(services["createbuckets"]["command"])
+    assert "mc admin user add" not in script and "NODE_" not in script
 
 
 def test_compose_web_trusts_forwarded_for_from_the_proxy_alone(tmp_path: Path) -> None:
@@ -110,38 +97,31 @@ def test_k8s_django_servers_cut_slow_clients_and_trust_only_the_ingress(overlay:
 
 
 @pytest.mark.parametrize("overlay", ["gpu", "cpu-dev"])
-def test_k8s_nodes_take_s3_from_the_node_secret_only(overlay: str) -> None:
+def test_k8s_nodes_hold_no_s3_credential(overlay: str) -> None:
     docs = render(overlay)
+    seen = 0
     for where, template in pod_templates(docs):
         if template["metadata"]["labels"].get("app.kubernetes.io/component") != "node":
             continue
         for c in template["spec"]["containers"]:
-            refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
-                    if "secretKeyRef" in e.get("valueFrom", {})}
-            assert all(refs.get(k, "quiver-node-secrets") == "quiver-node-secrets"
-                       for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")), (where, c["name"])
+            seen += 1
+            assert not {e["name"] for e in c.get("env", [])} & set(S3_CREDENTIAL), (where, c["name"])
             assert not any("secretRef" in s for s in c.get("envFrom", [])), (where, c["name"])
+    assert seen >= 2  # the engine and the agent
 
 
-def test_in_cluster_minio_makes_the_node_user_with_the_policy_file() -> None:
+def test_in_cluster_minio_makes_no_node_user() -> None:
     job = objects(render("cpu-dev"), "Job")["createbuckets"]["spec"]["template"]
     mc = container(job, "mc")
-    script = " ".join(mc["args"])
-    inline = json.loads(re.search(r"printf '%s' '(\{.*?\})'", script).group(1))  # type: ignore[union-attr]
-    assert inline == json.loads(json.dumps(POLICY).replace("BUCKET", "quiver"))
-    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in mc["env"]}
-    assert env["NODE_ACCESS_KEY"] == {"name": "quiver-node-secrets", "key": "AWS_ACCESS_KEY_ID"}
-    assert env["NODE_SECRET_KEY"] == {"name": "quiver-node-secrets", "key": "AWS_SECRET_ACCESS_KEY"}
-    assert "mc admin policy attach local quiver-node-read" in script
+    assert "mc admin user add" not in " ".join(mc["args"])
+    assert not any("quiver-node-secrets" in json.dumps(e) for e in mc["env"])
 
 
-def test_dev_secrets_give_nodes_their_own_s3_user() -> None:
+def test_dev_secrets_give_nodes_no_s3_key() -> None:
     import subprocess
 
     import yaml
 
     out = subprocess.run([str(K8S / "dev-secrets")], capture_output=True, text=True, timeout=30, check=True).stdout
     data = {d["metadata"]["name"]: d["stringData"] for d in yaml.safe_load_all(out) if d and d["kind"] == "Secret"}
-    node, control = data["quiver-node-secrets"], data["quiver-secrets"]
-    assert node["AWS_ACCESS_KEY_ID"] != control["MINIO_ROOT_USER"]
-    assert node["AWS_SECRET_ACCESS_KEY"] not in (control["MINIO_ROOT_PASSWORD"], control["AWS_SECRET_ACCESS_KEY"])
+    assert not set(data["quiver-node-secrets"]) & set(S3_CREDENTIAL)

@@ -222,6 +222,11 @@ AWS_S3_BROWSER_ENDPOINT_URL = env("AWS_S3_BROWSER_ENDPOINT_URL", default=None)
 QUIVER_UPLOAD_PART_BYTES = env.int("QUIVER_UPLOAD_PART_BYTES", default=16 * 1024 * 1024)  # half the presigns of 8 MiB
 QUIVER_UPLOAD_URL_EXPIRY_S = env.int("QUIVER_UPLOAD_URL_EXPIRY_S", default=600)
 QUIVER_UPLOAD_TTL_S = env.int("QUIVER_UPLOAD_TTL_S", default=6 * 3600)
+# Nodes hold no S3 credential: each load carries one presigned GET per file, valid this long (the agent starts every
+# download at once; a transfer begun before expiry finishes). Signed for AWS_S3_NODE_ENDPOINT_URL (the S3 endpoint as
+# nodes reach it), default AWS_S3_ENDPOINT_URL.
+QUIVER_NODE_FETCH_URL_TTL_S = env.int("QUIVER_NODE_FETCH_URL_TTL_S", default=300)
+AWS_S3_NODE_ENDPOINT_URL = env("AWS_S3_NODE_ENDPOINT_URL", default=None)
 
 # --- Quiver
 QUIVER_API_KEY_PREFIX = "qv"

@@ -33,7 +33,6 @@ from devtools.hollow.costs import calibration
 from devtools.hollow.engine import HollowEngine
 from inference.node import heartbeat
 from inference.node.agent import create_app as agent_app
-from inference.node.agent import make_s3_client
 from inference.node.config import NodeSettings
 
 HEARTBEAT_MS: list[float] = []
@@ -87,7 +86,6 @@ async def run(spec: dict[str, Any]) -> None:
     shared = {k: str(v) for k, v in spec["env"].items()}
     servers: list[uvicorn.Server] = []
     engines: dict[str, HollowEngine] = {}
-    s3 = None
     for node in spec["nodes"]:
         engine = HollowEngine(base_model, costs, max_loras=node["max_loras"], max_cpu_loras=node["max_cpu_loras"],
                               max_lora_rank=node.get("max_lora_rank", 16), tick_ms=float(spec.get("tick_ms", 20)),
@@ -96,8 +94,7 @@ async def run(spec: dict[str, Any]) -> None:
         servers.append(_server(engine_app(engine, node["node_key"]), node["engine_port"]))
         settings = NodeSettings.from_env(node_env(shared, node, base_model))
         Path(settings.cache_dir).mkdir(parents=True, exist_ok=True)
-        s3 = s3 or make_s3_client(settings)
-        servers.append(_server(agent_app(settings, s3_client=s3), node["agent_port"]))
+        servers.append(_server(agent_app(settings), node["agent_port"]))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -18,6 +18,7 @@ from psycopg.errors import DeadlockDetected
 from adapters_app.models import AdapterVersion
 from adapters_app.selectors import adapter_version_no_effect_refused, adapter_version_untrained
 from adapters_app.services import adapter_version_effect_record
+from adapters_app.storage import presign_get
 from inference.fleet.models import RESIDENT, Node, Placement
 from inference.fleet.node_client import NodeCallFailed, node_call
 from inference.fleet.nodes import nodes_live
@@ -82,6 +83,9 @@ def warm_for_request(version_id: int, node_id: int | None = None) -> int | None:
 def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) -> Placement:
     """Load ``version`` onto ``node`` through its agent (S3 → node disk, sha256 checked → engine ``add_lora``).
 
+    Each file goes with a presigned GET valid ``QUIVER_NODE_FETCH_URL_TTL_S``: nodes hold no S3 credential, so a node
+    reads only what it is asked to load (docs/security.md).
+
     ``lora_int_id`` is the version's primary key (conventions §11), ``lora_name`` its served name. The agent probes
     the adapter's effect after the load (``inference.node.effect_probe.EffectProbe.probe``); the verdict is recorded
     on the version (``adapter_version_effect_record``). A version that changes nothing is refused (``no_effect``)
@@ -95,7 +99,9 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
     payload = {
         "lora_name": version.served_name,
         "lora_int_id": version.lora_int_id,
-        "files": [{k: f[k] for k in ("name", "s3_key", "sha256", "size")} for f in version.files],
+        "files": [{**{k: f[k] for k in ("name", "s3_key", "sha256", "size")},
+                   "url": presign_get(f["s3_key"], expires_s=settings.QUIVER_NODE_FETCH_URL_TTL_S)}
+                  for f in version.files],
         "pin": pin,
         "expect_effect": not untrained,
     }

@@ -6,7 +6,7 @@ Run: `uvicorn inference.node.agent:app --host 0.0.0.0 --port 8100` with the env 
 `MAX_BODY_BYTES` are 413 `request_too_large`. Errors are `{"detail": str, "code": str}`.
 
 Routes (a fixed contract with the control plane):
-- `POST /v1/adapters/load` `{"lora_name", "lora_int_id", "files": [{"name", "s3_key", "sha256", "size"}], "pin",
+- `POST /v1/adapters/load` `{"lora_name", "lora_int_id", "files": [{"name", "s3_key", "url", "sha256", "size"}], "pin",
   "expect_effect"}` -> `{"lora_name", "lora_int_id", "tier" (engine's own: "hot" | "warm"), "pinned", "download_ms",
   "load_ms", "effect", "evicted"}`
 - `POST /v1/adapters/unload` `{"lora_name", "purge"}` -> `{"lora_name", "tier": "staged"}` (`"cold"` with purge)
@@ -30,10 +30,8 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
-import boto3
 import httpx
 import redis.asyncio as aioredis
-from botocore.config import Config
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -68,6 +66,8 @@ class FileIn(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     s3_key: str = Field(min_length=1, max_length=1024)
+    # A presigned GET of s3_key (the node holds no S3 credential); SigV4 query URLs run ~600-1,500 characters.
+    url: str = Field(min_length=1, max_length=8192)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
 
@@ -99,18 +99,6 @@ class UnloadIn(NameIn):
     """Body of unload: `purge` also deletes the staged files (the adapter was deleted)."""
 
     purge: bool = False
-
-
-def make_s3_client(settings: NodeSettings) -> Any:
-    """Build the boto3 S3 client (path-style, s3v4; `endpoint_url` for SeaweedFS/MinIO)."""
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=settings.s3_secret_key,
-        region_name=os.environ.get("AWS_S3_REGION_NAME", "us-east-1"),
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
-    )
 
 
 _bearer = HTTPBearer(auto_error=False)
@@ -199,12 +187,11 @@ def _error(status: int, code: str, detail: str, headers: dict[str, str] | None =
     return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=headers)
 
 
-def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastAPI:
+def create_app(settings: NodeSettings) -> FastAPI:
     """Build the agent app.
 
     Args:
         settings: node settings.
-        s3_client: boto3 S3 client; built from `settings` when None.
 
     Returns:
         The FastAPI app. Its lifespan opens the engine HTTP client and starts the heartbeat task when
@@ -213,7 +200,7 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cache = AdapterCache(settings.cache_dir, s3_client or make_s3_client(settings), settings.bucket,
+        cache = AdapterCache(settings.cache_dir, s3_origin=settings.s3_endpoint_url,
                              max_bytes=settings.cache_max_bytes)
         async with (
             httpx.AsyncClient(base_url=settings.engine_url, timeout=ENGINE_TIMEOUT) as engine_http,
@@ -287,7 +274,7 @@ def create_app(settings: NodeSettings, *, s3_client: Any | None = None) -> FastA
 
     @app.post("/v1/adapters/load", dependencies=auth)
     async def load(body: LoadIn, request: Request) -> dict[str, Any]:
-        files = [FileSpec(f.name, f.s3_key, f.sha256, f.size) for f in body.files]
+        files = [FileSpec(f.name, f.s3_key, f.sha256, f.size, f.url) for f in body.files]
         result = await agent_of(request).load(body.lora_name, body.lora_int_id, files, pin=body.pin,
                                               expect_effect=body.expect_effect)
         return result.as_json()

@@ -1,5 +1,9 @@
 """Stage adapter files from S3 onto the node's disk, verifying sha256 while streaming.
 
+The node holds no S3 credential: the control plane sends one presigned GET per file with each load
+(``adapters_app.storage.presign_get``), so a node reads exactly the objects it is asked to load and can list, write or
+delete nothing (docs/security.md). The agent fetches only from the S3 origin it is configured with.
+
 Layout: `<cache_dir>/<lora_name>/<lora_int_id>/<file name>`, plus a `.complete` marker written once every
 file is verified. The `lora_int_id` level matters: vLLM's prefix cache keys LoRA blocks by
 `(lora_name, lora_path)` (`_gen_lora_extra_hash_keys` in `vllm/v1/core/kv_cache_utils.py`), so a new
@@ -18,11 +22,11 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from urllib.parse import urlsplit
 
-from botocore.exceptions import BotoCoreError, ClientError
+import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +61,17 @@ class FileSpec:
 
     Attributes:
         name: plain file name, e.g. `adapter_config.json` (no directories).
-        s3_key: object key in the bucket.
+        s3_key: object key in the bucket (named in errors and logs).
         sha256: lowercase hex digest of the content.
         size: content length in bytes.
+        url: a presigned GET of that object, valid for minutes (never logged: it is a bearer credential).
     """
 
     name: str
     s3_key: str
     sha256: str
     size: int
+    url: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -124,24 +130,34 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-class AdapterCache:
-    """The node's on-disk adapter cache, filled from one S3 bucket.
+def fetch_origin_allowed(url: str, s3_origin: str | None) -> bool:
+    """Whether ``url`` points at the node's S3 server: same scheme, host and port as ``s3_origin``
+    (``AWS_S3_ENDPOINT_URL``), or an https ``*.amazonaws.com`` host when it is None (AWS itself). Keeps a stolen node
+    key from turning the agent into a fetcher of arbitrary addresses."""
+    parts = urlsplit(url)
+    if s3_origin is None:
+        return parts.scheme == "https" and (parts.hostname or "").endswith(".amazonaws.com")
+    origin = urlsplit(s3_origin)
+    return (parts.scheme, parts.hostname, parts.port) == (origin.scheme, origin.hostname, origin.port)
 
-    Blocking (boto3 and file I/O): call from a worker thread in async code.
+
+class AdapterCache:
+    """The node's on-disk adapter cache, filled through presigned GETs of one S3 server.
+
+    Blocking (httpx and file I/O): call from a worker thread in async code.
 
     Args:
         root: cache directory (created if missing).
-        s3_client: a boto3 S3 client.
-        bucket: bucket holding the adapter objects.
+        s3_origin: the S3 endpoint presigned URLs must point at (``AWS_S3_ENDPOINT_URL``); None is AWS itself.
         max_bytes: byte budget of the cache (``QUIVER_NODE_CACHE_MAX_BYTES``); None is unbounded. Enforced by
             :meth:`evict_to_budget`, least recently staged first.
     """
 
-    def __init__(self, root: Path, s3_client: Any, bucket: str, *, max_bytes: int | None = None) -> None:
+    def __init__(self, root: Path, *, s3_origin: str | None = None, max_bytes: int | None = None) -> None:
         self.root = root
-        self.s3 = s3_client
-        self.bucket = bucket
+        self.s3_origin = s3_origin
         self.max_bytes = max_bytes
+        self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0), follow_redirects=False)
         root.mkdir(parents=True, exist_ok=True)
 
     def adapter_dir(self, lora_name: str, lora_int_id: int) -> Path:
@@ -163,11 +179,18 @@ class AdapterCache:
             Where the files are, how many bytes were downloaded and how long it took.
 
         Raises:
-            CacheError: `invalid_request` (400), `s3_object_missing` (404), `s3_error` (502),
+            CacheError: `invalid_request` (400: also a file with no presigned `url`, or one outside the S3 origin),
+                `s3_object_missing` (404), `s3_url_refused` (403: expired or not signed for that object), `s3_error` (502),
                 `sha256_mismatch` / `size_mismatch` (422; the bad download is deleted, and a stale
                 local copy that fails verification is deleted too).
         """
         validate_files(lora_name, files)
+        for spec in files:
+            if not spec.url:
+                raise CacheError("invalid_request", 400, f"file {spec.name!r} has no presigned url")
+            if not fetch_origin_allowed(spec.url, self.s3_origin):
+                raise CacheError("invalid_request", 400,
+                                 f"url of {spec.name!r} is not on this node's S3 endpoint (AWS_S3_ENDPOINT_URL)")
         if lora_int_id < 1:
             raise CacheError("invalid_request", 400, "lora_int_id must be >= 1")
         started = time.perf_counter()
@@ -203,23 +226,25 @@ class AdapterCache:
         size = 0
         try:
             try:
-                response = self.s3.get_object(Bucket=self.bucket, Key=spec.s3_key)
-            except ClientError as exc:
-                code = str(exc.response.get("Error", {}).get("Code", ""))
-                if code in ("NoSuchKey", "404", "NotFound"):
-                    raise CacheError(
-                        "s3_object_missing", 404, f"s3 object {spec.s3_key!r} is missing"
-                    ) from exc
-                raise CacheError("s3_error", 502, f"s3 get {spec.s3_key!r} failed: {code}") from exc
-            except BotoCoreError as exc:
-                raise CacheError("s3_error", 502, f"s3 get {spec.s3_key!r} failed: {exc}") from exc
-            with tmp.open("wb") as handle:
-                for chunk in response["Body"].iter_chunks(_CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    handle.write(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
+                with self._http.stream("GET", spec.url) as response:
+                    if response.status_code == 404:
+                        raise CacheError("s3_object_missing", 404, f"s3 object {spec.s3_key!r} is missing")
+                    if response.status_code == 403:
+                        raise CacheError("s3_url_refused", 403,
+                                         f"s3 refused the presigned GET of {spec.s3_key!r} (expired or wrongly signed)")
+                    if response.status_code != 200:
+                        raise CacheError("s3_error", 502, f"s3 get {spec.s3_key!r} failed: HTTP {response.status_code}")
+                    with tmp.open("wb") as handle:
+                        for chunk in response.iter_bytes(_CHUNK):
+                            digest.update(chunk)
+                            size += len(chunk)
+                            if size > spec.size:
+                                break
+                            handle.write(chunk)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+            except httpx.HTTPError as exc:
+                raise CacheError("s3_error", 502, f"s3 get {spec.s3_key!r} failed: {type(exc).__name__}") from exc
             if size != spec.size:
                 raise CacheError("size_mismatch", 422, f"{spec.name}: expected {spec.size} bytes, got {size}")
             if digest.hexdigest() != spec.sha256:

@@ -12,7 +12,6 @@ _REQUIRED = (
     "QUIVER_ENGINE_URL",
     "QUIVER_BASE_MODEL",
     "QUIVER_NODE_CACHE_DIR",
-    "AWS_STORAGE_BUCKET_NAME",
 )
 
 
@@ -33,10 +32,8 @@ class NodeSettings:
         base_model: `QUIVER_BASE_MODEL`, the engine's served base model name.
         cache_dir: `QUIVER_NODE_CACHE_DIR`, where adapters are staged on disk.
         agent_url: `QUIVER_AGENT_URL`, this agent's URL as the control plane should reach it ("" if unset).
-        s3_endpoint_url: `AWS_S3_ENDPOINT_URL`; None means AWS itself.
-        s3_access_key: `AWS_ACCESS_KEY_ID`; None defers to boto3's credential chain.
-        s3_secret_key: `AWS_SECRET_ACCESS_KEY`.
-        bucket: `AWS_STORAGE_BUCKET_NAME`, holding adapter files.
+        s3_endpoint_url: `AWS_S3_ENDPOINT_URL`, the only origin the agent downloads from (the presigned GETs each
+            load carries; a node holds no S3 credential); None means AWS itself (https `*.amazonaws.com`).
         control_url: `QUIVER_CONTROL_URL`; heartbeats are off when None.
         heartbeat_seconds: `QUIVER_HEARTBEAT_SECONDS`, default 5.
         max_loras: `QUIVER_MAX_LORAS` (vLLM `--max-loras`, default 1 as in `vllm/config/lora.py`).
@@ -69,9 +66,6 @@ class NodeSettings:
     cache_dir: Path
     agent_url: str
     s3_endpoint_url: str | None
-    s3_access_key: str | None
-    s3_secret_key: str | None
-    bucket: str
     control_url: str | None
     heartbeat_seconds: float
     max_loras: int
@@ -116,9 +110,6 @@ class NodeSettings:
             cache_dir=Path(env["QUIVER_NODE_CACHE_DIR"]),
             agent_url=env.get("QUIVER_AGENT_URL", "").rstrip("/"),
             s3_endpoint_url=env.get("AWS_S3_ENDPOINT_URL") or None,
-            s3_access_key=env.get("AWS_ACCESS_KEY_ID") or None,
-            s3_secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
-            bucket=env["AWS_STORAGE_BUCKET_NAME"],
             control_url=(env.get("QUIVER_CONTROL_URL") or "").rstrip("/") or None,
             heartbeat_seconds=_positive_float(env, "QUIVER_HEARTBEAT_SECONDS", 5.0),
             max_loras=max_loras,

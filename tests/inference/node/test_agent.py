@@ -37,9 +37,6 @@ def settings(clean_vllm_engine: RunningEngine, s3_server: S3Server, tmp_path: Pa
         cache_dir=tmp_path / "cache",
         agent_url="http://127.0.0.1:9/agent",
         s3_endpoint_url=s3_server.endpoint_url,
-        s3_access_key=s3_server.access_key,
-        s3_secret_key=s3_server.secret_key,
-        bucket=s3_server.bucket,
         control_url=None,
         heartbeat_seconds=5.0,
         max_loras=clean_vllm_engine.max_loras,
@@ -58,7 +55,8 @@ def agent(settings: NodeSettings) -> Iterator[TestClient]:
 
 @pytest.fixture
 def upload(s3_server: S3Server) -> Upload:
-    """Upload an adapter folder's files under a fresh prefix; return the contract's `files` list."""
+    """Upload an adapter folder's files under a fresh prefix; return the contract's `files` list, each with a presigned
+    GET as the control plane sends it (the agent holds no S3 credential)."""
     client = s3_server.client()
 
     def do(folder: Path) -> list[dict[str, Any]]:
@@ -71,6 +69,7 @@ def upload(s3_server: S3Server) -> Upload:
                 {
                     "name": name,
                     "s3_key": prefix + name,
+                    "url": _presign(client, s3_server.bucket, prefix + name),
                     "sha256": hashlib.sha256(data).hexdigest(),
                     "size": len(data),
                 }
@@ -78,6 +77,10 @@ def upload(s3_server: S3Server) -> Upload:
         return files
 
     return do
+
+
+def _presign(client: Any, bucket: str, key: str) -> str:
+    return client.generate_presigned_url("get_object", ExpiresIn=300, Params={"Bucket": bucket, "Key": key})
 
 
 def _state_adapters(agent: TestClient) -> list[dict[str, Any]]:
@@ -166,9 +169,11 @@ def test_sha256_mismatch_deletes_the_download_and_loads_nothing(
                                        "pinned": False, "served": False, "error_code": "sha256_mismatch"}]
 
 
-def test_missing_s3_object(agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path]) -> None:
+def test_missing_s3_object(agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path],
+                           s3_server: S3Server) -> None:
     files = upload(tiny_adapters["qv-r8"])
     files[0]["s3_key"] = "adapters/does-not-exist/adapter_config.json"
+    files[0]["url"] = _presign(s3_server.client(), s3_server.bucket, files[0]["s3_key"])
 
     response = agent.post(
         "/v1/adapters/load", json={"lora_name": "acme--miss", "lora_int_id": 34, "files": files}
@@ -316,15 +321,19 @@ def test_every_route_but_healthz_needs_the_node_key(agent: TestClient) -> None:
         {"lora_int_id": 0},
         {"lora_name": "../etc"},
         {"files": []},
-        {"files": [{"name": "../x", "s3_key": "k", "sha256": "a" * 64, "size": 1}]},
-        {"files": [{"name": "x", "s3_key": "k", "sha256": "XYZ", "size": 1}]},
+        {"files": [{"name": "../x", "s3_key": "k", "url": "http://s3/k", "sha256": "a" * 64, "size": 1}]},
+        {"files": [{"name": "x", "s3_key": "k", "url": "http://s3/k", "sha256": "XYZ", "size": 1}]},
+        # No presigned URL (the node has no S3 credential to fall back on), or one off the node's S3 endpoint.
+        {"files": [{"name": "x", "s3_key": "k", "sha256": "a" * 64, "size": 1}]},
+        {"files": [{"name": "x", "s3_key": "k", "url": "http://169.254.169.254/latest/meta-data/", "sha256": "a" * 64,
+                    "size": 1}]},
     ],
 )
 def test_invalid_load_bodies(agent: TestClient, change: dict[str, Any], settings: NodeSettings) -> None:
     body = {
         "lora_name": "acme--x",
         "lora_int_id": 1,
-        "files": [{"name": "adapter_config.json", "s3_key": "k", "sha256": "a" * 64, "size": 1}],
+        "files": [{"name": "adapter_config.json", "s3_key": "k", "url": "http://s3/k", "sha256": "a" * 64, "size": 1}],
         **change,
     }
 

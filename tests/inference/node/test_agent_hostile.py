@@ -23,8 +23,8 @@ KEY = "node-key-of-n1"
 def _settings(tmp_path: Path, **changes: Any) -> NodeSettings:
     values: dict[str, Any] = dict(
         node_name="n1", node_key=KEY, node_token="", engine_url="http://127.0.0.1:9", base_model="tiny",
-        cache_dir=tmp_path / "cache", agent_url="", s3_endpoint_url=None, s3_access_key=None, s3_secret_key=None,
-        bucket="b", control_url=None, heartbeat_seconds=5.0, max_loras=1, max_cpu_loras=1, max_lora_rank=16)
+        cache_dir=tmp_path / "cache", agent_url="", s3_endpoint_url=None,
+        control_url=None, heartbeat_seconds=5.0, max_loras=1, max_cpu_loras=1, max_lora_rank=16)
     values.update(changes)
     return NodeSettings(**values)
 
@@ -69,7 +69,7 @@ def _big_policy_body(megabytes: int) -> list[bytes]:
 def test_a_body_without_the_node_key_is_refused_before_a_byte_is_read(tmp_path: Path, headers: dict[str, str]) -> None:
     """FastAPI reads and parses a route's JSON body before its dependencies run, so the key check came after the
     whole body was in memory: anyone who reached the agent's port could make it buffer (and parse) gigabytes."""
-    app = create_app(_settings(tmp_path), s3_client=object())
+    app = create_app(_settings(tmp_path))
 
     status, body, read = asyncio.run(_post(app, "/v1/eviction_policy", _big_policy_body(64),
                                            {"content-type": "application/json", **headers}))
@@ -79,7 +79,7 @@ def test_a_body_without_the_node_key_is_refused_before_a_byte_is_read(tmp_path: 
 
 
 def test_junk_json_without_the_node_key_is_401_not_a_parse_error(tmp_path: Path) -> None:
-    app = create_app(_settings(tmp_path), s3_client=object())
+    app = create_app(_settings(tmp_path))
 
     status, body, _ = asyncio.run(_post(app, "/v1/adapters/load", [b"{not json"],
                                         {"content-type": "application/json"}))
@@ -88,7 +88,7 @@ def test_junk_json_without_the_node_key_is_401_not_a_parse_error(tmp_path: Path)
 
 
 def test_an_oversized_body_with_the_key_is_413_naming_the_limit(tmp_path: Path) -> None:
-    app = create_app(_settings(tmp_path), s3_client=object())
+    app = create_app(_settings(tmp_path))
     auth = {"content-type": "application/json", "Authorization": f"Bearer {KEY}"}
     declared = {**auth, "content-length": str(64 << 20)}
 
@@ -136,7 +136,7 @@ class _Engine:
 
 def _agent(tmp_path: Path, engine: _Engine, policy: str) -> NodeAgent:
     settings = _settings(tmp_path, eviction_policy=policy)
-    return NodeAgent(settings, AdapterCache(settings.cache_dir, None, "b"), engine)  # type: ignore[arg-type]
+    return NodeAgent(settings, AdapterCache(settings.cache_dir), engine)  # type: ignore[arg-type]
 
 
 def test_a_state_read_during_a_policy_switch_does_not_undo_it_in_the_engine(tmp_path: Path) -> None:
@@ -181,7 +181,7 @@ def test_concurrent_policy_switches_leave_agent_and_engine_on_the_same_one(tmp_p
                                   "lfu"])
 def test_bad_policy_bodies_are_400_and_change_nothing(tmp_path: Path, body: Any) -> None:
     engine = _Engine("lfu")
-    app = create_app(_settings(tmp_path), s3_client=object())
+    app = create_app(_settings(tmp_path))
     app.state.agent = _agent(tmp_path, engine, "lfu")
     headers = {"content-type": "application/json", "Authorization": f"Bearer {KEY}"}
 

@@ -14,13 +14,15 @@ from tests.fixtures.s3 import S3Server
 
 @pytest.fixture
 def cache(s3_server: S3Server, tmp_path: Path) -> AdapterCache:
-    return AdapterCache(tmp_path / "cache", s3_server.client(), s3_server.bucket)
+    return AdapterCache(tmp_path / "cache", s3_origin=s3_server.endpoint_url)
 
 
 def _put(s3_server: S3Server, data: bytes, name: str = "adapter_config.json") -> FileSpec:
     key = f"adapters/cache-{uuid.uuid4().hex}/{name}"
-    s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=data)
-    return FileSpec(name=name, s3_key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    client = s3_server.client()
+    client.put_object(Bucket=s3_server.bucket, Key=key, Body=data)
+    url = client.generate_presigned_url("get_object", ExpiresIn=300, Params={"Bucket": s3_server.bucket, "Key": key})
+    return FileSpec(name=name, s3_key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data), url=url)
 
 
 def test_stage_downloads_then_reuses(cache: AdapterCache, s3_server: S3Server) -> None:
@@ -48,7 +50,7 @@ def test_corrupted_local_copy_is_replaced(cache: AdapterCache, s3_server: S3Serv
 
 def test_size_mismatch_leaves_no_file_and_no_marker(cache: AdapterCache, s3_server: S3Server) -> None:
     spec = _put(s3_server, b"12345")
-    wrong = FileSpec(spec.name, spec.s3_key, spec.sha256, size=4)
+    wrong = FileSpec(spec.name, spec.s3_key, spec.sha256, size=4, url=spec.url)
 
     with pytest.raises(CacheError) as info:
         cache.stage("acme--c", 9, [wrong])
@@ -83,7 +85,7 @@ def _staged(root: Path, name: str, version: int, size: int, used: float) -> None
 
 
 def test_the_disk_cache_keeps_its_byte_budget_least_recently_used_first(tmp_path: Path) -> None:
-    cache = AdapterCache(tmp_path / "c", s3_client=None, bucket="b", max_bytes=2500)
+    cache = AdapterCache(tmp_path / "c", max_bytes=2500)
     _staged(cache.root, "t--old--1", 1, 1000, used=100)
     _staged(cache.root, "t--served--2", 2, 1000, used=50)  # oldest, but the engine serves it
     _staged(cache.root, "t--mid--3", 3, 1000, used=200)
@@ -95,6 +97,6 @@ def test_the_disk_cache_keeps_its_byte_budget_least_recently_used_first(tmp_path
 
 
 def test_an_unbounded_cache_evicts_nothing(tmp_path: Path) -> None:
-    cache = AdapterCache(tmp_path / "c", s3_client=None, bucket="b")
+    cache = AdapterCache(tmp_path / "c")
     _staged(cache.root, "t--a--1", 1, 10, used=1)
     assert cache.evict_to_budget(set()) == [] and len(cache.staged()) == 1

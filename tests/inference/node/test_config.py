@@ -14,7 +14,6 @@ REQUIRED = {
     "QUIVER_ENGINE_URL": "http://127.0.0.1:8011/",
     "QUIVER_BASE_MODEL": "tiny-llama",
     "QUIVER_NODE_CACHE_DIR": "/var/cache/quiver",
-    "AWS_STORAGE_BUCKET_NAME": "media",
 }
 
 
