@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 from django.conf import settings
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from inference.gateway.answers import UsageTally, engine_error, strip_engine_fields
@@ -139,20 +139,53 @@ class RecordedResponse(Response):
             self._record()
 
 
-class _RelayResponse(StreamingResponse):
-    """A ``StreamingResponse`` whose end always runs ``cleanup``: Starlette cancels the body task when the client
-    disconnects, and a relay cancelled before its first step (or while the task waits in ``send``) never reaches
-    its own ``finally``."""
+class _RelayResponse(Response):
+    """The relay's SSE response: each event sent as the relay yields it, and ``cleanup`` run however the stream ended.
+
+    Not Starlette's ``StreamingResponse``: under uvicorn (ASGI spec 2.3) that runs every stream in an anyio task group
+    (a task for the body, a cancel scope, a disconnect listener), the largest gateway cost on the streaming path under
+    py-spy (``scripts/bench_gateway``, mixed adapters at concurrency 1). Here the body is sent from the request's own
+    task, and one plain watcher task cancels it when the client disconnects, as ``unless_client_gone`` does for JSON
+    answers: a relay waiting on the engine is cut at once (closing the engine connection, so vLLM aborts the
+    request), and a relay cancelled before its first step never reaches its own ``finally``, hence ``cleanup``.
+    """
+
+    media_type = "text/event-stream"
 
     def __init__(self, events: AsyncIterator[bytes], *, cleanup: Any, headers: dict[str, str]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self._events = events
         self._cleanup = cleanup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Stream, then close the relay and free what it holds however the stream ended."""
+        current = asyncio.current_task()
+        state = {"done": False, "gone": False}
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state["done"] and current is not None:
+                state["gone"] = True
+                current.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self._events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["gone"] or current is None:
+                raise
+            current.uncancel()  # the client left: not a cancellation of the server's own
+        except OSError:
+            pass  # the client's connection broke under a send: the same ending as a disconnect
         finally:
+            state["done"] = True
+            watcher.cancel()
             with anyio.CancelScope(shield=True):
                 await self._cleanup()
 
@@ -160,7 +193,7 @@ class _RelayResponse(StreamingResponse):
 def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any, started: float,
                    tally: UsageTally | None = None,
                    headers: dict[str, str], renew: Callable[[], Awaitable[None]] | None = None,
-                   renew_every_s: float = 0.0) -> StreamingResponse:
+                   renew_every_s: float = 0.0) -> Response:
     """The SSE response relaying ``upstream`` (:func:`relay_stream`); ``record`` (which releases the admission
     slot and settles the limits) runs exactly once: as the relay ends, or as 499 when the client left first.
     ``renew`` renews the concurrency lease every ``renew_every_s`` while the relay runs."""
