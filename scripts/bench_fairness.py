@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from demo.assets import ensure_demo_assets  # noqa: E402
-from demo.run import CONTROL_ONLY, Processes  # noqa: E402
+from demo.run import Processes, node_process_env  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
 
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             "--base-model", assets.served_name).splitlines())
         node_key = node_env["QUIVER_NODE_KEY"]
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
-        engine_vars = engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY})
+        engine_vars = engine_env(engine, node_process_env(env))
         if args.engine_threads:
             engine_vars["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(max((os.cpu_count() or 1) - args.engine_threads, 0))
         procs.start("vllm", engine_argv(engine, python=PY), engine_vars)
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--port", str(internal_port), "--log-level", "warning"], web_env)
         procs.start("agent", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1", "--port",
                               str(agent_port), "--log-level", "warning"], {
-            **{k: v for k, v in env.items() if k not in CONTROL_ONLY}, **node_env, "QUIVER_ENGINE_URL": engine.url,
+            **node_process_env(env), **node_env, "QUIVER_ENGINE_URL": engine.url,
             "QUIVER_BASE_MODEL": assets.served_name, "QUIVER_NODE_CACHE_DIR": str(workdir / "node-cache"),
             "QUIVER_AGENT_URL": agent_url, "QUIVER_CONTROL_URL": internal_url, "QUIVER_LOAD_REDIS_URL": env["REDIS_URL"],
             "QUIVER_HEARTBEAT_SECONDS": "2", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",

@@ -69,6 +69,7 @@ from scaleout import Processes, fresh_bucket, fresh_database, manage, redis_db, 
 
 from demo.api_client import upload_adapter, wait_validated  # noqa: E402
 from demo.assets import ensure_demo_assets  # noqa: E402
+from demo.run import node_process_env  # noqa: E402
 from demo.tiny_model import make_random_adapter  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
@@ -484,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                                           api_key=creds["QUIVER_NODE_KEY"])
             engines[node] = (engine.url, creds["QUIVER_NODE_KEY"])
             agents[node] = (agent_url, creds["QUIVER_NODE_KEY"])
-            node_env = {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")}
+            node_env = node_process_env(env)
             engine_vars = engine_env(engine, node_env)
             if args.engine_cores == "split":
                 engine_vars["VLLM_CPU_OMP_THREADS_BIND"] = _half_of_the_cores(i)

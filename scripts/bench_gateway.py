@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from demo.assets import ensure_demo_assets  # noqa: E402
-from demo.run import CONTROL_ONLY, Processes  # noqa: E402
+from demo.run import Processes, node_process_env  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
 
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         node_key = node_env["QUIVER_NODE_KEY"]
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
         procs.start("vllm", engine_argv(engine, python=PY),
-                    engine_env(engine, {k: v for k, v in env.items() if k not in CONTROL_ONLY}))
+                    engine_env(engine, node_process_env(env)))
         web = [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(web_port),
                "--log-level", "warning", "--no-access-log", "--workers", str(args.gateway_workers)]
         if args.profile:
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--port", str(internal_port), "--log-level", "warning"], env)
         procs.start("agent", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1", "--port",
                               str(agent_port), "--log-level", "warning"], {
-            **{k: v for k, v in env.items() if k not in CONTROL_ONLY}, **node_env, "QUIVER_ENGINE_URL": engine.url,
+            **node_process_env(env), **node_env, "QUIVER_ENGINE_URL": engine.url,
             "QUIVER_BASE_MODEL": assets.served_name, "QUIVER_NODE_CACHE_DIR": str(workdir / "node-cache"),
             "QUIVER_AGENT_URL": agent_url, "QUIVER_CONTROL_URL": f"http://127.0.0.1:{internal_port}",
             "QUIVER_HEARTBEAT_SECONDS": "2", "QUIVER_MAX_LORAS": "2", "QUIVER_MAX_CPU_LORAS": "4",

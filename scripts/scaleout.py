@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from demo.api_client import upload_adapter, wait_validated  # noqa: E402
 from demo.assets import ensure_demo_assets  # noqa: E402
+from demo.run import node_process_env  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
 from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
@@ -575,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port,
                                           api_key=creds["QUIVER_NODE_KEY"])
             engines[node], agents[node] = engine.url, agent_url
-            node_env = {k: v for k, v in env.items() if k != "QUIVER_NODE_SECRET"}  # a node holds only its own pair
+            node_env = node_process_env(env)  # a node holds only its own pair, and no S3 key
             procs.start(f"engine-{i}", engine_argv(engine, python=PY), engine_env(engine, node_env))
             agent_env = {
                 **node_env, **creds, "QUIVER_ENGINE_URL": engine.url, "QUIVER_BASE_MODEL": assets.served_name,
