@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion, BaseModel
@@ -180,7 +180,8 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
     Returns:
         The node. Only versions that exist, serve this node's base model, carry their own served name and that the
         control plane asked this node to load (``Placement.load_issued_at``, set by a warm or a pin) are recorded;
-        versions the node no longer reports drop to ``cold`` on it. A version claimed without having been asked
+        versions the node no longer reports drop to ``cold`` on it (a pin naming the node keeps its mark there:
+        the report may predate the pinned load). A version claimed without having been asked
         for is ignored (its requests never go there) and logged once per node and version
         (``node.heartbeat_unasked_version``).
     """
@@ -219,8 +220,10 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
                 _log_unasked_claim(node, version, reported[version.pk])
         # An operator's pin keeps its row's mark until the engine reports it: the mark counts against the node's pin
         # bound (services.node_pins), and a heartbeat between a pin and its warm must not free that room.
-        intended = {vid for vid, fleet, names in VersionIntent.objects.filter(adapter_version_id__in=known)
-                    .values_list("adapter_version_id", "pinned_fleet", "pinned_nodes") if fleet or node.name in names}
+        pins = list(VersionIntent.objects.filter(adapter_version__placements__node=node).filter(
+            Q(pinned_fleet=True) | ~Q(pinned_nodes=[])).values_list("adapter_version_id", "pinned_fleet", "pinned_nodes"))
+        intended = {vid for vid, fleet, names in pins if vid in known and (fleet or node.name in names)}
+        named_here = {vid for vid, _, names in pins if node.name in names}
         for version_id in known:
             entry = reported[version_id]
             tier = entry["tier"]
@@ -235,10 +238,15 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
             # Heartbeats come every few seconds: write only what changed.
             if any(getattr(row, k) != v for k, v in wanted.items()):
                 Placement.objects.filter(pk=row.pk).update(**wanted, updated_at=timezone.now())
-        # Only rows the node once held drop to cold; in-flight warms keep their state.
-        Placement.objects.filter(node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
-            adapter_version_id__in=known
-        ).update(tier=Placement.Tier.COLD, pinned=False, served=False)
+        # Only rows the node once held drop to cold; in-flight warms keep their state. A pin naming this node keeps
+        # its mark: the report may predate the pinned load (built before the load finished, received after it), and
+        # the reconciler reloads a named pin that really went. A fleet pin covers only nodes holding the version, so
+        # its mark goes with the copy (kept, it would hold pin room that nothing clears).
+        dropped = Placement.objects.filter(
+            node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
+            adapter_version_id__in=known)
+        dropped.filter(adapter_version_id__in=named_here).update(tier=Placement.Tier.COLD, served=False)
+        dropped.exclude(adapter_version_id__in=named_here).update(tier=Placement.Tier.COLD, pinned=False, served=False)
     return node
 
 

@@ -140,3 +140,51 @@ def test_a_heartbeat_between_a_pin_and_its_warm_does_not_free_the_room(base_mode
     node_heartbeat(node=node, state={"healthy": True, "max_loras": 2, "adapters": [unpinned]})
     assert not Placement.objects.get(node=node, adapter_version=first).pinned
     version_pin(second, node=node, actor="ops@test")
+
+
+def test_a_report_built_before_a_pinned_load_finished_leaves_the_row_pinned(
+        base_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent built its report, then the pinned load finished and the warm marked the row; the report arrives after
+    it and lists nothing. The row may drop to cold, but its pin mark stays (the pin's room on a two-slot node stays
+    taken) until the engine's next report lists it pinned again."""
+    from inference.fleet.nodes import node_heartbeat
+    from inference.fleet.warming import placement_warm
+
+    node = _node("n0", base_model, max_loras=2)
+    first, second = _versions("acme", 2)
+    version_pin(first, node=node, actor="ops@test")
+    monkeypatch.setattr("inference.fleet.warming.node_call",
+                        lambda _node, path, payload: {"tier": "warm", "pinned": payload["pin"], "load_ms": 5.0})
+    placement_warm(first, node=node, pin=True)
+    assert Placement.objects.get(node=node, adapter_version=first).pinned
+
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 2, "adapters": []})  # built before the load
+
+    row = Placement.objects.get(node=node, adapter_version=first)
+    assert row.pinned and not row.served
+    with pytest.raises(FleetActionError) as refused:
+        version_pin(second, node=node, actor="ops@test")
+    assert refused.value.code == "pin_limit"
+    reported = {"lora_name": first.served_name, "lora_int_id": first.pk, "tier": "warm", "pinned": True,
+                "served": True}
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 2, "adapters": [reported]})
+    row.refresh_from_db()
+    assert (row.tier, row.pinned, row.served) == ("warm", True, True)
+
+
+def test_a_copy_the_node_no_longer_reports_loses_a_mark_no_named_pin_holds(base_model: Any) -> None:
+    """Only a pin naming the node keeps the mark on a copy gone from the report: an engine-reported pin without an
+    operator's intent (or a fleet pin, which covers only nodes that hold the version) goes with the copy."""
+    from inference.fleet.nodes import node_heartbeat
+
+    node = _node("n0", base_model, max_loras=4)
+    engine_only, fleet = _versions("acme", 2)
+    for v in (engine_only, fleet):
+        Placement.objects.create(node=node, adapter_version=v, tier="warm", served=True, pinned=True,
+                                 load_issued_at=timezone.now())
+    VersionIntent.objects.create(adapter_version=fleet, pinned_fleet=True)
+
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 4, "adapters": []})
+
+    assert list(Placement.objects.filter(node=node).values_list("tier", "pinned", "served").distinct()) == [
+        ("cold", False, False)]
