@@ -156,15 +156,19 @@ def test_when_every_unpinned_adapter_is_in_use_vllms_lru_decides() -> None:
     assert removed == [2] and worker_ext.EVICTIONS["lru"] == before + 1
 
 
-def test_moves_are_counted_and_timed_only_when_something_moved() -> None:
+def test_moves_are_counted_and_timed_only_when_something_moved(monkeypatch: pytest.MonkeyPatch) -> None:
     """``count_loads`` counts disk→CPU reads and CPU→GPU copies and sums the seconds each took inside the step (an
-    activation of an adapter already in a slot moves nothing and costs no time)."""
+    activation of an adapter already in a slot moves nothing and costs no time). The clock is the test's: each
+    fake move advances it by its own seconds, so the sums are exact however busy the machine is."""
+    clock = [100.0]
+    monkeypatch.setattr(worker_ext, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
     def slow_load(request: object) -> str:
-        time.sleep(0.02)
+        clock[0] += 0.02
         return "model"
 
     def activate(lora_id: int) -> bool:
-        time.sleep(0.01 if lora_id != 7 else 0.3)
+        clock[0] += 0.01 if lora_id != 7 else 0.3
         return lora_id != 7  # 7 is already in a slot: vLLM returns False
 
     worker = SimpleNamespace(_load_adapter=slow_load, _adapter_manager=SimpleNamespace(activate_adapter=activate))
@@ -174,8 +178,8 @@ def test_moves_are_counted_and_timed_only_when_something_moved() -> None:
     assert worker._adapter_manager.activate_adapter(3) is True
     assert worker._adapter_manager.activate_adapter(7) is False
     assert counts["disk_to_cpu"] == 1 and counts["cpu_to_gpu"] == 1
-    assert 0.02 <= counts["disk_to_cpu_s"] < 0.5
-    assert 0.01 <= counts["cpu_to_gpu_s"] < 0.3  # only the activation that moved something
+    assert counts["disk_to_cpu_s"] == pytest.approx(0.02)
+    assert counts["cpu_to_gpu_s"] == pytest.approx(0.01)  # only the activation that moved something
 
 
 def test_each_request_is_counted_resident_or_loaded_once(monkeypatch: pytest.MonkeyPatch) -> None:
