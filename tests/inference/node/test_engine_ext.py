@@ -275,24 +275,32 @@ def test_a_reload_in_a_request_evicts_by_the_nodes_policy(
     engine_http: httpx.Client, tiny_adapters: dict[str, Path]
 ) -> None:
     """An evicted adapter's next request reloads it inside the engine (no agent call): the victim that makes room is
-    the policy's (LFU, the default), not vLLM's LRU-oldest (``inference.node.worker_ext._evict_by_policy``)."""
+    the policy's (LFU, the default), not vLLM's LRU-oldest (``inference.node.worker_ext._evict_by_policy``).
+
+    Nothing timed decides it: c1 has strictly the fewest requests (a 600 s half-life cannot bring 2 below 1 within
+    the test), and the reload waits until every resident is past the grace's busy second, so none counts as fresh
+    (each had a request since its load: ``node_eviction.is_fresh``)."""
     assert _add(engine_http, "acme--late", 850, tiny_adapters["qv-r8"]).status_code == 200
     assert engine_http.post("/quiver/v1/evict_lora", json={"lora_name": "acme--late"}).status_code == 200
     fill = {"acme--hot": 851, "acme--c1": 852, "acme--c2": 853, "acme--c3": 854}
     for name, lora_id in fill.items():
         assert _add(engine_http, name, lora_id, tiny_adapters["qv-r8"]).status_code == 200
-    for name, uses in (("acme--hot", 6), ("acme--c1", 1), ("acme--c2", 1), ("acme--c3", 1)):  # hot is LRU-oldest
+    for name, uses in (("acme--hot", 6), ("acme--c1", 1), ("acme--c2", 2), ("acme--c3", 2)):  # hot is LRU-oldest
         for _ in range(uses):
             done = engine_http.post("/v1/completions", json={"model": name, "prompt": "the", "max_tokens": 4})
             assert done.status_code == 200, done.text
-    before = engine_http.get("/quiver/v1/loras").json()["residency"]
+    deadline = time.monotonic() + 30
+    while min((before := engine_http.get("/quiver/v1/loras").json()["residency"])["idle_s"].values()) < GRACE_BUSY_S:
+        assert time.monotonic() < deadline, before["idle_s"]
+        time.sleep(0.05)
     assert before["cpu"] == [851, 852, 853, 854] and before["lru"][0] == 851
+    assert before["requests"] == {"851": 6, "852": 1, "853": 2, "854": 2}
 
     done = engine_http.post("/v1/completions", json={"model": "acme--late", "prompt": "the", "max_tokens": 2})
 
     assert done.status_code == 200, done.text
     after = engine_http.get("/quiver/v1/loras").json()["residency"]
-    assert after["cpu"] == [850, 851, 853, 854]  # c1 (fewest steps, oldest of the three) left; hot stayed
+    assert after["cpu"] == [850, 851, 853, 854]  # c1 (fewest requests) left; LRU would have dropped hot (851)
     assert after["eviction"]["policy"] == "lfu"
     assert after["eviction"]["evictions"].get("lfu", 0) >= 1
 
