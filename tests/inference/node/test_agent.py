@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -384,13 +385,32 @@ def test_heartbeat_posts_state_with_the_node_token(settings: NodeSettings) -> No
     assert body["node"] == "node-test" and body["healthy"] is True and body["adapters"] == []
 
 
+class _Failures(logging.Handler):
+    """Counts the heartbeat loop's ``heartbeat.failed`` records (one per heartbeat the control plane never got)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += record.getMessage() == "heartbeat.failed"
+
+
 def test_unreachable_control_plane_and_engine_are_not_fatal(settings: NodeSettings) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     app = create_app(replace(settings, control_url=dead, heartbeat_seconds=0.1, engine_url=dead))
-    with TestClient(app) as client:
-        time.sleep(0.5)  # several failed heartbeats
-        health = client.get("/healthz")
-        state = client.get("/v1/state", headers={"Authorization": f"Bearer {settings.node_key}"})
+    failed = _Failures()
+    logging.getLogger("inference.node.heartbeat").addHandler(failed)
+    try:
+        with TestClient(app) as client:
+            deadline = time.monotonic() + 30
+            while failed.count < 3:  # several heartbeats failed, and the agent still answers
+                assert time.monotonic() < deadline, f"{failed.count} failed heartbeats in 30 s"
+                time.sleep(0.05)
+            health = client.get("/healthz")
+            state = client.get("/v1/state", headers={"Authorization": f"Bearer {settings.node_key}"})
+    finally:
+        logging.getLogger("inference.node.heartbeat").removeHandler(failed)
 
     assert (health.status_code, health.json()["code"]) == (503, "engine_unavailable")
     assert state.status_code == 200
