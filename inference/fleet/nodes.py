@@ -12,7 +12,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -180,8 +180,9 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
     Returns:
         The node. Only versions that exist, serve this node's base model, carry their own served name and that the
         control plane asked this node to load (``Placement.load_issued_at``, set by a warm or a pin) are recorded;
-        versions the node no longer reports drop to ``cold`` on it (a pin naming the node keeps its mark there:
-        the report may predate the pinned load). A version claimed without having been asked
+        versions the node no longer reports drop to ``cold`` on it (a pin naming the node keeps its mark there).
+        A row written since the node's previous heartbeat (a load or an evict meanwhile) takes nothing from this
+        report, which may predate the write, but news that a load it asked for is resident. A version claimed without having been asked
         for is ignored (its requests never go there) and logged once per node and version
         (``node.heartbeat_unasked_version``).
     """
@@ -190,8 +191,9 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         if locked.key_generation != node.key_generation or locked.deregistered_at is not None:
             return locked  # rotated or deregistered between authenticating this heartbeat and now: write nothing
         node = locked
+        previous = node.last_heartbeat_at
         node.healthy = bool(state.get("healthy"))
-        node.last_heartbeat_at = timezone.now()
+        now = node.last_heartbeat_at = timezone.now()
         node.max_loras = state.get("max_loras") or 0
         node.max_cpu_loras = state.get("max_cpu_loras") or 0
         node.max_lora_rank = state.get("max_lora_rank") or 0
@@ -214,6 +216,13 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         # still serves from disk, a pin or an evict all act on a row that a warm already marked.
         current = {p.adapter_version_id: p for p in Placement.objects.filter(
             node=node, adapter_version_id__in=ours, load_issued_at__isnull=False)}
+        # The agent sends one heartbeat at a time, so this report was built after the previous one was recorded
+        # (``previous``): it may predate only what changed on a row since then (``newer``), such as a warm that
+        # finished, or an evict, while the report was on its way. Until the next report such a row takes from this
+        # one only that a load it asked for is resident (``_may_predate``). This heartbeat stamps its own writes
+        # ``now``, so they never count as newer; other writers use the control plane's clock too.
+        newer = set() if previous is None else set(Placement.objects.filter(
+            node=node, updated_at__gt=previous).values_list("adapter_version_id", flat=True))
         known = set(current)
         for version in versions:
             if version.pk in ours and version.pk not in known:
@@ -228,7 +237,9 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
             entry = reported[version_id]
             tier = entry["tier"]
             row = current[version_id]
-            pinned = bool(entry.get("pinned")) or (row.pinned and version_id in intended)
+            if version_id in newer and _may_predate(row, tier, previous):
+                continue
+            pinned = bool(entry.get("pinned")) or (row.pinned and (version_id in intended or version_id in newer))
             wanted = {"tier": tier, "pinned": pinned,
                       "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
             if row.warming_since is not None and tier not in RESIDENT:
@@ -237,17 +248,29 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
                 del wanted["warming_since"]
             # Heartbeats come every few seconds: write only what changed.
             if any(getattr(row, k) != v for k, v in wanted.items()):
-                Placement.objects.filter(pk=row.pk).update(**wanted, updated_at=timezone.now())
+                Placement.objects.filter(pk=row.pk).update(**wanted, updated_at=now)
         # Only rows the node once held drop to cold; in-flight warms keep their state. A pin naming this node keeps
         # its mark: the report may predate the pinned load (built before the load finished, received after it), and
         # the reconciler reloads a named pin that really went. A fleet pin covers only nodes holding the version, so
         # its mark goes with the copy (kept, it would hold pin room that nothing clears).
         dropped = Placement.objects.filter(
             node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
-            adapter_version_id__in=known)
+            adapter_version_id__in=known | newer)
         dropped.filter(adapter_version_id__in=named_here).update(tier=Placement.Tier.COLD, served=False)
         dropped.exclude(adapter_version_id__in=named_here).update(tier=Placement.Tier.COLD, pinned=False, served=False)
     return node
+
+
+def _may_predate(row: Placement, tier: str, previous: datetime | None) -> bool:
+    """Whether a report of ``tier`` for ``row``, a row written since the node's previous heartbeat (recorded at
+    ``previous``), may describe the node before that write: any word but resident may predate a load, and resident
+    may predate an evict unless a load is in flight or was issued since ``previous`` (the node may answer a load's
+    copy in a report sent before the load call returns)."""
+    if tier not in RESIDENT:
+        return True
+    loading = row.warming_since is not None or (
+        previous is not None and row.load_issued_at is not None and row.load_issued_at > previous)
+    return row.tier not in RESIDENT and not loading
 
 
 def _log_unasked_claim(node: Node, version: AdapterVersion, entry: Mapping[str, Any]) -> None:

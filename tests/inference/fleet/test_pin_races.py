@@ -1,5 +1,6 @@
 """Pin bounds hold under races: concurrent operator pins and the reconciler never pass ``max_loras − 1`` pins per node
-nor a tenant's ``max_pinned`` (``inference.fleet.services``: row locks on the quota and the nodes)."""
+nor a tenant's ``max_pinned`` (``inference.fleet.services``: row locks on the quota and the nodes); and a heartbeat's
+report that may predate a load, a pin or an evict does not undo it (``inference.fleet.nodes.node_heartbeat``)."""
 
 from __future__ import annotations
 
@@ -142,34 +143,91 @@ def test_a_heartbeat_between_a_pin_and_its_warm_does_not_free_the_room(base_mode
     version_pin(second, node=node, actor="ops@test")
 
 
+def _warm_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node answers every load at once: resident, pinned as asked."""
+    monkeypatch.setattr("inference.fleet.warming.node_call",
+                        lambda _node, path, payload: {"tier": "warm", "pinned": payload["pin"], "load_ms": 5.0})
+
+
 def test_a_report_built_before_a_pinned_load_finished_leaves_the_row_pinned(
         base_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent built its report, then the pinned load finished and the warm marked the row; the report arrives after
-    it and lists nothing. The row may drop to cold, but its pin mark stays (the pin's room on a two-slot node stays
-    taken) until the engine's next report lists it pinned again."""
+    it and lists nothing. The row keeps what the warm wrote (the pin's room on a two-slot node stays taken); even
+    where a report is taken as current, a pin naming the node keeps its mark on a copy the report omits."""
     from inference.fleet.nodes import node_heartbeat
     from inference.fleet.warming import placement_warm
 
     node = _node("n0", base_model, max_loras=2)
     first, second = _versions("acme", 2)
     version_pin(first, node=node, actor="ops@test")
-    monkeypatch.setattr("inference.fleet.warming.node_call",
-                        lambda _node, path, payload: {"tier": "warm", "pinned": payload["pin"], "load_ms": 5.0})
+    _warm_answered(monkeypatch)
     placement_warm(first, node=node, pin=True)
-    assert Placement.objects.get(node=node, adapter_version=first).pinned
 
     node_heartbeat(node=node, state={"healthy": True, "max_loras": 2, "adapters": []})  # built before the load
 
     row = Placement.objects.get(node=node, adapter_version=first)
-    assert row.pinned and not row.served
+    assert (row.tier, row.pinned, row.served) == ("warm", True, True)
     with pytest.raises(FleetActionError) as refused:
         version_pin(second, node=node, actor="ops@test")
     assert refused.value.code == "pin_limit"
-    reported = {"lora_name": first.served_name, "lora_int_id": first.pk, "tier": "warm", "pinned": True,
-                "served": True}
-    node_heartbeat(node=node, state={"healthy": True, "max_loras": 2, "adapters": [reported]})
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 2, "adapters": []})  # built after: it went
     row.refresh_from_db()
-    assert (row.tier, row.pinned, row.served) == ("warm", True, True)
+    assert (row.tier, row.pinned, row.served) == ("cold", True, False)
+    with pytest.raises(FleetActionError):
+        version_pin(second, node=node, actor="ops@test")
+
+
+def test_a_report_older_than_a_load_does_not_undo_it_for_one_heartbeat(
+        base_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pin: a warm finishes between two heartbeats. The report that arrives next may predate it, so neither its
+    silence nor its older word on the copy (staged, unpinned) undoes the load; the report after it, built once that
+    heartbeat was recorded, does."""
+    from inference.fleet.nodes import node_heartbeat
+    from inference.fleet.warming import placement_warm
+
+    node = _node("n0", base_model, max_loras=4)
+    silent, staged = _versions("acme", 2)
+    _warm_answered(monkeypatch)
+    placement_warm(silent, node=node, pin=False)
+    placement_warm(staged, node=node, pin=True)  # the node's own pin (no operator's intent)
+    older = {"lora_name": staged.served_name, "lora_int_id": staged.pk, "tier": "staged", "pinned": False,
+             "served": False}
+
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 4, "adapters": [older]})
+
+    rows = dict(Placement.objects.filter(node=node).values_list("adapter_version_id", "tier"))
+    assert rows == {silent.pk: "warm", staged.pk: "warm"}
+    assert Placement.objects.get(node=node, adapter_version=staged).pinned
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 4, "adapters": [older]})
+    assert list(Placement.objects.filter(node=node).order_by("adapter_version_id").values_list(
+        "tier", "pinned", "served")) == [("cold", False, False), ("staged", False, False)]
+
+
+def test_a_report_older_than_an_evict_does_not_bring_the_copy_back(
+        base_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mirror image: an evict lands after the node's last heartbeat, and the next report, read before the engine
+    dropped the copy, still lists it warm. The row stays out (a promotion would otherwise call it warm and skip the
+    load); the report after that one is taken as it is."""
+    from inference.fleet.nodes import node_heartbeat
+    from inference.fleet.warming import placement_evict
+
+    node = _node("n0", base_model, max_loras=4)
+    (version,) = _versions("acme", 1)
+    row = Placement.objects.create(node=node, adapter_version=version, tier="warm", served=True,
+                                   load_issued_at=timezone.now())
+    warm = {"lora_name": version.served_name, "lora_int_id": version.pk, "tier": "warm", "pinned": False,
+            "served": True}
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 4, "adapters": [warm]})
+    monkeypatch.setattr("inference.fleet.warming.node_call", lambda *a, **k: {})
+    placement_evict(Placement.objects.select_related("node", "adapter_version").get(pk=row.pk))
+
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 4, "adapters": [warm]})  # read before the evict
+
+    row.refresh_from_db()
+    assert (row.tier, row.served) == ("staged", False)
+    node_heartbeat(node=node, state={"healthy": True, "max_loras": 4, "adapters": [warm]})  # a request reloaded it
+    row.refresh_from_db()
+    assert (row.tier, row.served) == ("warm", True)
 
 
 def test_a_copy_the_node_no_longer_reports_loses_a_mark_no_named_pin_holds(base_model: Any) -> None:
@@ -183,6 +241,8 @@ def test_a_copy_the_node_no_longer_reports_loses_a_mark_no_named_pin_holds(base_
         Placement.objects.create(node=node, adapter_version=v, tier="warm", served=True, pinned=True,
                                  load_issued_at=timezone.now())
     VersionIntent.objects.create(adapter_version=fleet, pinned_fleet=True)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now())  # a heartbeat recorded since the loads
+    node.refresh_from_db()
 
     node_heartbeat(node=node, state={"healthy": True, "max_loras": 4, "adapters": []})
 
