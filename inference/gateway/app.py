@@ -46,7 +46,7 @@ from inference.gateway.limits import (
     prompt_token_estimates,
 )
 from inference.gateway.limits import Scope as LimitScope
-from inference.gateway.relay import unless_client_gone
+from inference.gateway.relay import ClientGone, client_gone_response, unless_client_gone, while_client_waits
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, RuleView, TargetView, node_choose
 from inference.gateway.upstream import (
     upstream_close,
@@ -409,17 +409,30 @@ class GatewayApp:
                 metrics.RATE_LIMITED.labels(exc.type).inc()
             return error_response(exc)
         key, target = call.key, call.target
-        try:
+        acquired: list[tuple[NodeView, Any]] = []
+
+        async def acquire() -> tuple[NodeView, Any]:
             # KV-pressure admission (inference.gateway.admission): at once unless every eligible node is saturated.
-            node, slot = await self.admission.acquire(tenant=str(key.tenant_id), priority=key.priority,
-                                                      prompt_tokens=call.prompt_estimate,
-                                                      completion_tokens=call.completion_estimate,
-                                                      choose=lambda: self.node_for(target),
-                                                      lora=target.served_name if target.version_id is not None
-                                                      else None)
+            got = await self.admission.acquire(tenant=str(key.tenant_id), priority=key.priority,
+                                               prompt_tokens=call.prompt_estimate,
+                                               completion_tokens=call.completion_estimate,
+                                               choose=lambda: self.node_for(target),
+                                               lora=target.served_name if target.version_id is not None else None)
+            acquired.append(got)
+            return got
+
+        try:
+            # A client that leaves while its request waits (a warm, a saturated node) frees its concurrency lease and
+            # token reservation at once, not when the wait ends (up to QUIVER_WARM_WAIT_S later).
+            node, slot = await while_client_waits(request, acquire())
         except GatewayError as exc:
             await self.limiter.settle(call.admission, actual_tokens=0)
             return error_response(exc)
+        except ClientGone:
+            if acquired:
+                self.admission.release(acquired[0][1])
+            await self.limiter.settle(call.admission, actual_tokens=0)
+            return client_gone_response(request)
         exchange = Exchange(self, call, node=node, slot=slot, started=started, arrived=arrived)
         if exchange.stream:
             return await exchange.proxy()

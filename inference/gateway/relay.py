@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from django.conf import settings
@@ -22,6 +22,7 @@ from inference.gateway.snapshot import TargetView
 from inference.gateway.upstream import UpstreamError, UpstreamResponse
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any,
@@ -221,11 +222,19 @@ def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
 
-async def unless_client_gone(request: Request, work: Any, *, gone: Any) -> Response:
-    """Await ``work`` (the engine exchange of a non-streaming request) unless the client disconnects first: then
-    cancel it (closing the engine connection, so vLLM aborts the request), call ``gone()`` and answer 499.
+class ClientGone(Exception):
+    """The client disconnected while its request waited (:func:`while_client_waits`)."""
+
+
+async def while_client_waits(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first: then cancel it and raise :class:`ClientGone`.
 
     One watcher task, which cancels this one: cheaper on the hot path than running ``work`` as a task of its own.
+    The request's body must have been read (the watcher takes every later ``receive``).
+
+    Raises:
+        ClientGone: the client left before ``work`` ended (``work`` was cancelled, or its result is dropped when
+            both happened at once: a caller that must undo a result keeps it itself).
     """
     current = asyncio.current_task()
     left: list[bool] = []
@@ -244,9 +253,23 @@ async def unless_client_gone(request: Request, work: Any, *, gone: Any) -> Respo
         if not left or current is None:
             raise
         current.uncancel()
+        raise ClientGone from None
     finally:
         watcher.cancel()
+
+
+def client_gone_response(request: Request) -> Response:
+    """The 499 answer (nobody reads it) for a client that left, logged once."""
     logger.info("gateway.client_gone", extra={"path": request.url.path})
-    gone()
     return error_response(GatewayError(499, "The client closed the request before the answer.",
                                        code="client_closed_request", type_="invalid_request_error"))
+
+
+async def unless_client_gone(request: Request, work: Any, *, gone: Any) -> Response:
+    """Await ``work`` (the engine exchange of a non-streaming request) unless the client disconnects first: then
+    cancel it (closing the engine connection, so vLLM aborts the request), call ``gone()`` and answer 499."""
+    try:
+        return await while_client_waits(request, work)
+    except ClientGone:
+        gone()
+        return client_gone_response(request)

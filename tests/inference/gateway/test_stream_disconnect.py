@@ -247,3 +247,79 @@ def test_a_client_that_stops_reading_stops_renewing_its_lease(monkeypatch: pytes
         return stuck
 
     async_to_sync(go)()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_a_client_leaving_while_its_request_waits_for_a_node_frees_its_lease_at_once(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, settings: Any, stream: bool) -> None:
+    """Attack round: a request waiting for a warm (``node_for``) held its concurrency lease until the wait ended, up
+    to QUIVER_WARM_WAIT_S after its client had gone (59.5 s of 429s for a key limited to 1 in flight). Now the wait
+    is cancelled when the client leaves, the lease is settled, and the next request is admitted at once."""
+    settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 30.0, 60.0
+    tenant = TenantFactory(concurrency_limit=1)
+    _, key = api_key_create(tenant, name="app")
+    app, scope, body = _streaming_app(monkeypatch, key, lambda: _Stream(0.0))
+    if not stream:
+        body = body.replace(b'"stream": true', b'"stream": false')
+    waiting, cancelled = asyncio.Event(), []
+
+    async def node_for_a_warm(self: GatewayApp, target: Any) -> NodeView:
+        waiting.set()
+        try:
+            await asyncio.sleep(3600)  # a warm that never finishes within the test
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return NODE
+
+    async def go() -> tuple[int, int, list[dict[str, Any]]]:
+        app._ensure_started()
+        emitted: list[dict[str, Any]] = []
+        monkeypatch.setattr(app.sink, "emit", emitted.append)
+        monkeypatch.setattr(GatewayApp, "node_for", node_for_a_warm)
+        gone = asyncio.Event()
+        first: list[dict[str, Any]] = []
+
+        async def receive_then_leave() -> dict[str, Any]:
+            if not first:
+                first.append({})
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Any, into: list[dict[str, Any]] = first) -> None:
+            into.append(message)
+
+        request = asyncio.ensure_future(app(scope, receive_then_leave, send))
+        await asyncio.wait_for(waiting.wait(), 30)
+        gone.set()
+        await asyncio.wait_for(request, 30)  # ends promptly, not after the 60 s warm wait
+        status = next(m for m in first if m.get("type") == "http.response.start")["status"]
+
+        monkeypatch.setattr(GatewayApp, "node_for", lambda self, target: _node())
+        second: list[dict[str, Any]] = []
+        received: list[int] = []
+
+        async def receive_once() -> dict[str, Any]:
+            received.append(1)
+            if len(received) == 1:
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+        async def send_second(message: Any) -> None:
+            second.append(message)
+
+        await asyncio.wait_for(app(scope, receive_once, send_second), 30)
+        return status, next(m for m in second if m["type"] == "http.response.start")["status"], emitted
+
+    async def _node() -> NodeView:
+        return NODE
+
+    first_status, second_status, emitted = async_to_sync(go)()
+    assert cancelled == [True]  # the wait for the node was cut
+    assert first_status == 499
+    assert second_status == 200  # the lease of the request that left was freed: limit 1 admits the next at once
+    assert [row["status_code"] for row in emitted] == [200]  # nothing ran for the one that left: no usage row
+    assert not app.admission._held
