@@ -134,11 +134,17 @@ def fetch_origin_allowed(url: str, s3_origin: str | None) -> bool:
     """Whether ``url`` points at the node's S3 server: same scheme, host and port as ``s3_origin``
     (``AWS_S3_ENDPOINT_URL``), or an https ``*.amazonaws.com`` host when it is None (AWS itself). Keeps a stolen node
     key from turning the agent into a fetcher of arbitrary addresses."""
-    parts = urlsplit(url)
-    if s3_origin is None:
-        return parts.scheme == "https" and (parts.hostname or "").endswith(".amazonaws.com")
-    origin = urlsplit(s3_origin)
-    return (parts.scheme, parts.hostname, parts.port) == (origin.scheme, origin.hostname, origin.port)
+    if not url.isascii() or not url.isprintable() or " " in url:
+        return False  # urlsplit drops tabs and newlines that httpx would refuse; nothing legitimate carries them
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a port that is not a number in [0, 65535] raises here
+        if s3_origin is None:
+            return parts.scheme == "https" and (parts.hostname or "").endswith(".amazonaws.com")
+        origin = urlsplit(s3_origin)
+        return (parts.scheme, parts.hostname, port) == (origin.scheme, origin.hostname, origin.port)
+    except ValueError:
+        return False
 
 
 class AdapterCache:
@@ -198,15 +204,21 @@ class AdapterCache:
         folder.mkdir(parents=True, exist_ok=True)
         marker = folder / COMPLETE_MARKER
         downloaded = 0
-        for spec in files:
-            target = folder / spec.name
-            if target.exists():
-                if target.stat().st_size == spec.size and sha256_of(target) == spec.sha256:
-                    continue
-                logger.warning("cache.stale_file_removed", extra={"lora_name": lora_name, "file": spec.name})
-                marker.unlink(missing_ok=True)
-                target.unlink()
-            downloaded += self._download(spec, target)
+        try:
+            for spec in files:
+                target = folder / spec.name
+                if target.exists():
+                    if target.stat().st_size == spec.size and sha256_of(target) == spec.sha256:
+                        continue
+                    logger.warning("cache.stale_file_removed", extra={"lora_name": lora_name, "file": spec.name})
+                    marker.unlink(missing_ok=True)
+                    target.unlink()
+                downloaded += self._download(spec, target)
+        except CacheError:
+            with contextlib.suppress(OSError):  # a failed first load leaves no empty folders behind
+                folder.rmdir()
+                folder.parent.rmdir()
+            raise
         marker.write_text("\n".join(sorted(f.name for f in files)) + "\n")
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         logger.info(
@@ -243,6 +255,8 @@ class AdapterCache:
                             handle.write(chunk)
                         handle.flush()
                         os.fsync(handle.fileno())
+            except httpx.InvalidURL as exc:
+                raise CacheError("invalid_request", 400, f"url of {spec.name!r} is not a valid URL") from exc
             except httpx.HTTPError as exc:
                 raise CacheError("s3_error", 502, f"s3 get {spec.s3_key!r} failed: {type(exc).__name__}") from exc
             if size != spec.size:

@@ -328,6 +328,7 @@ def test_every_route_but_healthz_needs_the_node_key(agent: TestClient) -> None:
         {"files": [{"name": "x", "s3_key": "k", "sha256": "a" * 64, "size": 1}]},
         {"files": [{"name": "x", "s3_key": "k", "url": "http://169.254.169.254/latest/meta-data/", "sha256": "a" * 64,
                     "size": 1}]},
+        {"files": [{"name": "x", "s3_key": "k", "url": "http://127.0.0.1:+1/x", "sha256": "a" * 64, "size": 1}]},
     ],
 )
 def test_invalid_load_bodies(agent: TestClient, change: dict[str, Any], settings: NodeSettings) -> None:

@@ -106,17 +106,22 @@ def test_an_expired_url_is_refused_and_the_node_says_so(objects: tuple[str, str]
         cache.stage("acme--late", 4, [FileSpec("adapter_model.safetensors", asked,
                                                hashlib.sha256(BODY).hexdigest(), len(BODY), url)])
     assert (caught.value.code, caught.value.status) == ("s3_url_refused", 403)
-    assert not list((tmp_path / "cache" / "acme--late" / "4").iterdir())  # no partial file left
+    assert not (tmp_path / "cache" / "acme--late").exists()  # no partial file, no empty folder left
 
 
-@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data/", "file:///etc/passwd",
-                                 "http://127.0.0.1:1/quiver/k", ""])
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/latest/meta-data/", "file:///etc/passwd", "http://127.0.0.1:1/quiver/k", "",
+    # Malformed forms that crashed the agent with a 500 (attack round): ports urlsplit cannot read, and control
+    # characters urlsplit silently drops but httpx refuses.
+    "http://127.0.0.1:+8333/quiver/k", "http://127.0.0.1:73869/quiver/k", "http://127.0.0.1:\u0668\u0663\u0663\u0663/k",
+    "http://127.0.0.1:8333\t/quiver/k", "http://127.0.0.1:8333/quiver/k\x00", "http://127.0.0.1:8333/quiver/k v"])
 def test_the_agent_fetches_only_from_its_s3_endpoint(url: str, tmp_path: Path) -> None:
-    """A stolen node key must not make the agent fetch arbitrary addresses for its caller."""
+    """A stolen node key must not make the agent fetch arbitrary addresses for its caller, nor crash it."""
     cache = AdapterCache(tmp_path / "cache", s3_origin="http://127.0.0.1:8333")
     with pytest.raises(CacheError) as caught:
         cache.stage("acme--x", 1, [FileSpec("a.bin", "tenants/1/a.bin", "a" * 64, 1, url)])
     assert (caught.value.code, caught.value.status) == ("invalid_request", 400)
+    assert not (tmp_path / "cache" / "acme--x").exists()
 
 
 def test_on_aws_only_https_amazonaws_hosts_are_fetched(tmp_path: Path) -> None:
