@@ -112,7 +112,8 @@ def test_the_gateway_is_the_request_path_only() -> None:
 
     assert list(apps.get_app_config("gateway").get_models()) == []
     assert {m.__name__ for m in apps.get_app_config("fleet").get_models()} >= {"Node", "Placement"}
-    assert {m.__name__ for m in apps.get_app_config("metering").get_models()} == {"UsageRecord", "UsageRollup"}
+    assert {m.__name__ for m in apps.get_app_config("metering").get_models()} == {"UsageRecord", "UsageRollup",
+                                                                           "UsageHour"}
 
 
 def test_no_code_cites_the_private_notes() -> None:

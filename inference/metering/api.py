@@ -25,7 +25,7 @@ from rest_framework.response import Response
 
 from adapters_app.selectors import adapter_get
 from common.moments import MomentField
-from inference.metering.models import UsageRecord, UsageRollup
+from inference.metering.models import UsageHour, UsageRecord, UsageRollup
 from inference.metering.rollups import usage_rollups
 from inference.metering.selectors import usage_csv, usage_summary
 from inference.metering.series import BUCKETS, usage_series
@@ -204,14 +204,16 @@ class TrafficRowSerializer(serializers.Serializer):
     spark = serializers.ListField(child=serializers.IntegerField(), help_text="requests per bucket")
 
 
-def traffic_response(records: QuerySet[UsageRecord], request: Request) -> Response:
-    """Validate the traffic query and answer the table for ``records`` (already scoped)."""
+def traffic_response(records: QuerySet[UsageRecord], request: Request,
+                     hours: QuerySet[UsageHour] | None = None) -> Response:
+    """Validate the traffic query and answer the table for ``records`` (and ``hours``, scoped alike, when given)."""
     query = TrafficQuerySerializer(data=request.query_params)
     query.is_valid(raise_exception=True)
     q = query.validated_data
     if q.get("tenant"):
         records = records.filter(tenant__slug=q["tenant"])
-    return Response(traffic_table(records, since=q["since"], until=q["until"], bucket=q["bucket"]))
+        hours = None if hours is None else hours.filter(tenant__slug=q["tenant"])
+    return Response(traffic_table(records, since=q["since"], until=q["until"], bucket=q["bucket"], hours=hours))
 
 
 class UsageViewSet(TenantScopedViewSet):
@@ -235,7 +237,11 @@ class UsageViewSet(TenantScopedViewSet):
                                              content_type="text/csv")
             response["Content-Disposition"] = 'attachment; filename="usage.csv"'
             return response
-        return Response(usage_summary(self.get_queryset(), since=since, until=until))
+        return Response(usage_summary(self.get_queryset(), since=since, until=until, hours=self._hours()))
+
+    def _hours(self) -> QuerySet[UsageHour]:
+        """The hourly sums scoped as ``get_queryset`` scopes the records (tenant, the key's adapters)."""
+        return self.within_key_adapters(UsageHour.objects.filter(tenant=self.tenant), "adapter_version__adapter__name")
 
 
     @extend_schema(parameters=[UsageSeriesQuerySerializer], responses=UsageSeriesRowSerializer(many=True))
@@ -246,7 +252,8 @@ class UsageViewSet(TenantScopedViewSet):
         query.is_valid(raise_exception=True)
         drain_quietly()
         since = query.validated_data.get("since") or timezone.now() - timedelta(hours=1)
-        return Response(usage_series(self.get_queryset(), since=since, bucket=query.validated_data["bucket"]))
+        return Response(usage_series(self.get_queryset(), since=since, bucket=query.validated_data["bucket"],
+                                     hours=self._hours()))
 
     @extend_schema(parameters=[TrafficQuerySerializer], responses=TrafficRowSerializer(many=True))
     @action(detail=False, methods=["get"])
@@ -254,7 +261,7 @@ class UsageViewSet(TenantScopedViewSet):
         """``GET /api/v1/usage/traffic``: per adapter version over a period: requests, tokens, errors, latency and
         TTFT percentiles, a sparkline (``inference.metering.traffic.traffic_table``); most requests first."""
         drain_quietly()
-        return traffic_response(self.get_queryset(), request)
+        return traffic_response(self.get_queryset(), request, hours=self._hours())
 
     @extend_schema(parameters=[VersionsQuerySerializer], responses=VersionFiguresSerializer(many=True))
     @action(detail=False, methods=["get"])
@@ -272,7 +279,8 @@ class UsageViewSet(TenantScopedViewSet):
         drain_quietly()
         until = q.get("until") or timezone.now()
         since = q.get("since") or until - timedelta(hours=1)
-        return Response(version_figures(self.get_queryset(), adapter=adapter, since=since, until=until))
+        return Response(version_figures(self.get_queryset(), adapter=adapter, since=since, until=until,
+                                        hours=self._hours()))
 
     @extend_schema(parameters=[UsageRollupQuerySerializer], responses=UsageRollupRowSerializer(many=True))
     @action(detail=False, methods=["get"])

@@ -21,7 +21,8 @@ class UsageRecord(models.Model):
     client went away mid-stream, 502 = the engine died; tokens are those actually sent either way.
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
+    # Indexed by (tenant, created_at) below, whose prefix serves every tenant-only lookup too.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage", db_index=False)
     api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL)
     adapter_version = models.ForeignKey(AdapterVersion, null=True, on_delete=models.SET_NULL, related_name="usage")
     base_model = models.ForeignKey(BaseModel, null=True, on_delete=models.SET_NULL)
@@ -41,6 +42,8 @@ class UsageRecord(models.Model):
 
     class Meta:
         db_table = "gateway_usagerecord"
+        # Every usage read is one tenant's rows over a period (docs/scale.md, "Usage at a year of traffic").
+        indexes = [models.Index(fields=["tenant", "created_at"], name="usagerecord_tenant_created")]
 
     def __str__(self) -> str:
         return f"{self.endpoint}:{self.status_code}"
@@ -76,3 +79,30 @@ class UsageRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%dT%H:%M} {self.model_name}"
+
+
+class UsageHour(models.Model):
+    """One UTC hour of one tenant's traffic to one model (as :class:`UsageRollup`, by request arrival): the sums the
+    long-window reads need (``usage_summary``, hourly ``usage_series``), about 60 times fewer rows than the minutes.
+
+    Kept by ``rollups.usage_rollup`` (every hour touching its lookback window is recomputed from the raw records) and
+    kept after the raw records' retention, like the minutes. ``errors`` counts statuses >= 400; ``latency_sum_ms``
+    is the sum of the hour's ``latency_ms`` (mean = sum / requests).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    hour = models.DateTimeField()
+    model_name = models.CharField(max_length=200)
+    version_number = models.PositiveIntegerField(null=True)
+    adapter_version = models.ForeignKey(AdapterVersion, null=True, on_delete=models.SET_NULL, related_name="+")
+    requests = models.PositiveIntegerField()
+    errors = models.PositiveIntegerField()
+    prompt_tokens = models.PositiveBigIntegerField()
+    completion_tokens = models.PositiveBigIntegerField()
+    latency_sum_ms = models.FloatField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "hour"], name="usagehour_tenant_hour")]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%dT%H} {self.model_name}"

@@ -19,11 +19,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Aggregate, Count, FloatField, Q, QuerySet, Sum
-from django.db.models.functions import TruncMinute
+from django.db.models import Aggregate, Count, FloatField, Max, Q, QuerySet, Sum
+from django.db.models.functions import TruncHour, TruncMinute
 from django.utils import timezone
 
-from inference.metering.models import UsageRecord, UsageRollup
+from inference.metering.models import UsageHour, UsageRecord, UsageRollup
 
 logger = logging.getLogger(__name__)
 GROUP = ("tenant_id", "minute", "model_name", "version_number")
@@ -87,7 +87,8 @@ def _version_ids(records: QuerySet[UsageRecord]) -> dict[tuple[Any, ...], int]:
 
 def usage_rollup(*, now: datetime | None = None) -> int:
     """Recompute the rollups of every minute from ``now - QUIVER_USAGE_ROLLUP_LOOKBACK_S`` (floored to the minute)
-    up to and including the current, still open, minute. Returns how many rollup rows the window now holds.
+    up to and including the current, still open, minute, and the :class:`UsageHour` sums of every hour from the one
+    holding that window's start. Returns how many minute rollup rows the window now holds.
 
     Idempotent: the window's rows are replaced in one transaction.
     """
@@ -112,7 +113,22 @@ def usage_rollup(*, now: datetime | None = None) -> int:
                 ttft_p95_ms=r["ttft_p95_ms"])
             for r in rows
         ], batch_size=1000)
+        _hours_replace(start.replace(minute=0))
     return len(rows)
+
+
+def _hours_replace(first_hour: datetime) -> None:
+    """Recompute :class:`UsageHour` from ``first_hour`` on, from the raw records (inside the caller's transaction)."""
+    rows = (UsageRecord.objects.filter(created_at__gte=first_hour).annotate(hour=TruncHour("created_at"))
+            .values("tenant_id", "hour", "model_name", "version_number")
+            .annotate(requests=Count("id"), errors=Count("id", filter=Q(status_code__gte=400)),
+                      prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+                      latency_sum_ms=Sum("latency_ms"), version_id=Max("adapter_version_id"))
+            .order_by())
+    UsageHour.objects.filter(hour__gte=first_hour).delete()
+    UsageHour.objects.bulk_create([UsageHour(adapter_version_id=r["version_id"],
+                                             **{k: v for k, v in r.items() if k != "version_id"}) for r in rows],
+                                  batch_size=1000)
 
 
 def usage_retention_purge(*, now: datetime | None = None) -> int:

@@ -10,28 +10,33 @@ from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
 
-from inference.metering.models import UsageRecord
+from inference.metering.hours import split
+from inference.metering.models import UsageHour, UsageRecord
 
 
 def usage_summary(records: QuerySet[UsageRecord], *, since: datetime | None = None,
-                  until: datetime | None = None) -> list[dict[str, Any]]:
+                  until: datetime | None = None, hours: QuerySet[UsageHour] | None = None) -> list[dict[str, Any]]:
     """Token totals per (model, version) over an already tenant-scoped ``records`` queryset.
 
     Names are those recorded at request time, so usage of a since-deleted adapter still counts under its name.
+    Given ``hours`` (scoped as ``records``), the period's whole final hours are summed from them and only the rest
+    from the records (``inference.metering.hours``): the same totals, without reading a year of records.
 
     Returns:
         ``[{"model", "adapter", "version", "requests", "prompt_tokens", "completion_tokens"}]``; ``adapter`` and
         ``version`` are None for base-model requests, ``model`` is what the application sent. Sorted by model, version.
     """
-    if since is not None:
-        records = records.filter(created_at__gte=since)
-    if until is not None:
-        records = records.filter(created_at__lt=until)
-    rows = (
-        records.values("model_name", "version_number")
-        .annotate(requests=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"))
-        .order_by("model_name", "version_number")
-    )
+    rows: list[dict[str, Any]]
+    if hours is not None:
+        rows = _summary_split(records, hours, since=since, until=until)
+    else:
+        if since is not None:
+            records = records.filter(created_at__gte=since)
+        if until is not None:
+            records = records.filter(created_at__lt=until)
+        rows = [dict(r) for r in records.values("model_name", "version_number").annotate(
+            requests=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+        ).order_by("model_name", "version_number")]
     return [
         {
             "model": r["model_name"],
@@ -43,6 +48,22 @@ def usage_summary(records: QuerySet[UsageRecord], *, since: datetime | None = No
         }
         for r in rows
     ]
+
+
+def _summary_split(records: QuerySet[UsageRecord], hours: QuerySet[UsageHour], *, since: datetime | None,
+                   until: datetime | None) -> list[dict[str, Any]]:
+    part = split(records, hours, since=since, until=until)
+    sums: dict[tuple[str, int | None], dict[str, Any]] = {}
+    for qs, count in ((part.records, Count("id")), (part.hours, Sum("requests"))):
+        for r in qs.values("model_name", "version_number").annotate(
+                requests=count, prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens")):
+            row = sums.setdefault((r["model_name"], r["version_number"]), {
+                "model_name": r["model_name"], "version_number": r["version_number"], "requests": 0,
+                "prompt_tokens": 0, "completion_tokens": 0})
+            for k in ("requests", "prompt_tokens", "completion_tokens"):
+                row[k] += r[k] or 0
+    # As ORDER BY model_name, version_number: the base model's null version last.
+    return [sums[k] for k in sorted(sums, key=lambda k: (k[0], k[1] is None, k[1] or 0))]
 
 
 CSV_FIELDS = ("created_at", "model", "version", "endpoint", "stream", "status_code", "prompt_tokens",

@@ -8,13 +8,19 @@ from typing import Any
 from django.db.models import Avg, Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 
-from inference.metering.models import UsageRecord
+from inference.metering.hours import split
+from inference.metering.models import UsageHour, UsageRecord
 
 BUCKETS = {"minute": TruncMinute, "hour": TruncHour}
 
 
-def usage_series(records: QuerySet[UsageRecord], *, since: datetime, bucket: str = "minute") -> list[dict[str, Any]]:
+def usage_series(records: QuerySet[UsageRecord], *, since: datetime, bucket: str = "minute",
+                 hours: QuerySet[UsageHour] | None = None) -> list[dict[str, Any]]:
     """Per (bucket start, model) totals over an already tenant-scoped ``records`` queryset, oldest first.
+
+    Hourly buckets given ``hours`` (scoped as ``records``) come from those sums for the whole final hours
+    (``inference.metering.hours``) and from the records for the rest: the same figures, without reading a year of
+    records.
 
     Args:
         since: first instant counted (aware datetime).
@@ -28,6 +34,8 @@ def usage_series(records: QuerySet[UsageRecord], *, since: datetime, bucket: str
         KeyError: unknown ``bucket``.
     """
     trunc = BUCKETS[bucket]
+    if hours is not None and bucket == "hour":
+        return _hourly_split(records, hours, since=since)
     rows = (
         records.filter(created_at__gte=since)
         .annotate(t=trunc("created_at"))
@@ -42,4 +50,26 @@ def usage_series(records: QuerySet[UsageRecord], *, since: datetime, bucket: str
          "prompt_tokens": r["prompt_tokens"] or 0, "completion_tokens": r["completion_tokens"] or 0,
          "latency_ms_avg": round(r["latency_ms_avg"] or 0.0, 1)}
         for r in rows
+    ]
+
+
+def _hourly_split(records: QuerySet[UsageRecord], hours: QuerySet[UsageHour], *,
+                  since: datetime) -> list[dict[str, Any]]:
+    part = split(records, hours, since=since, until=None)
+    sums: dict[tuple[datetime, str], list[float]] = {}  # requests, failures, prompt, completion, latency sum
+    raw = part.records.annotate(t=TruncHour("created_at")).values("t", "model_name").annotate(
+        n=Count("id"), f=Count("id", filter=Q(status_code__gte=400)), p=Sum("prompt_tokens"),
+        c=Sum("completion_tokens"), lat=Sum("latency_ms"))
+    summed = part.hours.values("hour", "model_name").annotate(
+        n=Sum("requests"), f=Sum("errors"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"),
+        lat=Sum("latency_sum_ms"))
+    rows: list[dict[str, Any]] = [*map(dict, raw), *({**r, "t": r["hour"]} for r in summed)]
+    for r in rows:
+        acc = sums.setdefault((r["t"], r["model_name"]), [0, 0, 0, 0, 0.0])
+        for i, k in enumerate(("n", "f", "p", "c", "lat")):
+            acc[i] += r[k] or 0
+    return [
+        {"t": t.isoformat(), "model": model, "requests": int(n), "failures": int(f), "prompt_tokens": int(p),
+         "completion_tokens": int(c), "latency_ms_avg": round(lat / n if n else 0.0, 1)}
+        for (t, model), (n, f, p, c, lat) in sorted(sums.items())
     ]

@@ -16,16 +16,21 @@ from django.db import connection
 from django.db.models import Count, F, Q, QuerySet, Sum
 
 from adapters_app.models import Adapter, AdapterVersion
-from inference.metering.models import UsageRecord
-from inference.metering.traffic import Percentile, percentile
+from inference.metering.hours import split
+from inference.metering.models import UsageHour, UsageRecord
+from inference.metering.traffic import Percentile, latest, percentile
 
 WANTED = {"ttft_ms_p50": ("ttft_ms", 0.5), "ttft_ms_p95": ("ttft_ms", 0.95),
           "latency_ms_p50": ("latency_ms", 0.5), "latency_ms_p95": ("latency_ms", 0.95)}
 
 
 def version_figures(records: QuerySet[UsageRecord], *, adapter: Adapter, since: datetime,
-                    until: datetime) -> list[dict[str, Any]]:
+                    until: datetime, hours: QuerySet[UsageHour] | None = None) -> list[dict[str, Any]]:
     """Each version's figures for ``adapter`` over ``records`` (already scoped to its tenant) in ``[since, until)``.
+
+    Given ``hours`` (scoped as ``records``), counts and tokens of the whole final hours come from those sums
+    (``inference.metering.hours``). Percentiles are over the period's latest ``traffic.PERCENTILE_ROWS`` records of
+    the adapter (all of them below that).
 
     Returns:
         Rows by version number: ``{"version", "status", "weight" (its share of ``model=<name>`` now, 0 when out
@@ -34,18 +39,31 @@ def version_figures(records: QuerySet[UsageRecord], *, adapter: Adapter, since: 
         "completion_tokens"}``.
     """
     weights = {int(e[0]): int(e[1]) for e in (adapter.serving_rule or []) if isinstance(e, list) and len(e) == 2}
-    scoped = records.filter(adapter_version__adapter=adapter, created_at__gte=since, created_at__lt=until)
-    totals: dict[Any, dict[str, Any]] = {r["version_number"]: dict(r) for r in scoped.values("version_number").annotate(
-        requests=Count("id"), errors=Count("id", filter=Q(status_code__gte=400)),
-        prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))}
+    # The version ids themselves, not a join on the adapter: PostgreSQL then estimates the rows from the column's
+    # statistics (through the join it guessed 1 % of them, and sorted a whole month to find the latest).
+    ids = list(AdapterVersion.objects.filter(adapter=adapter).values_list("pk", flat=True))
+    scoped = records.filter(adapter_version_id__in=ids, created_at__gte=since, created_at__lt=until)
+    counted: list[tuple[QuerySet[Any], Any, Any]] = [(scoped, Count("id"), Count("id", filter=Q(status_code__gte=400)))]
+    if hours is not None:
+        part = split(records.filter(adapter_version_id__in=ids), hours.filter(adapter_version_id__in=ids),
+                     since=since, until=until)
+        counted = [(part.records, Count("id"), Count("id", filter=Q(status_code__gte=400))),
+                   (part.hours, Sum("requests"), Sum("errors"))]
+    totals: dict[Any, dict[str, Any]] = {}
+    for qs, requests, errors in counted:
+        for r in qs.values("version_number").annotate(requests=requests, errors=errors, prompt=Sum("prompt_tokens"),
+                                                      completion=Sum("completion_tokens")):
+            t = totals.setdefault(r["version_number"], {"requests": 0, "errors": 0, "prompt": 0, "completion": 0})
+            for k in ("requests", "errors", "prompt", "completion"):
+                t[k] += r[k] or 0
     pcts: dict[Any, dict[str, float | None]] = {}
     if connection.vendor == "postgresql":
-        for r in scoped.values("version_number").annotate(
+        for r in latest(scoped).values("version_number").annotate(
                 **{k: Percentile(F(col), p) for k, (col, p) in WANTED.items()}):
             pcts[r["version_number"]] = {k: r[k] for k in WANTED}  # type: ignore[literal-required]
     else:
         samples: dict[Any, dict[str, list[float]]] = defaultdict(lambda: {"latency_ms": [], "ttft_ms": []})
-        for number, latency, ttft in scoped.values_list("version_number", "latency_ms", "ttft_ms"):
+        for number, latency, ttft in latest(scoped).values_list("version_number", "latency_ms", "ttft_ms"):
             samples[number]["latency_ms"].append(latency)
             if ttft is not None:
                 samples[number]["ttft_ms"].append(ttft)

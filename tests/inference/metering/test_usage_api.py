@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.metering.models import UsageRecord
+from inference.metering.rollups import usage_rollup
 
 pytestmark = pytest.mark.django_db
 
@@ -43,6 +45,12 @@ def test_usage_is_summed_per_version_and_scoped(make_client, base_model) -> None
     assert bad.status_code == 400 and "since" in bad.json()["fields"]
 
 
+def _beat_ran() -> None:
+    """The rollups and hourly sums of the last 3 h, as the beat task keeps them: final hours are read from the sums."""
+    with override_settings(QUIVER_USAGE_ROLLUP_LOOKBACK_S=3 * 3600):
+        usage_rollup()
+
+
 def test_usage_takes_a_time_range_and_exports_csv(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
     client, tenant, _ = make_client()
     _, other, _ = make_client()
@@ -51,6 +59,7 @@ def test_usage_takes_a_time_range_and_exports_csv(make_client, base_model) -> No
         UsageRecord.objects.create(tenant=owner, base_model=base_model, model_name="tiny-llama", endpoint="completions",
                                    stream=True, status_code=status, prompt_tokens=2, completion_tokens=tokens,
                                    latency_ms=9.5, ttft_ms=1.5, created_at=now - timedelta(minutes=minutes_ago))
+    _beat_ran()
     hour_ago = (now - timedelta(hours=1)).isoformat()
     rows = client.get("/api/v1/usage", {"until": hour_ago}).json()
     assert [r["completion_tokens"] for r in rows] == [5]
@@ -92,6 +101,7 @@ def test_a_span_counts_back_from_now(make_client, base_model) -> None:  # type: 
         UsageRecord.objects.create(tenant=tenant, base_model=base_model, model_name="tiny-llama", endpoint="completions",
                                    status_code=200, prompt_tokens=2, completion_tokens=tokens, latency_ms=1.0,
                                    created_at=now - timedelta(minutes=minutes_ago))
+    _beat_ran()
     assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": "1h"}).json()] == [7]
     assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"until": "1h"}).json()] == [5]
     assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": "2h"}).json()] == [12]
