@@ -9,13 +9,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from openai import OpenAI
 
 REPO = Path(__file__).resolve().parents[1]
+# How often a kept-up demo looks for children that exited (and restarts them).
+REVIVE_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,10 @@ def traffic(client: OpenAI, examples: Mapping[str, Sequence[Mapping[str, str]]],
 
 
 def serve_until_interrupted(web_url: str, logins: Sequence[Login], client: OpenAI,
-                            examples: Mapping[str, Sequence[Mapping[str, str]]]) -> None:
-    """Print the console URL and logins, keep light traffic flowing, and return on Ctrl-C."""
+                            examples: Mapping[str, Sequence[Mapping[str, str]]],
+                            revive: Callable[[], list[str]] | None = None) -> None:
+    """Print the console URL and logins, keep light traffic flowing, and return on Ctrl-C. Every
+    ``REVIVE_EVERY_S`` ``revive`` restarts children that exited; what it says is printed."""
     print(f"\n== the console is up: {web_url} ==")
     print(f"  The README's examples: use {web_url} in place of http://localhost:8000")
     for login in logins:
@@ -68,7 +72,9 @@ def serve_until_interrupted(web_url: str, logins: Sequence[Login], client: OpenA
     worker.start()
     try:
         while True:
-            time.sleep(3600)
+            time.sleep(REVIVE_EVERY_S)
+            for line in revive() if revive is not None else []:
+                print(f"!! {line}", flush=True)
     except KeyboardInterrupt:
         print("\nstopping…", flush=True)
     finally:

@@ -81,13 +81,28 @@ class Processes:
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._how: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start ``argv`` with its output in ``<log_dir>/<name>.log``."""
-        with (self.log_dir / f"{name}.log").open("wb") as log:
+        """Start ``argv`` with its output in ``<log_dir>/<name>.log`` (appended to, so a restart keeps the crash)."""
+        with (self.log_dir / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append((name, proc))
+        self.procs = [(n, p) for n, p in self.procs if n != name] + [(name, proc)]
+        self._how[name] = (argv, env)
         return proc
+
+    def revive(self) -> list[str]:
+        """Restart every child that exited, as a supervisor would; returns one line per restart naming the child, its
+        exit code and its log (a dead Celery worker left a kept-up demo queuing uploads that nothing checked)."""
+        lines = []
+        for name, proc in list(self.procs):
+            code = proc.poll()
+            if code is None:
+                continue
+            argv, env = self._how[name]
+            self.start(name, argv, env)
+            lines.append(f"{name} exited with code {code}; restarted it (its log: {self.log_dir / (name + '.log')})")
+        return lines
 
     def wait_http(self, name: str, url: str, timeout: float) -> None:
         """Wait until ``url`` answers 200; exit with the log tail if the process dies or ``timeout`` (s) passes."""
@@ -223,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         node_key = node_env["QUIVER_NODE_KEY"]
 
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
-        _say("starting the vLLM CPU node (about 30 s), the gateway and its internal listener, the worker and the "
+        _say("starting the vLLM CPU node (about 30 s on a quiet machine, minutes on a busy one), the gateway and its internal listener, the worker and the "
              "node agent")
         procs.start("vllm", engine_argv(engine, python=PY), engine_env(engine, node_process_env(env)))
         procs.start("web", web_argv("config.asgi:application", web_port), web_env)
@@ -330,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING",
                                  "--schedule", str(args.workdir / "celerybeat-schedule")], env)
             logins = create_logins(env, "demo")
-            serve_until_interrupted(web_url, logins, client, assets.examples)
+            serve_until_interrupted(web_url, logins, client, assets.examples, revive=procs.revive)
         return 0 if failures == 0 else 1
 
 

@@ -21,3 +21,31 @@ def test_the_env_file_is_owner_only_and_sources_back_exactly(tmp_path: Path) -> 
                           "\"$DJANGO_SECRET_KEY\""], capture_output=True, text=True, check=True).stdout
     assert out.split("\n") == [env["DATABASE_URL"], env["DJANGO_SECRET_KEY"]]
     assert {"DATABASE_URL", "DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY"} <= set(DEMO_ENV_KEYS)
+
+
+def test_a_child_that_exits_is_restarted_and_named(tmp_path: Path) -> None:
+    """A kept-up demo whose Celery worker died queued uploads nothing checked (fresh-user round): children that exit
+    are restarted, with a line naming the child, its exit code and its log, and the log keeps the crash."""
+    import sys
+    import time
+
+    from demo.run import Processes
+
+    procs = Processes(tmp_path)
+    flag = tmp_path / "ran-once"
+    script = ("import pathlib, sys, time; f = pathlib.Path(sys.argv[1]); "
+              "first = not f.exists(); f.touch(); print('crash' if first else 'up', flush=True); "
+              "sys.exit(3) if first else time.sleep(60)")
+    procs.start("worker", [sys.executable, "-c", script, str(flag)], {})
+    try:
+        dict(procs.procs)["worker"].wait(timeout=60)
+        lines = procs.revive()
+        assert lines == [f"worker exited with code 3; restarted it (its log: {tmp_path / 'worker.log'})"]
+        deadline = time.monotonic() + 60
+        while "up" not in (tmp_path / "worker.log").read_text():  # the restarted one is running
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+            time.sleep(0.05)
+        assert procs.revive() == [] and dict(procs.procs)["worker"].poll() is None
+    finally:
+        procs.stop_all()
+    assert (tmp_path / "worker.log").read_text().startswith("crash\n")  # the crash's output is kept
