@@ -97,6 +97,8 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
     finally:
         if renewer is not None:
             renewer.cancel()
+        if outcome == 499:  # the client left: what the engine sent meanwhile was generated all the same
+            _tally_lines(upstream.buffered_lines(), tally)
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
         if outcome in (499, 502) or failed is not None:
@@ -107,6 +109,20 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
         error = {"error": {"message": "The inference node stopped mid-stream; the output is incomplete. Retry.",
                            "type": "server_error", "param": None, "code": "upstream_stream_cut"}}
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
+def _tally_lines(lines: list[str], tally: UsageTally) -> None:
+    """Count the running usage of each complete SSE event in ``lines`` (``UsageTally.add``); anything else is
+    skipped."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        try:
+            chunk = json.loads(line[5:].strip())
+        except ValueError:
+            continue
+        if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
+            tally.add(chunk)
 
 
 async def _renew_every(renew: Callable[[], Awaitable[None]], every_s: float, progress: list[int], *,

@@ -74,6 +74,17 @@ class UpstreamResponse:
         if pending:
             yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
+    def buffered_lines(self) -> list[str]:
+        """Lines the engine already sent that nobody read yet, without waiting (empty when none, or when a read is in
+        progress). A relay whose client left bills these before closing: on a loaded gateway they can hold many of
+        the tokens the engine generated before it saw the connection close (99 of 139 for an n = 8 stream in one
+        whole-suite run). The first may be the tail of a line already half read; it does not parse as an event."""
+        try:
+            data = self._raw.content.read_nowait()
+        except (RuntimeError, aiohttp.ClientError):
+            return []
+        return [line.rstrip(b"\r").decode("utf-8", "replace") for line in data.split(b"\n")]
+
     async def aclose(self) -> None:
         """Give the connection back (body fully read) or close it (body not finished)."""
         self._raw.release()

@@ -310,6 +310,9 @@ class _SlowStream:
             yield ""
         yield "data: [DONE]"
 
+    def buffered_lines(self) -> list[str]:
+        return []
+
     async def aclose(self) -> None:
         pass
 

@@ -46,6 +46,9 @@ class _Stream:
     async def aread(self) -> bytes:
         return b""
 
+    def buffered_lines(self) -> list[str]:
+        return []
+
     async def aclose(self) -> None:
         self.closed += 1
 
@@ -323,3 +326,48 @@ def test_a_client_leaving_while_its_request_waits_for_a_node_frees_its_lease_at_
     assert second_status == 200  # the lease of the request that left was freed: limit 1 admits the next at once
     assert [row["status_code"] for row in emitted] == [200]  # nothing ran for the one that left: no usage row
     assert not app.admission._held
+
+
+def test_a_relay_cut_by_its_client_bills_what_the_engine_already_sent() -> None:
+    """Whole-suite run: an n = 8 stream cut early was billed 40 completion tokens of the engine's 139; the rest sat
+    unread in the gateway's receive buffer when the client left. The relay now tallies those lines before closing."""
+    from inference.gateway.answers import UsageTally
+
+    def event(done: int) -> str:
+        return "data: " + json.dumps({"choices": [{"index": 0, "text": "x"}], "model": "m",
+                                      "usage": {"prompt_tokens": 3, "completion_tokens": done}})
+
+    class Buffered(_Stream):
+        async def aiter_lines(self) -> AsyncIterator[str]:
+            yield event(1)
+            yield ""
+            await asyncio.Event().wait()  # the engine's next lines have arrived, but the relay is cut before it reads
+
+        def buffered_lines(self) -> list[str]:
+            return ['tokens": 2}}', "", event(5), "", event(9), "", "data: [DONE]"]  # a half line first
+
+    recorded: list[tuple[int, Any]] = []
+
+    async def go() -> None:
+        upstream = Buffered(0.0)
+        target = type("Target", (), {"requested": "m", "served_name": "m"})()
+        response = gateway_relay.relay_response(upstream, target=target, keep_usage=False,  # type: ignore[arg-type]
+                                                record=lambda status, usage, ttft=None: recorded.append((status, usage)),
+                                                started=time.monotonic(), headers={}, tally=UsageTally())
+        sent: list[dict[str, Any]] = []
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+            if message.get("body", b"").startswith(b"data:"):
+                gone.set()  # the client leaves after its first event
+
+        await asyncio.wait_for(response({"type": "http"}, receive, send), 30)
+        assert upstream.closed
+
+    asyncio.run(go())
+    assert recorded == [(499, {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12})]
