@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,12 @@ def test_tenant_residency_quotas_are_enforced(
     fleet_reconcile()
     _wait("the engine to drop the over-quota adapter", lambda: not _served(node_agent, second), timeout=60)
     assert (_entry(node_agent, first) or {}).get("pinned")  # pins are never trimmed
+    # The database follows the engine by heartbeats: wait for one built after the drop (recorded more than an
+    # interval later; the agent sends one at a time), or a report from before the drop can still show it resident
+    # and the next pass would rightly evict it again (a whole-suite run on a busy machine).
+    dropped = timezone.now()
+    _wait("a heartbeat built after the drop", lambda: (Node.objects.get(pk=live_node.pk).last_heartbeat_at or dropped)
+          > dropped + timedelta(seconds=HEARTBEAT_S), timeout=30, poll=0.05)
     # And the plan does not warm it back while the tenant has no GPU room: the pass asks for nothing (a warm is the
     # only way back without a request), and a heartbeat recorded after that pass still shows it out of the engine.
     passed = timezone.now()
