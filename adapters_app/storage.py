@@ -35,41 +35,35 @@ def s3_client() -> Any:
     )
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=4)
+def _presigner(endpoint_url: str | None) -> Any:
+    """A boto3 client that only presigns, for ``endpoint_url`` (cached per endpoint): a SigV4 signature covers the
+    host, so it must be the one the URL's user sends to."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        aws_access_key_id=settings.AWS_ACCESS_KEY_ID,
+        aws_secret_access_key=settings.AWS_SECRET_ACCESS_KEY,
+        region_name=settings.AWS_S3_REGION_NAME,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
 def s3_browser_client() -> Any:
-    """A boto3 client that only presigns, for the endpoint browsers reach (``AWS_S3_BROWSER_ENDPOINT_URL``, default
-    ``AWS_S3_ENDPOINT_URL``): a SigV4 signature covers the host, so it must be the one the browser sends to."""
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.AWS_S3_BROWSER_ENDPOINT_URL or settings.AWS_S3_ENDPOINT_URL,
-        aws_access_key_id=settings.AWS_ACCESS_KEY_ID,
-        aws_secret_access_key=settings.AWS_SECRET_ACCESS_KEY,
-        region_name=settings.AWS_S3_REGION_NAME,
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-    )
-
-
-@lru_cache(maxsize=1)
-def s3_node_client() -> Any:
-    """A boto3 client that only presigns node downloads, for the endpoint nodes reach (``AWS_S3_NODE_ENDPOINT_URL``,
-    default ``AWS_S3_ENDPOINT_URL``): SigV4 signs the host."""
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.AWS_S3_NODE_ENDPOINT_URL or settings.AWS_S3_ENDPOINT_URL,
-        aws_access_key_id=settings.AWS_ACCESS_KEY_ID,
-        aws_secret_access_key=settings.AWS_SECRET_ACCESS_KEY,
-        region_name=settings.AWS_S3_REGION_NAME,
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-    )
+    """The presigning client for the endpoint browsers reach (``AWS_S3_BROWSER_ENDPOINT_URL``, default
+    ``AWS_S3_ENDPOINT_URL``)."""
+    return _presigner(settings.AWS_S3_BROWSER_ENDPOINT_URL or settings.AWS_S3_ENDPOINT_URL)
 
 
 def presign_get(key: str, *, expires_s: int) -> str:
     """A URL that GETs object ``key`` (that one object, no other method) for ``expires_s`` seconds.
 
     What a node is given with each load instead of a standing S3 credential (docs/security.md): the signature covers
-    the method, bucket and key, so the URL reads nothing else and writes, lists or deletes nothing.
+    the method, bucket and key, so the URL reads nothing else and writes, lists or deletes nothing. Signed for
+    ``AWS_S3_NODE_ENDPOINT_URL`` (default ``AWS_S3_ENDPOINT_URL``), the host nodes send to. Signing is local (no
+    request to S3); botocore raises ``NoCredentialsError`` when no key is configured.
     """
-    return s3_node_client().generate_presigned_url(
+    return _presigner(settings.AWS_S3_NODE_ENDPOINT_URL or settings.AWS_S3_ENDPOINT_URL).generate_presigned_url(
         "get_object", ExpiresIn=expires_s, Params={"Bucket": settings.AWS_STORAGE_BUCKET_NAME, "Key": key})
 
 

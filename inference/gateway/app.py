@@ -424,7 +424,7 @@ class GatewayApp:
         try:
             # A client that leaves while its request waits (a warm, a saturated node) frees its concurrency lease and
             # token reservation at once, not when the wait ends (up to QUIVER_WARM_WAIT_S later).
-            node, slot = await while_client_waits(request, acquire())
+            node, slot = await while_client_waits(request.receive, acquire())
         except GatewayError as exc:
             await self.limiter.settle(call.admission, actual_tokens=0)
             return error_response(exc)

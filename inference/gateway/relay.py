@@ -178,33 +178,19 @@ class _RelayResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Stream, then close the relay and free what it holds however the stream ended."""
-        current = asyncio.current_task()
-        state = {"done": False, "gone": False}
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if not state["done"] and current is not None:
-                state["gone"] = True
-                current.cancel()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for chunk in self._events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not state["gone"] or current is None:
-                raise
-            current.uncancel()  # the client left: not a cancellation of the server's own
-        except OSError:
-            pass  # the client's connection broke under a send: the same ending as a disconnect
+            await while_client_waits(receive, self._send_all(send))
+        except (ClientGone, OSError):
+            pass  # the client left, or its connection broke under a send: the relay is cut either way
         finally:
-            state["done"] = True
-            watcher.cancel()
             with anyio.CancelScope(shield=True):
                 await self._cleanup()
+
+    async def _send_all(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self._events:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any, started: float,
@@ -242,11 +228,12 @@ class ClientGone(Exception):
     """The client disconnected while its request waited (:func:`while_client_waits`)."""
 
 
-async def while_client_waits(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first: then cancel it and raise :class:`ClientGone`.
+async def while_client_waits(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first (``receive``, the ASGI channel, yields
+    ``http.disconnect``): then cancel it and raise :class:`ClientGone`.
 
     One watcher task, which cancels this one: cheaper on the hot path than running ``work`` as a task of its own.
-    The request's body must have been read (the watcher takes every later ``receive``).
+    The request's body must have been read (the watcher takes every later message).
 
     Raises:
         ClientGone: the client left before ``work`` ended (``work`` was cancelled, or its result is dropped when
@@ -256,7 +243,7 @@ async def while_client_waits(request: Request, work: Awaitable[T]) -> T:
     left: list[bool] = []
 
     async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
+        while (await receive())["type"] != "http.disconnect":
             pass
         left.append(True)
         if current is not None:
@@ -285,7 +272,7 @@ async def unless_client_gone(request: Request, work: Any, *, gone: Any) -> Respo
     """Await ``work`` (the engine exchange of a non-streaming request) unless the client disconnects first: then
     cancel it (closing the engine connection, so vLLM aborts the request), call ``gone()`` and answer 499."""
     try:
-        return await while_client_waits(request, work)
+        return await while_client_waits(request.receive, work)
     except ClientGone:
         gone()
         return client_gone_response(request)
