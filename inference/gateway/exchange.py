@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import anyio
 from django.conf import settings
 from starlette.responses import Response
 
@@ -30,12 +32,13 @@ from inference.gateway.answers import (
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
 from inference.gateway.limits import RateLimiter
-from inference.gateway.relay import RecordedResponse, relay_response
+from inference.gateway.relay import RecordedResponse, bill_cut, relay_response
 from inference.gateway.snapshot import KeyView, NodeView, TargetView
 from inference.gateway.upstream import (
     UpstreamError,
     UpstreamRefused,
     UpstreamResponse,
+    engine_abort,
     engine_answers,
     upstream_post,
 )
@@ -106,6 +109,20 @@ class Exchange:
         self.upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         self.tally = UsageTally(n=int(self.upstream.get("n") or 1), prompt_tokens=call.prompt_counts)
         self.content = json.dumps(self.upstream).encode()
+        self.engine_request_id = uuid.uuid4().hex  # X-Request-Id: the engine names the request after it
+
+    async def abort(self) -> bool:
+        """Ask the engine serving this request to stop it (the client left); True when it took the ids. vLLM names
+        a completion's prompt ``i`` ``cmpl-<X-Request-Id>-<i>`` and a chat request ``chatcmpl-<X-Request-Id>``
+        (``vllm/entrypoints/openai/completion/serving.py``, ``chat_completion/serving.py``)."""
+        rid = self.engine_request_id
+        if self.call.endpoint == "chat/completions":
+            ids = [f"chatcmpl-{rid}"]
+        else:
+            prompt = self.upstream.get("prompt")
+            many = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+            ids = [f"cmpl-{rid}-{i}" for i in range(len(prompt) if many else 1)]  # type: ignore[arg-type]
+        return await engine_abort(self.node.engine_url, node_key=self.node.key, request_ids=ids[:256])
 
     def record(self, status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
         """Meter the request once it ended with ``status``: free its admission slot, settle its token reservation
@@ -139,7 +156,7 @@ class Exchange:
             while True:
                 try:
                     response = await upstream_post(f"{node.engine_url}/v1/{endpoint}", content=self.content,
-                                                   node_key=node.key)
+                                                   node_key=node.key, request_id=self.engine_request_id)
                 except UpstreamError as exc:
                     # No response came. A refused connection reached no engine; a connection that broke before the
                     # answer (a kept-alive one to an engine that died) counts too when the engine's health check
@@ -220,7 +237,7 @@ class Exchange:
         if not self.stream:
             return await self._collect(response)
         return relay_response(response, target=target, keep_usage=self.keep_usage, record=record, started=self.started,
-                              tally=self.tally,
+                              tally=self.tally, abort=self.abort,
                               headers=self.limit_headers, renew=renew, renew_every_s=app.admission.hold_s() / 3)
 
     async def _collect(self, response: UpstreamResponse) -> Response:
@@ -258,7 +275,9 @@ class Exchange:
             logger.warning("gateway.upstream_failed", extra={"node": self.node.name, "error": repr(exc)})
             failed = GatewayError(502, "The inference node stopped answering; retry.", code="upstream_failed",
                                   type_="server_error")
-        except BaseException:
+        except BaseException:  # the client left (cancelled): stop the engine and count what it generated
+            with anyio.CancelScope(shield=True):
+                await bill_cut(response, self.tally, self.abort)
             app.admission.release(self.slot)
             raise
         finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ from django.conf import settings
 # Below uvicorn's (and so vLLM's) 5 s keep-alive timeout: reusing a connection the engine is closing fails the request.
 UPSTREAM_KEEPALIVE_S = 4.0
 CONNECT_TIMEOUT_S = 5.0
+ABORT_TIMEOUT_S = 2.0
 _sessions: dict[int, aiohttp.ClientSession] = {}
 
 
@@ -45,6 +47,9 @@ class UpstreamResponse:
     def __init__(self, raw: aiohttp.ClientResponse) -> None:
         self._raw = raw
         self.status_code = raw.status
+        # Read but not yet taken, kept here rather than in one iterator: a relay cut mid-read drains the rest later.
+        self._lines: deque[str] = deque()
+        self._pending = b""
 
     @property
     def is_event_stream(self) -> bool:
@@ -59,31 +64,36 @@ class UpstreamResponse:
             raise UpstreamError(repr(exc)) from exc
 
     async def aiter_lines(self) -> AsyncIterator[str]:
-        """The body's lines without their ``\\n`` / ``\\r\\n`` (any length; SSE events are lines)."""
-        pending = b""
+        """The body's lines without their ``\\n`` / ``\\r\\n`` (any length; SSE events are lines). A later call goes on
+        where an earlier one stopped (cancelled, or closed after a line), so no line is lost or read twice."""
+        lines, content = self._lines, self._raw.content
         try:
-            async for chunk in self._raw.content.iter_any():
-                pending += chunk
-                if b"\n" not in chunk:
-                    continue
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    yield line.rstrip(b"\r").decode("utf-8", "replace")
+            while True:
+                while lines:
+                    yield lines.popleft()
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                self._pending += chunk
+                if b"\n" in chunk:
+                    *complete, self._pending = self._pending.split(b"\n")
+                    lines.extend(line.rstrip(b"\r").decode("utf-8", "replace") for line in complete)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(repr(exc)) from exc
-        if pending:
+        if self._pending:
+            pending, self._pending = self._pending, b""
             yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
     def buffered_lines(self) -> list[str]:
-        """Lines the engine already sent that nobody read yet, without waiting (empty when none, or when a read is in
-        progress). A relay whose client left bills these before closing: on a loaded gateway they can hold many of
-        the tokens the engine generated before it saw the connection close (99 of 139 for an n = 8 stream in one
-        whole-suite run). The first may be the tail of a line already half read; it does not parse as an event."""
+        """Lines the engine already sent that nobody took yet, without waiting (empty when none, or when a read is in
+        progress): those :meth:`aiter_lines` holds, then what the connection's buffer holds. A relay whose client
+        left bills these when the engine could not be asked to stop (``engine_abort``): on a loaded gateway they can
+        hold many of the tokens the engine generated (99 of 139 for an n = 8 stream in one whole-suite run)."""
         try:
-            data = self._raw.content.read_nowait()
+            data = self._pending + self._raw.content.read_nowait()
         except (RuntimeError, aiohttp.ClientError):
-            return []
-        return [line.rstrip(b"\r").decode("utf-8", "replace") for line in data.split(b"\n")]
+            data = b""
+        return [*self._lines, *(line.rstrip(b"\r").decode("utf-8", "replace") for line in data.split(b"\n"))]
 
     async def aclose(self) -> None:
         """Give the connection back (body fully read) or close it (body not finished)."""
@@ -105,20 +115,40 @@ def upstream_session() -> aiohttp.ClientSession:
     return session
 
 
-async def upstream_post(url: str, *, content: bytes, node_key: str) -> UpstreamResponse:
+async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> UpstreamResponse:
     """POST ``content`` (JSON) to an engine with the node's key; returns once the response headers are in.
+    ``request_id`` goes as ``X-Request-Id``, which vLLM's OpenAI server names the request after
+    (``OpenAIServing._base_request_id``), so that :func:`engine_abort` can stop it.
 
     Raises:
         UpstreamRefused: nothing reached the engine (connection refused, connect timeout).
         UpstreamError: the connection broke or timed out after the request may have reached it.
     """
     try:
-        raw = await upstream_session().post(url, data=content, headers=upstream_headers(node_key))
+        headers = upstream_headers(node_key)
+        if request_id is not None:
+            headers["X-Request-Id"] = request_id
+        raw = await upstream_session().post(url, data=content, headers=headers)
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         raise UpstreamRefused(repr(exc)) from exc
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise UpstreamError(repr(exc)) from exc
     return UpstreamResponse(raw)
+
+
+async def engine_abort(engine_url: str, *, node_key: str, request_ids: list[str]) -> bool:
+    """Ask the engine to stop generating for ``request_ids`` (``POST /quiver/v1/abort``,
+    ``inference.node.engine_ext.abort``); True when it took them. Its streams of them then end at once with the
+    engine's final counts. Bounded by ``ABORT_TIMEOUT_S``; never raises (False: close the connection instead, and
+    vLLM aborts when it notices)."""
+    try:
+        async with upstream_session().post(f"{engine_url}/quiver/v1/abort",
+                                           data=json.dumps({"request_ids": request_ids}).encode(),
+                                           headers=upstream_headers(node_key),
+                                           timeout=aiohttp.ClientTimeout(total=ABORT_TIMEOUT_S)) as raw:
+            return raw.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
 
 
 async def engine_token_count(engine_url: str, *, node_key: str, body: dict[str, Any]) -> int | None:

@@ -15,6 +15,8 @@ register.py`), this class serves, inside the API server process:
 - `POST /quiver/v1/eviction_policy` `{"policy": "lru" | "lfu" | "cost"}` (the victim of loads into a full CPU cache)
 - `POST /quiver/v1/eviction_hints` `{"over_quota": [id], "elsewhere": [id], "valid_s": s}` (the control plane's
   hints, relayed by the agent: ``inference.policy.node_eviction``)
+- `POST /quiver/v1/abort` `{"request_ids": [str]}` (stop generating for requests whose client left; the gateway
+  reads the engine's stream to its end, so the tokens already generated are billed: there is no abort route in vLLM)
 - `GET  /quiver/v1/loras`
 
 It calls `app.state.engine_client` (`add_lora`, `remove_lora`, `pin_lora`, `list_loras`) and records
@@ -371,7 +373,32 @@ async def eviction_hints(state: Any, body: dict[str, Any]) -> dict[str, Any]:
     return {"over_quota": len(over_quota), "elsewhere": len(elsewhere)}
 
 
-_POST_ROUTES = {"add_lora": add_lora, "remove_lora": remove_lora, "evict_lora": evict_lora, "pin_lora": pin_lora,
+async def abort(state: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Abort requests by their external id (vLLM's ``AsyncLLM.abort(request_ids, internal=False)``,
+    ``vllm/v1/engine/async_llm.py``): each stream ends at once with ``finish_reason`` ``"abort"``, its final usage
+    chunk (what the engine generated for every choice) and ``[DONE]``. Unknown or finished ids are ignored.
+
+    Args:
+        state: the API server's `app.state` (needs `engine_client`).
+        body: `{"request_ids": [str]}`: at most 256 ids of at most 200 characters each, as vLLM's OpenAI server
+            named them (`cmpl-<X-Request-Id>-<prompt index>`, `chatcmpl-<X-Request-Id>`).
+
+    Returns:
+        `{"aborted": n}` (the ids passed on, known or not).
+
+    Raises:
+        ExtensionError: 400 `invalid_request`.
+    """
+    ids = body.get("request_ids")
+    if (not isinstance(ids, list) or not 0 < len(ids) <= 256
+            or not all(isinstance(i, str) and 0 < len(i) <= 200 for i in ids)):
+        raise ExtensionError(400, "invalid_request",
+                             "'request_ids' must be a list of 1 to 256 strings of at most 200 characters")
+    await state.engine_client.abort(ids)
+    return {"aborted": len(ids)}
+
+
+_POST_ROUTES = {"abort": abort, "add_lora": add_lora, "remove_lora": remove_lora, "evict_lora": evict_lora, "pin_lora": pin_lora,
                 "eviction_policy": eviction_policy, "eviction_hints": eviction_hints}
 
 

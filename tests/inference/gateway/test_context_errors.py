@@ -109,7 +109,7 @@ def test_the_caller_gets_the_named_field_through_the_gateway(monkeypatch: pytest
     AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
                                   s3_prefix="x/", files=[], status="ready")
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> EngineAnswer:
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> EngineAnswer:
         return EngineAnswer(400, engine_answer)
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:

@@ -40,7 +40,7 @@ def test_an_engine_refusing_the_node_key_is_a_502_not_the_callers_401(
                                   s3_prefix="x/", files=[], status="ready")
     recorded: list[int] = []
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> EngineAnswer:
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> EngineAnswer:
         return EngineAnswer(engine_status, REFUSAL)
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:

@@ -343,7 +343,7 @@ def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot(
     node = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
     streams = [_SlowStream(tokens=12, every_s=0.1)]
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _SlowStream:
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> _SlowStream:
         return streams.pop(0) if streams else _SlowStream(tokens=1, every_s=0.0)
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:

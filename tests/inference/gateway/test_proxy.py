@@ -156,7 +156,7 @@ def test_engine_nulls_that_openai_never_sends_are_dropped_so_the_schema_holds() 
     assert "prompt_token_ids" not in vllm and "prompt_text" not in vllm
 
 
-def test_a_client_gone_before_the_first_byte_still_frees_the_slot_and_the_engine_connection() -> None:
+def test_a_client_gone_before_the_first_byte_frees_the_slot_and_the_connection_and_is_billed_the_engines_totals() -> None:
     # uvicorn (ASGI spec 2.3) answers receive() with http.disconnect at once for a client that left while the
     # engine was starting; Starlette then cancels the body task at its first suspension. Here that is in send(), before
     # the relay's first step, so the relay's own finally (which releases the admission slot and settles the limits)
@@ -165,6 +165,11 @@ def test_a_client_gone_before_the_first_byte_still_frees_the_slot_and_the_engine
 
     seen: list[tuple[int, Any]] = []
     closed: list[bool] = []
+    aborts: list[int] = []
+
+    async def abort() -> bool:  # the engine took the abort: its stream ends with its totals, read here to the end
+        aborts.append(1)
+        return True
 
     def record(status: int, usage: Any, ttft_ms: float | None = None) -> None:
         seen.append((status, usage))
@@ -189,15 +194,15 @@ def test_a_client_gone_before_the_first_byte_still_frees_the_slot_and_the_engine
 
                 upstream.aclose = aclose  # type: ignore[method-assign]
                 response = relay_response(upstream, target=TARGET, keep_usage=False, record=record, started=0.0,
-                                          headers={})
+                                          headers={}, abort=abort)
                 scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
                 await response(scope, receive, send)  # type: ignore[arg-type]
             finally:
                 await upstream_close()
 
     asyncio.run(run())
-    assert seen == [(499, None)]
-    assert closed
+    assert seen == [(499, {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6})]  # the engine's totals
+    assert aborts == [1] and closed
 
 
 def test_an_engine_error_mid_stream_becomes_our_error_event_metered_with_its_status() -> None:

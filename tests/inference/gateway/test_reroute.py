@@ -37,7 +37,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, statuses: list[int]) -> tuple[httpx.Re
     answers: list[EngineAnswer] = []
     marked: list[Any] = []
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> EngineAnswer:
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> EngineAnswer:
         status = statuses[min(len(answers), len(statuses) - 1)]
         body = ({"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}} if status == 200 else

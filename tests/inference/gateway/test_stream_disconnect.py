@@ -57,13 +57,17 @@ def _streaming_app(monkeypatch: pytest.MonkeyPatch, key: str,
                    stream: Callable[[], _Stream]) -> tuple[GatewayApp, dict[str, Any], bytes]:
     """An in-process gateway whose engine answers each request with ``stream()`` on ``NODE``; the ASGI scope and body
     of a streamed completion with ``key``."""
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Stream:
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> _Stream:
         return stream()
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
         return NODE
 
+    async def engine_abort(engine_url: str, *, node_key: str, request_ids: list[str]) -> bool:
+        return False  # an engine without the abort route: the relay counts what it received
+
     monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
+    monkeypatch.setattr(gateway_exchange, "engine_abort", engine_abort)
     monkeypatch.setattr(GatewayApp, "node_for", node_for)
     body = json.dumps({"model": "tiny-llama", "prompt": "x", "max_tokens": 8, "stream": True}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",

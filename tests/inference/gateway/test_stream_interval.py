@@ -41,7 +41,7 @@ def test_only_the_heaviest_tenants_streams_carry_a_stream_interval(monkeypatch: 
     _, quiet_key = api_key_create(quiet, name="app")
     sent: list[dict[str, Any]] = []
 
-    async def upstream_post(url: str, *, content: bytes, node_key: str) -> _Refusal:
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> _Refusal:
         sent.append(json.loads(content))
         return _Refusal()
 

@@ -7,6 +7,7 @@ adapter requests share a batch and every output must equal transformers + PEFT t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -352,3 +353,38 @@ def test_eviction_policy_route_sets_the_workers_policy(engine_http: httpx.Client
         assert engine_http.get("/quiver/v1/loras").json()["residency"]["eviction"]["policy"] == "lru"
     finally:
         assert engine_http.post("/quiver/v1/eviction_policy", json={"policy": "lfu"}).status_code == 200
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_abort_stops_a_named_request_and_its_stream_ends_with_the_engines_totals(
+        clean_vllm_engine: RunningEngine, endpoint: str) -> None:
+    """The gateway names each request (``X-Request-Id``) and, when its client leaves, aborts it by that name and reads
+    the stream to its end: vLLM ends it at once with ``finish_reason`` "abort" and a final usage chunk."""
+    rid = f"abort-{endpoint.replace('/', '-')}"
+    engine_id = f"chatcmpl-{rid}" if endpoint == "chat/completions" else f"cmpl-{rid}-0"
+    body: dict[str, object] = {"model": "tiny-llama", "max_tokens": 480, "ignore_eos": True, "n": 4, "stream": True,
+                               "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if endpoint == "chat/completions":
+        body["messages"] = [{"role": "user", "content": "the cat"}]
+    else:
+        body["prompt"] = "the cat"
+    events: list[dict[str, object]] = []
+    with httpx.Client(base_url=clean_vllm_engine.url, headers=clean_vllm_engine.headers, timeout=60) as client:
+        with client.stream("POST", f"/v1/{endpoint}", json=body, headers={"X-Request-Id": rid}) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                events.append(json.loads(line[5:]))
+                if len(events) == 8:
+                    taken = client.post("/quiver/v1/abort", json={"request_ids": [engine_id, "cmpl-unknown-0"]})
+                    assert taken.status_code == 200 and taken.json() == {"aborted": 2}
+        for refused in ({}, {"request_ids": []}, {"request_ids": [3]}, {"request_ids": ["x" * 201]},
+                        {"request_ids": ["a"] * 257}):
+            assert client.post("/quiver/v1/abort", json=refused).status_code == 400, refused
+    final = events[-1]
+    assert final["choices"] == [] and isinstance(final["usage"], dict)
+    completion = final["usage"]["completion_tokens"]  # type: ignore[index]
+    assert 8 <= completion < 4 * 480  # stopped, not run to max_tokens
+    reasons = {c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")}  # type: ignore[union-attr,attr-defined]
+    assert reasons == {"abort"}

@@ -93,13 +93,13 @@ def test_the_url_reads_one_object_and_does_nothing_else(objects: tuple[str, str]
 @pytest.mark.django_db
 def test_an_expired_url_is_refused_and_the_node_says_so(objects: tuple[str, str], tmp_path: Path) -> None:
     asked, _ = objects
-    url = storage.presign_get(asked, expires_s=1)
+    url = storage.presign_get(asked, expires_s=3)  # S3 dates a signature to the second: valid 2 to 3 s from now
     signed_at = time.monotonic()
     with httpx.Client(timeout=10) as http:
         assert http.get(url).status_code == 200
         deadline = signed_at + 30
         while http.get(url).status_code == 200:  # S3 checks expiry to the second; poll, bounded
-            assert time.monotonic() < deadline, "a 1 s presigned GET still read after 30 s"
+            assert time.monotonic() < deadline, "a 3 s presigned GET still read after 30 s"
             time.sleep(0.2)
     cache = AdapterCache(tmp_path / "cache", s3_origin=settings.AWS_S3_ENDPOINT_URL)
     with pytest.raises(CacheError) as caught:
