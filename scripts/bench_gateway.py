@@ -227,29 +227,33 @@ def _vllm_bench(base_url: str, key: str, model: str, tokenizer: Path, loras: lis
     return result
 
 
-def _mixed(engine: tuple[str, str], gateway: tuple[str, str], model: str, tokenizer: Path,
+def _mixed(engine: tuple[str, str], gateway: tuple[str, str], floor: str, model: str, tokenizer: Path,
            names: dict[str, str], args: argparse.Namespace, env: dict[str, str]) -> dict[str, dict[str, list]]:
-    """Mixed adapters through vLLM's client, concurrency 1 and 16, direct and gateway alternating per round."""
+    """Mixed adapters through vLLM's client, concurrency 1 and 16: straight to the engine, through the gateway and
+    through a bare pass-through (``devtools.passthrough``, the floor of any extra hop here), the three in a rotating
+    order per round. Prints the gateway's row, then the pass-through's."""
     rows: dict[str, dict[str, list]] = {}
     for conc in (1, 16):
         label = f"mixed vllm c={conc}"
-        rows[label] = {"direct": [], "gateway": []}
+        rows[label] = {"direct": [], "gateway": [], "passthrough": []}
         for round_ in range(args.rounds):
-            order = ("direct", "gateway") if round_ % 2 == 0 else ("gateway", "direct")
-            for path in order:
-                base, key = engine if path == "direct" else gateway
+            paths = ["direct", "gateway", "passthrough"]
+            for path in paths[round_ % 3:] + paths[:round_ % 3]:
+                base, key = {"direct": engine, "gateway": gateway, "passthrough": (floor, "-")}[path]
                 loras = list(names.values()) if path == "direct" else list(names)
                 rows[label][path].append(_vllm_bench(base, key, model, tokenizer, loras, conc, args.mixed_prompts,
                                                      env))
-        d, g = rows[label]["direct"], rows[label]["gateway"]
+        d = rows[label]["direct"]
         dt = statistics.mean(r["median_ttft_ms"] for r in d)
-        gt = statistics.mean(r["median_ttft_ms"] for r in g)
         dr = statistics.mean(r["request_throughput"] for r in d)
-        gr = statistics.mean(r["request_throughput"] for r in g)
         dp = statistics.mean(r["p99_ttft_ms"] for r in d)
-        gp = statistics.mean(r["p99_ttft_ms"] for r in g)
-        print(f"{label:<16} {dt:8.2f} {dp:8.2f} {dr:8.1f} | {gt:8.2f} {gp:8.2f} {gr:8.1f} | "
-              f"{gt - dt:+7.2f} {gp - dp:+7.2f} {gr / dr:6.2f}x |  (TTFT)", flush=True)
+        for path, shown in (("gateway", label), ("passthrough", f"  bare hop c={conc}")):
+            g = rows[label][path]
+            gt = statistics.mean(r["median_ttft_ms"] for r in g)
+            gr = statistics.mean(r["request_throughput"] for r in g)
+            gp = statistics.mean(r["p99_ttft_ms"] for r in g)
+            print(f"{shown:<16} {dt:8.2f} {dp:8.2f} {dr:8.1f} | {gt:8.2f} {gp:8.2f} {gr:8.1f} | "
+                  f"{gt - dt:+7.2f} {gp - dp:+7.2f} {gr / dr:6.2f}x |  (TTFT)", flush=True)
     return rows
 
 
@@ -288,8 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="also print the raw figures as one JSON object")
     parser.add_argument("--only-mixed", action="store_true", help="run only the mixed-adapter vLLM-client scenarios")
     parser.add_argument("--mixed-prompts", type=int, default=240, help="prompts per vllm bench serve run")
-    parser.add_argument("--serve", type=Path, help="start the stack, write its URLs and keys to this JSON file and "
-                        "wait for Ctrl-C instead of benchmarking (for profiling by hand)")
+    parser.add_argument("--engine-threads", type=int, default=0,
+                        help="OMP threads of the engine (default: every core, vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU=0); "
+                        "fewer leave cores to the gateway, as a GPU node does")
+    parser.add_argument("--serve", type=Path, help="start the stack and upload the demo adapters, write its URLs, keys "
+                        "and adapter names to this JSON file and wait for Ctrl-C instead of benchmarking (for "
+                        "profiling by hand)")
     args = parser.parse_args(argv)
     if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
         raise SystemExit("run through ./scripts/bench_gateway (it starts PostgreSQL and Redis)")
@@ -322,8 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             "--base-model", assets.served_name).splitlines())
         node_key = node_env["QUIVER_NODE_KEY"]
         engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port, api_key=node_key)
-        procs.start("vllm", engine_argv(engine, python=PY),
-                    engine_env(engine, node_process_env(env)))
+        engine_vars = engine_env(engine, node_process_env(env))
+        if args.engine_threads:
+            engine_vars["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(max((os.cpu_count() or 1) - args.engine_threads, 0))
+        procs.start("vllm", engine_argv(engine, python=PY), engine_vars)
         web = [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(web_port),
                "--log-level", "warning", "--no-access-log", "--workers", str(args.gateway_workers)]
         if args.profile:
@@ -351,9 +361,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the gateway never served the base model (no node heartbeat?)")
             time.sleep(0.5)
         if args.serve:
+            names = _adapters(web_url, api_key, assets, env)
             args.serve.write_text(json.dumps({"gateway": web_url, "engine": engine.url, "api_key": api_key,
                                               "node_key": node_key, "model": assets.served_name,
-                                              "logs": str(workdir / "logs")}))
+                                              "adapters": names, "logs": str(workdir / "logs")}))
             print(f"serving; details in {args.serve}; Ctrl-C (SIGINT) stops", flush=True)
             try:
                 while True:
@@ -372,8 +383,15 @@ def main(argv: list[str] | None = None) -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"the gateway never served adapter {name}")
                 time.sleep(0.5)
-        mixed = _mixed((engine.url, node_key), (web_url, api_key), assets.served_name, assets.base_dir, names, args,
-                       env)
+        floor_port = free_port()
+        procs.start("passthrough", [PY, "-m", "uvicorn", "devtools.passthrough:app", "--host", "127.0.0.1", "--port",
+                                    str(floor_port), "--log-level", "warning", "--no-access-log"],
+                    {**env, "PASSTHROUGH_ENGINE_URL": engine.url, "PASSTHROUGH_NODE_KEY": node_key,
+                     "PASSTHROUGH_MODELS": json.dumps(names)})
+        floor_url = f"http://127.0.0.1:{floor_port}"
+        procs.wait_http("passthrough", floor_url + "/v1/models", 60)
+        mixed = _mixed((engine.url, node_key), (web_url, api_key), floor_url, assets.served_name, assets.base_dir,
+                       names, args, env)
         if args.profile:  # py-spy writes its report on SIGINT only (SIGTERM from stop_all loses it)
             web_proc.send_signal(signal.SIGINT)
             try:
