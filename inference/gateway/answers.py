@@ -3,6 +3,7 @@ engine's errors (its own dialect, its context-length messages, a refused node ke
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,36 @@ def strip_engine_fields(data: dict[str, Any]) -> None:
                     choice.pop(name, None)
             _drop_nulls(choice.get("message"), NON_NULL_MESSAGE_FIELDS)
             _drop_nulls(choice.get("delta"), NON_NULL_MESSAGE_FIELDS)
+
+
+# What ``sse_event`` returns for the stream's last line, ``data: [DONE]``.
+DONE = "[DONE]"
+
+
+def sse_event(line: str) -> dict[str, Any] | str | None:
+    """One line of the engine's server-sent events: :data:`DONE`, the event's JSON object, or None for anything else
+    (blank lines, comments, other fields, a payload that is not a JSON object). The one parser of the relay, the
+    JSON assembly and the billing of cut streams."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == DONE:
+        return DONE
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def engine_error_code(event: Mapping[str, Any]) -> int | None:
+    """The status of an engine's mid-stream error event (vLLM's dialect: ``{"error": {..., "code": 500}}`` and no
+    choices), 500 when its code is not an HTTP error status; None when ``event`` is not one."""
+    error = event.get("error")
+    if not isinstance(error, dict) or event.get("choices"):
+        return None
+    code = error.get("code")
+    return code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 else 500
 
 
 # The engine refusing the gateway's credentials (the node's key, its VLLM_API_KEY): the caller's key was fine.

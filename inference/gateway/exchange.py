@@ -27,6 +27,8 @@ from inference.gateway.answers import (
     UsageTally,
     assemble_answer,
     engine_error,
+    engine_error_code,
+    sse_event,
     strip_engine_fields,
 )
 from inference.gateway.directory import Directory, db_call
@@ -252,21 +254,15 @@ class Exchange:
         done = False
         try:
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+                chunk = sse_event(line)
+                if chunk is None:
                     continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+                if isinstance(chunk, str):  # DONE, the only text sse_event returns
                     done = True
                     continue
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    continue
-                if not isinstance(chunk, dict):
-                    continue
-                if isinstance(chunk.get("error"), dict) and not chunk.get("choices"):
-                    code = chunk["error"].get("code")
-                    failed = engine_error(code if isinstance(code, int) and 400 <= code < 600 else 500, chunk, target)
+                code = engine_error_code(chunk)
+                if code is not None:
+                    failed = engine_error(code, chunk, target)
                     break
                 self.tally.add(chunk)
                 if chunk.get("choices"):

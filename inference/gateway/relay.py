@@ -16,7 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from inference.gateway.answers import UsageTally, engine_error, strip_engine_fields
+from inference.gateway.answers import (
+    UsageTally,
+    engine_error,
+    engine_error_code,
+    sse_event,
+    strip_engine_fields,
+)
 from inference.gateway.errors import GatewayError, error_response
 from inference.gateway.snapshot import TargetView
 from inference.gateway.upstream import UpstreamError, UpstreamResponse
@@ -58,26 +64,19 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
     try:
         async for line in upstream.aiter_lines():
             progress[0] += 1
-            if not line.startswith("data:"):
+            chunk = sse_event(line)
+            if chunk is None:
                 continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
+            if isinstance(chunk, str):  # DONE, the only text sse_event returns
                 outcome = upstream.status_code
                 record(outcome, tally.usage(), ttft_ms)
                 yield b"data: [DONE]\n\n"
                 continue
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                continue
-            if not isinstance(chunk, dict):
-                continue
-            if isinstance(chunk.get("error"), dict) and not chunk.get("choices"):
+            code = engine_error_code(chunk)
+            if code is not None:
                 # The engine failed mid-stream (its own dialect: an integer code, its message): end with our
                 # error event in OpenAI's shape, metered with its status and the tokens sent.
-                code = chunk["error"].get("code")
-                failed = engine_error(code if isinstance(code, int) and 400 <= code < 600 else 500, chunk,
-                                       target)
+                failed = engine_error(code, chunk, target)
                 outcome = failed.status
                 break
             tally.add(chunk)
@@ -137,12 +136,7 @@ def _tally_lines(lines: list[str], tally: UsageTally) -> None:
     """Count the running usage of each complete SSE event in ``lines`` (``UsageTally.add``); anything else is
     skipped."""
     for line in lines:
-        if not line.startswith("data:"):
-            continue
-        try:
-            chunk = json.loads(line[5:].strip())
-        except ValueError:
-            continue
+        chunk = sse_event(line)
         if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
             tally.add(chunk)
 
