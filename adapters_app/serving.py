@@ -40,7 +40,8 @@ class ServingResult:
     """The outcome of a rule change: the adapter (saved), whether the rule changed, each joining version's warm
     state (``"warm"``: resident on a live node before the switch; ``"cold"``: no node could load it within
     ``QUIVER_PROMOTE_WARM_WAIT_S``, so its first requests wait for the load; ``"no_node"``: no live node serves its
-    base model), and when the new rule began to serve (None when unchanged)."""
+    base model), and when the rule now in force began to serve (for an unchanged rule, its last change; None when
+    the rule was never changed)."""
 
     adapter: Adapter
     changed: bool
@@ -151,8 +152,10 @@ def serving_rule_set(tenant: Tenant, *, adapter: Adapter, rule: Sequence[tuple[i
     joining = [v for v, _ in canonical if v not in {n for n, _ in rule_pairs(seen)}]
     states = _warm_first(adapter, joining) if warm and joining else {}
     changed = _apply(tenant, adapter, rule=canonical, action=action, actor=actor, previous=previous, expect=seen)
-    return ServingResult(adapter=adapter, changed=changed, warm=states,
-                         serving_since=timezone.now() if changed else None)
+    # Unchanged (a repeated promote): the rule in force began with its last change (null was read as "not serving").
+    since = timezone.now() if changed else ServingChange.objects.filter(adapter=adapter).exclude(
+        action="settings").order_by("-created_at", "-pk").values_list("created_at", flat=True).first()
+    return ServingResult(adapter=adapter, changed=changed, warm=states, serving_since=since)
 
 
 def serving_promote(tenant: Tenant, *, adapter: Adapter, number: int, actor: str) -> ServingResult:

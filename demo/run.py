@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 from openai import OpenAI
@@ -69,6 +70,19 @@ def node_process_env(env: Mapping[str, str]) -> dict[str, str]:
 
 # One limit for every readiness wait: a cold start on a loaded 2-core machine imports Django for minutes.
 START_TIMEOUT_S = float(os.environ.get("QUIVER_DEMO_START_TIMEOUT_S", "900"))
+
+
+def _usage_settled(api: httpx.Client, *, at_least: int, timeout_s: float = 15.0) -> list[dict[str, Any]]:
+    """``GET /api/v1/usage`` once it counts ``at_least`` requests and two reads agree (the gateway hands its records
+    on in batches, ``inference.gateway.usage_sink``: a read right after the last answer missed it); what it says
+    after ``timeout_s`` otherwise."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while True:
+        rows = api.get("/api/v1/usage").json()
+        if (sum(r["requests"] for r in rows) >= at_least and rows == last) or time.monotonic() > deadline:
+            return rows
+        last = rows
+        time.sleep(0.3)
 
 
 def _say(msg: str) -> None:
@@ -331,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         print("\n(the base model is untrained random weights: its answers are noise; each adapter learned its task)")
         print("\n== usage metered by the gateway (GET /api/v1/usage) ==")
-        for row in api.get("/api/v1/usage").json():
+        for row in _usage_settled(api, at_least=2 * total):
             print(f"{row['model']:<12} {'v' + str(row['version']) if row['version'] else '(base)':<6} "
                   f"requests={row['requests']:<3} "
                   f"prompt_tokens={row['prompt_tokens']:<4} completion_tokens={row['completion_tokens']}")

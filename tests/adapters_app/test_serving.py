@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.utils.dateparse import parse_datetime
 
 from adapters_app.models import Adapter, AdapterVersion, ServingChange
 from adapters_app.services import adapter_create
@@ -73,6 +75,9 @@ def test_promote_canary_rollback_and_the_audit_trail_through_the_api(make_sessio
     # No live node here: nothing to wait for, and the answer says so.
     assert body["rule"] == [{"version": 2, "weight": 100}] and body["warm"] == {"2": "no_node"}
     assert body["serving_since"] and body["previous_rule"] == [{"version": 1, "weight": 100}]
+    again = client.post("/api/v1/adapters/bot/promote", {"version": 2}, format="json").json()
+    assert again["rule"] == body["rule"] and again["serving_since"] is not None  # unchanged: since its last change
+    assert abs(parse_datetime(again["serving_since"]) - parse_datetime(body["serving_since"])) < timedelta(seconds=1)
     body = client.post("/api/v1/adapters/bot/canary", {"version": 3, "percent": 10}, format="json").json()
     assert body["rule"] == [{"version": 2, "weight": 90}, {"version": 3, "weight": 10}]
     body = client.post("/api/v1/adapters/bot/canary", {"split": [{"version": 1, "weight": 30},

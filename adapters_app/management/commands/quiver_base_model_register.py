@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from adapters_app.models import BaseModel
 from adapters_app.services import base_model_register
 
 
@@ -23,7 +24,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, base_model_name: str, model_dir: Path, node_pool: str, max_lora_rank: int,
                **options: Any) -> None:
         config = json.loads((model_dir / "config.json").read_text())
+        existed = BaseModel.objects.filter(base_model_name=base_model_name).exists()
         base = base_model_register(
             base_model_name=base_model_name, hf_config=config, node_pool=node_pool, max_lora_rank=max_lora_rank
         )
-        self.stdout.write(f"registered {base.base_model_name} ({base.architecture})")
+        # Idempotent (the demo already ran it): say which, so a second run is not read as a second base model.
+        verb = "updated (already registered)" if existed else "registered"
+        self.stdout.write(f"{verb} {base.base_model_name} ({base.architecture})")
