@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 FRONTEND = Path(__file__).resolve().parents[1] / "frontend"
@@ -46,6 +47,8 @@ def ensure_console_built(root: Path = FRONTEND) -> Path:
     index = root / "dist" / "index.html"
     if index.exists() and index.stat().st_mtime >= _newest(root):
         return index.parent
+    print("building the web console (npm ci, vite build; about a minute the first time)...", file=sys.stderr,
+          flush=True)
     ensure_node_modules(root)
     _npm(root, "run", "build")
     return index.parent
