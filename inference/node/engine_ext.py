@@ -31,6 +31,7 @@ itself against `VLLM_API_KEY` (set by `inference.node.launch`). Without a key th
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -46,6 +47,8 @@ from vllm.lora.request import LoRARequest
 logger = logging.getLogger(__name__)
 
 PREFIX = "/quiver/v1/"
+# How often a route waiting on the engine checks that the engine is still alive (_unless_engine_dead).
+ENGINE_ALIVE_POLL_S = 1.0
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -465,7 +468,7 @@ class QuiverEngineExtension:
         state = scope["app"].state
         try:
             if route == "loras" and method == "GET":
-                return JSONResponse(await list_loras(state))
+                return JSONResponse(await _unless_engine_dead(state, list_loras(state)))
             handler = _POST_ROUTES.get(route)
             if handler is None:
                 return JSONResponse({"detail": "Not found.", "code": "not_found"}, status_code=404)
@@ -474,9 +477,31 @@ class QuiverEngineExtension:
                     {"detail": "Method not allowed.", "code": "method_not_allowed"}, status_code=405
                 )
             body = await _read_json(receive)
-            return JSONResponse(await handler(state, body))
+            return JSONResponse(await _unless_engine_dead(state, handler(state, body)))
         except ExtensionError as exc:
             return JSONResponse({"detail": exc.detail, "code": exc.code}, status_code=exc.status)
+
+
+async def _unless_engine_dead(state: Any, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """Await ``work`` (a route's calls into the engine), or fail with 503 ``engine_dead`` once the engine has died.
+
+    vLLM never fails a utility call (``collective_rpc``, ``add_lora``...) that is in flight when its EngineCore dies
+    (``MPClient._call_utility_async`` awaits a future that only an output of the dead core would resolve): the route
+    would wait forever, and with it uvicorn's shutdown ("Waiting for background tasks to complete"), so the API server
+    never exits and no supervisor restarts it (a SIGKILLed EngineCore under load, with the agent's eviction hints every
+    2 s in flight, left the node wedged: attack round). ``state.engine_client.errored`` turns true once it died.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=ENGINE_ALIVE_POLL_S)
+            if done:
+                return task.result()
+            if getattr(state.engine_client, "errored", False):
+                raise ExtensionError(503, "engine_dead", "the engine died while this call waited on it")
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 NO_KEY = ("VLLM_API_KEY is not set: this engine would serve anyone; start it with the node key "

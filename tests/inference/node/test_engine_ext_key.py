@@ -69,3 +69,56 @@ def test_health_and_metrics_are_served_without_a_key(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("VLLM_API_KEY", KEY)
     _, inner = _run({"type": "http", "path": path, "method": "GET", "headers": []}, [])
     assert inner == ["http"]
+
+
+class _Engine:
+    """An engine client whose utility calls never answer (vLLM's, once its EngineCore died mid-call)."""
+
+    def __init__(self, *, dies_after_s: float | None) -> None:
+        self.dies_after_s, self.started, self.cancelled = dies_after_s, 0.0, False
+
+    @property
+    def errored(self) -> bool:
+        loop = asyncio.get_running_loop()
+        return self.dies_after_s is not None and loop.time() - self.started > self.dies_after_s
+
+    async def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        self.started = asyncio.get_running_loop().time()
+        if self.dies_after_s is None:
+            return [None]
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return []
+
+
+def _hints(monkeypatch: pytest.MonkeyPatch, engine: _Engine) -> list[dict[str, Any]]:
+    from types import SimpleNamespace
+
+    from inference.node import engine_ext
+
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    monkeypatch.setattr(engine_ext, "ENGINE_ALIVE_POLL_S", 0.02)
+    scope = {"type": "http", "path": "/quiver/v1/eviction_hints", "method": "POST",
+             "headers": [(b"authorization", f"Bearer {KEY}".encode())],
+             "app": SimpleNamespace(state=SimpleNamespace(engine_client=engine))}
+    body = b'{"over_quota": [], "elsewhere": [], "valid_s": 1}'
+    sent, _ = _run(scope, [{"type": "http.request", "body": body, "more_body": False}])
+    return sent
+
+
+def test_a_route_waiting_on_an_engine_that_died_answers_503_instead_of_hanging(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM never fails a utility call in flight when its EngineCore dies; the route must not wait forever (uvicorn's
+    # shutdown would wait on it, and the API server would never exit to be restarted).
+    engine = _Engine(dies_after_s=0.05)
+    sent = _hints(monkeypatch, engine)
+    assert sent[0]["status"] == 503 and b"engine_dead" in sent[1]["body"]
+    assert engine.cancelled
+
+
+def test_a_live_engines_answer_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = _hints(monkeypatch, _Engine(dies_after_s=None))
+    assert sent[0]["status"] == 200
