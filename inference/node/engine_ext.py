@@ -16,7 +16,9 @@ register.py`), this class serves, inside the API server process:
 - `POST /quiver/v1/eviction_hints` `{"over_quota": [id], "elsewhere": [id], "valid_s": s}` (the control plane's
   hints, relayed by the agent: ``inference.policy.node_eviction``)
 - `POST /quiver/v1/abort` `{"request_ids": [str]}` (stop generating for requests whose client left; the gateway
-  reads the engine's stream to its end, so the tokens already generated are billed: there is no abort route in vLLM)
+  then reads the engine's stream to its end, so the tokens already generated are billed). vLLM's own
+  `/inference/v1/abort_requests` is mounted only with `--enable-scale-out`, answers before the abort took effect (a
+  background task) and checks nothing; this one has aborted when it answers.
 - `GET  /quiver/v1/loras`
 
 It calls `app.state.engine_client` (`add_lora`, `remove_lora`, `pin_lora`, `list_loras`) and records
@@ -47,6 +49,7 @@ from vllm.lora.request import LoRARequest
 logger = logging.getLogger(__name__)
 
 PREFIX = "/quiver/v1/"
+MAX_BODY_BYTES = 1024 * 1024
 # How often a route waiting on the engine checks that the engine is still alive (_unless_engine_dead).
 ENGINE_ALIVE_POLL_S = 1.0
 
@@ -520,18 +523,29 @@ async def _refuse_to_serve(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def _read_json(receive: Receive) -> dict[str, Any]:
+    """The request's JSON object: at most ``MAX_BODY_BYTES`` (the longest is an abort of 256 ids, ~60 KB), read no
+    further than that.
+
+    Raises:
+        ExtensionError: 413 ``body_too_large``; 400 ``invalid_json`` (not JSON, or nested too deep to parse),
+            ``invalid_request`` (not an object).
+    """
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_BODY_BYTES:
+            raise ExtensionError(413, "body_too_large", f"request body over {MAX_BODY_BYTES} bytes")
         if not message.get("more_body", False):
             break
     try:
         body = json.loads(b"".join(chunks) or b"{}")
-    except ValueError as exc:
-        raise ExtensionError(400, "invalid_json", "request body is not JSON") from exc
+    except (ValueError, RecursionError) as exc:
+        raise ExtensionError(400, "invalid_json", "request body is not JSON (or is nested too deep)") from exc
     if not isinstance(body, dict):
         raise ExtensionError(400, "invalid_request", "request body must be a JSON object")
     return body

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -122,3 +123,17 @@ def test_a_route_waiting_on_an_engine_that_died_answers_503_instead_of_hanging(
 def test_a_live_engines_answer_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     sent = _hints(monkeypatch, _Engine(dies_after_s=None))
     assert sent[0]["status"] == 200
+
+
+@pytest.mark.parametrize(("chunks", "status", "code"), [
+    ([b"[" * 100_000 + b"]" * 100_000], 400, b"invalid_json"),  # nested past the parser's recursion limit
+    ([b'{"request_ids": ["' + b"x" * 600_000] * 2, 413, b"body_too_large"),  # refused while read, not after
+])
+def test_an_abort_body_too_deep_or_too_large_is_refused_not_a_500(
+        monkeypatch: pytest.MonkeyPatch, chunks: list[bytes], status: int, code: bytes) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    scope = {"type": "http", "path": "/quiver/v1/abort", "method": "POST",
+             "headers": [(b"authorization", f"Bearer {KEY}".encode())], "app": SimpleNamespace(state=None)}
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent, _ = _run(scope, incoming)
+    assert sent[0]["status"] == status and code in sent[1]["body"]
