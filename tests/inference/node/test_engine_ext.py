@@ -385,6 +385,6 @@ def test_abort_stops_a_named_request_and_its_stream_ends_with_the_engines_totals
     final = events[-1]
     assert final["choices"] == [] and isinstance(final["usage"], dict)
     completion = final["usage"]["completion_tokens"]  # type: ignore[index]
-    assert 8 <= completion < 4 * 480  # stopped, not run to max_tokens
+    assert 0 < completion < 4 * 480  # stopped, not run to max_tokens (chat: the first events carry only roles)
     reasons = {c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")}  # type: ignore[union-attr,attr-defined]
     assert reasons == {"abort"}
