@@ -9,8 +9,10 @@ records are kept. The period's partial first and last hours, and the recent ones
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -52,3 +54,18 @@ def split(records: QuerySet[UsageRecord], hours: QuerySet[UsageHour], *, since: 
     inside = Q(created_at__lt=hi) if lo is None else Q(created_at__gte=lo, created_at__lt=hi)
     hours = hours.filter(hour__lt=hi) if lo is None else hours.filter(hour__gte=lo, hour__lt=hi)
     return Split(records.exclude(inside), hours)
+
+
+def add_up(rows: Iterable[Mapping[str, Any]], keys: Sequence[str],
+           fields: Sequence[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The sums of ``fields`` per distinct ``keys`` over grouped rows from both parts of a :class:`Split` (a group
+    can have a row in each): ``{key values: {each key, each field}}``, in first-seen order; a null field counts 0."""
+    sums: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        key = tuple(r[k] for k in keys)
+        acc = sums.get(key)
+        if acc is None:
+            acc = sums[key] = {**{k: r[k] for k in keys}, **dict.fromkeys(fields, 0)}
+        for f in fields:
+            acc[f] += r[f] or 0
+    return sums

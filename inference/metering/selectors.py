@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
 
-from inference.metering.hours import split
+from inference.metering.hours import add_up, split
 from inference.metering.models import UsageHour, UsageRecord
 
 
@@ -53,15 +53,10 @@ def usage_summary(records: QuerySet[UsageRecord], *, since: datetime | None = No
 def _summary_split(records: QuerySet[UsageRecord], hours: QuerySet[UsageHour], *, since: datetime | None,
                    until: datetime | None) -> list[dict[str, Any]]:
     part = split(records, hours, since=since, until=until)
-    sums: dict[tuple[str, int | None], dict[str, Any]] = {}
-    for qs, count in ((part.records, Count("id")), (part.hours, Sum("requests"))):
-        for r in qs.values("model_name", "version_number").annotate(
-                requests=count, prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens")):
-            row = sums.setdefault((r["model_name"], r["version_number"]), {
-                "model_name": r["model_name"], "version_number": r["version_number"], "requests": 0,
-                "prompt_tokens": 0, "completion_tokens": 0})
-            for k in ("requests", "prompt_tokens", "completion_tokens"):
-                row[k] += r[k] or 0
+    sums = add_up((r for qs, count in ((part.records, Count("id")), (part.hours, Sum("requests")))
+                   for r in qs.values("model_name", "version_number").annotate(
+                       requests=count, prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"))),
+                  ("model_name", "version_number"), ("requests", "prompt_tokens", "completion_tokens"))
     # As ORDER BY model_name, version_number: the base model's null version last.
     return [sums[k] for k in sorted(sums, key=lambda k: (k[0], k[1] is None, k[1] or 0))]
 

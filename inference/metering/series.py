@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Avg, Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 
-from inference.metering.hours import split
+from inference.metering.hours import add_up, split
 from inference.metering.models import UsageHour, UsageRecord
 
 BUCKETS = {"minute": TruncMinute, "hour": TruncHour}
@@ -56,20 +56,16 @@ def usage_series(records: QuerySet[UsageRecord], *, since: datetime, bucket: str
 def _hourly_split(records: QuerySet[UsageRecord], hours: QuerySet[UsageHour], *,
                   since: datetime) -> list[dict[str, Any]]:
     part = split(records, hours, since=since, until=None)
-    sums: dict[tuple[datetime, str], list[float]] = {}  # requests, failures, prompt, completion, latency sum
     raw = part.records.annotate(t=TruncHour("created_at")).values("t", "model_name").annotate(
         n=Count("id"), f=Count("id", filter=Q(status_code__gte=400)), p=Sum("prompt_tokens"),
         c=Sum("completion_tokens"), lat=Sum("latency_ms"))
     summed = part.hours.values("hour", "model_name").annotate(
         n=Sum("requests"), f=Sum("errors"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"),
         lat=Sum("latency_sum_ms"))
-    rows: list[dict[str, Any]] = [*map(dict, raw), *({**r, "t": r["hour"]} for r in summed)]
-    for r in rows:
-        acc = sums.setdefault((r["t"], r["model_name"]), [0, 0, 0, 0, 0.0])
-        for i, k in enumerate(("n", "f", "p", "c", "lat")):
-            acc[i] += r[k] or 0
+    sums = add_up([*raw, *({**r, "t": r["hour"]} for r in summed)], ("t", "model_name"), ("n", "f", "p", "c", "lat"))
     return [
-        {"t": t.isoformat(), "model": model, "requests": int(n), "failures": int(f), "prompt_tokens": int(p),
-         "completion_tokens": int(c), "latency_ms_avg": round(lat / n if n else 0.0, 1)}
-        for (t, model), (n, f, p, c, lat) in sorted(sums.items())
+        {"t": t.isoformat(), "model": model, "requests": int(r["n"]), "failures": int(r["f"]),
+         "prompt_tokens": int(r["p"]), "completion_tokens": int(r["c"]),
+         "latency_ms_avg": round(r["lat"] / r["n"] if r["n"] else 0.0, 1)}
+        for (t, model), r in sorted(sums.items(), key=lambda item: item[0])
     ]

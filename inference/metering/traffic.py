@@ -18,7 +18,7 @@ from django.db import connection
 from django.db.models import Aggregate, Count, F, FloatField, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 
-from inference.metering.hours import split
+from inference.metering.hours import add_up, split
 from inference.metering.models import UsageHour, UsageRecord
 
 BUCKETS: dict[str, tuple[Any, timedelta]] = {"minute": (TruncMinute, timedelta(minutes=1)),
@@ -101,15 +101,9 @@ def traffic_table(records: QuerySet[UsageRecord], *, since: datetime, until: dat
         part = split(records, hours, since=since, until=until)
         counted = [(part.records, Count("id"), Count("id", filter=Q(status_code__gte=400))),
                    (part.hours.annotate(created_at=F("hour")), Sum("requests"), Sum("errors"))]  # type: ignore[list-item]
-    sums: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for qs, requests, failures in counted:
-        for r in qs.values(*GROUP).annotate(requests=requests, failures=failures, prompt=Sum("prompt_tokens"),
-                                            completion=Sum("completion_tokens")):
-            acc = sums.setdefault(tuple(r[g] for g in GROUP), {**{g: r[g] for g in GROUP}, "requests": 0,
-                                                                "failures": 0, "prompt": 0, "completion": 0})
-            for k in ("requests", "failures", "prompt", "completion"):
-                acc[k] += r[k] or 0
-    totals = list(sums.values())
+    totals = list(add_up((r for qs, requests, failures in counted for r in qs.values(*GROUP).annotate(
+        requests=requests, failures=failures, prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))),
+        GROUP, ("requests", "failures", "prompt", "completion")).values())
     pcts: dict[tuple[Any, ...], dict[str, float | None]] = {}
     wanted = {"latency_ms_p50": ("latency_ms", 0.5), "latency_ms_p95": ("latency_ms", 0.95),
               "latency_ms_p99": ("latency_ms", 0.99), "ttft_ms_p50": ("ttft_ms", 0.5),
