@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from itertools import chain
 from typing import Any
 
-from django.db.models import Avg, Count, Q, QuerySet, Sum
+from django.db.models import Avg, Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 
 from inference.metering.hours import add_up, split
@@ -59,10 +60,10 @@ def _hourly_split(records: QuerySet[UsageRecord], hours: QuerySet[UsageHour], *,
     raw = part.records.annotate(t=TruncHour("created_at")).values("t", "model_name").annotate(
         n=Count("id"), f=Count("id", filter=Q(status_code__gte=400)), p=Sum("prompt_tokens"),
         c=Sum("completion_tokens"), lat=Sum("latency_ms"))
-    summed = part.hours.values("hour", "model_name").annotate(
+    summed = part.hours.annotate(t=F("hour")).values("t", "model_name").annotate(  # one key name for both parts
         n=Sum("requests"), f=Sum("errors"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"),
         lat=Sum("latency_sum_ms"))
-    sums = add_up([*raw, *({**r, "t": r["hour"]} for r in summed)], ("t", "model_name"), ("n", "f", "p", "c", "lat"))
+    sums = add_up(chain(raw, summed), ("t", "model_name"), ("n", "f", "p", "c", "lat"))
     return [
         {"t": t.isoformat(), "model": model, "requests": int(r["n"]), "failures": int(r["f"]),
          "prompt_tokens": int(r["p"]), "completion_tokens": int(r["c"]),
