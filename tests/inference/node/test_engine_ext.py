@@ -361,14 +361,17 @@ def test_abort_stops_a_named_request_and_its_stream_ends_with_the_engines_totals
     """The gateway names each request (``X-Request-Id``) and, when its client leaves, aborts it by that name and reads
     the stream to its end: vLLM ends it at once with ``finish_reason`` "abort" and a final usage chunk."""
     rid = f"abort-{endpoint.replace('/', '-')}"
+    N = 32  # the engine's max_num_seqs: 480 steps of a full batch take seconds, so the abort lands well before the end
     engine_id = f"chatcmpl-{rid}" if endpoint == "chat/completions" else f"cmpl-{rid}-0"
-    body: dict[str, object] = {"model": "tiny-llama", "max_tokens": 480, "ignore_eos": True, "n": 4, "stream": True,
+    body: dict[str, object] = {"model": "tiny-llama", "max_tokens": 480, "ignore_eos": True, "n": N, "stream": True,
                                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     if endpoint == "chat/completions":
         body["messages"] = [{"role": "user", "content": "the cat"}]
     else:
         body["prompt"] = "the cat"
     events: list[dict[str, object]] = []
+    seen: list[float] = []  # when the first event arrived, when the abort answered, when the stream ended
+    start = time.monotonic()
     with httpx.Client(base_url=clean_vllm_engine.url, headers=clean_vllm_engine.headers, timeout=60) as client:
         with client.stream("POST", f"/v1/{endpoint}", json=body, headers={"X-Request-Id": rid}) as resp:
             assert resp.status_code == 200
@@ -376,15 +379,20 @@ def test_abort_stops_a_named_request_and_its_stream_ends_with_the_engines_totals
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 events.append(json.loads(line[5:]))
-                if len(events) == 8:
+                if len(events) == 1:  # the engine holds the request: abort at once
+                    seen.append(time.monotonic() - start)
                     taken = client.post("/quiver/v1/abort", json={"request_ids": [engine_id, "cmpl-unknown-0"]})
                     assert taken.status_code == 200 and taken.json() == {"aborted": 2}
+                    seen.append(time.monotonic() - start)
+        seen.append(time.monotonic() - start)
         for refused in ({}, {"request_ids": []}, {"request_ids": [3]}, {"request_ids": ["x" * 201]},
                         {"request_ids": ["a"] * 257}):
             assert client.post("/quiver/v1/abort", json=refused).status_code == 400, refused
     final = events[-1]
     assert final["choices"] == [] and isinstance(final["usage"], dict)
     completion = final["usage"]["completion_tokens"]  # type: ignore[index]
-    assert 0 < completion < 4 * 480  # stopped, not run to max_tokens (chat: the first events carry only roles)
+    # Stopped, not run to max_tokens (chat: the first events carry only roles, so 0 is possible there).
+    timing = "first event {:.2f} s, abort answered {:.2f} s, stream ended {:.2f} s".format(*seen)
+    assert completion < N * 480, f"{completion} tokens: the abort did not stop it ({timing}, {len(events)} events)"
     reasons = {c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")}  # type: ignore[union-attr,attr-defined]
     assert reasons == {"abort"}
