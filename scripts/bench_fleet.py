@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_fleet_trace import record  # noqa: E402
+from bench_fleet_trace import engine_loads, record  # noqa: E402
 from scaleout import Processes, fresh_bucket, fresh_database, manage, redis_db, say  # noqa: E402
 
 from demo.api_client import upload_adapter, wait_validated  # noqa: E402
@@ -103,8 +103,10 @@ class Run:
     # "deferred_s"} during the run
 
 
-def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, int]:
-    """One streamed completion: (TTFT ms, completion tokens). Raises RuntimeError on a non-200 answer."""
+def _stream(http: httpx.Client, url: str, body: dict[str, Any], ids: list[str] | None = None) -> tuple[float, int]:
+    """One streamed completion: (TTFT ms, completion tokens); with ``ids``, appends the answer's ``id`` (vLLM's
+    ``cmpl-<X-Request-Id>``, the id the gateway's route log names the request by). Raises RuntimeError on a non-200
+    answer."""
     t0 = time.perf_counter()
     ttft, tokens = None, 0
     with http.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -114,6 +116,8 @@ def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, 
             if not line.startswith("data:") or line.endswith("[DONE]"):
                 continue
             chunk = json.loads(line[5:])
+            if ids is not None and not ids and chunk.get("id"):
+                ids.append(str(chunk["id"]))
             if chunk.get("choices") and ttft is None:
                 ttft = (time.perf_counter() - t0) * 1000
             if chunk.get("usage"):
@@ -121,25 +125,6 @@ def _stream(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, 
     if ttft is None:
         raise RuntimeError("no token streamed")
     return ttft, tokens
-
-
-def engine_loads(engines: dict[str, tuple[str, str]]) -> dict[str, dict[str, float]]:
-    """Each engine's load counters and finished requests since it started: node -> {"disk_to_cpu", "cpu_to_gpu",
-    "requests", "load_s"} (requests include the effect probe's; ``load_s``: seconds the engine spent in both kinds
-    of move, inside its steps)."""
-    out = {}
-    for node, (url, key) in engines.items():
-        listing = httpx.get(url + "/quiver/v1/loras", headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        listing.raise_for_status()
-        loads = (listing.json().get("residency") or {}).get("moves") or {}
-        metrics = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        metrics.raise_for_status()
-        done = sum(float(line.rpartition(" ")[2]) for line in metrics.text.splitlines()
-                   if line.startswith("vllm:request_success_total{"))
-        out[node] = {"disk_to_cpu": int(loads.get("disk_to_cpu", 0)), "cpu_to_gpu": int(loads.get("cpu_to_gpu", 0)),
-                     "requests": int(done),
-                     "load_s": float(loads.get("disk_to_cpu_s", 0.0)) + float(loads.get("cpu_to_gpu_s", 0.0))}
-    return out
 
 
 def _sample_queues(redis_url: str, nodes: list[str], stop: threading.Event, out: dict[str, dict[str, float]],
@@ -192,22 +177,20 @@ def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency
                         "temperature": 0, "ignore_eos": True, "stream": True,
                         "stream_options": {"include_usage": True}}
                 sent_s = time.perf_counter() - start[0]
+                ids: list[str] = []
                 try:
-                    ttft, n = _stream(http, url, body)
+                    ttft, n = _stream(http, url, body, ids)
                 except (RuntimeError, httpx.HTTPError) as exc:
+                    ttft, n = None, 0
                     with lock:
                         errors.append(f"{model}: {exc}")
-                        if sent is not None:
-                            sent.append({"i": i, "adapter": model, "sent_s": sent_s,
-                                         "done_s": time.perf_counter() - start[0], "ok": False})
-                    continue
-                if sent is not None:
-                    with lock:
-                        sent.append({"i": i, "adapter": model, "sent_s": sent_s,
-                                     "done_s": time.perf_counter() - start[0], "ok": True})
                 with lock:
-                    ttfts.append(ttft)
-                    tokens += n
+                    if sent is not None:
+                        sent.append({"i": i, "adapter": model, "sent_s": sent_s, "done_s": time.perf_counter() - start[0],
+                                     "ok": ttft is not None, "id": ids[0] if ids else ""})
+                    if ttft is not None:
+                        ttfts.append(ttft)
+                        tokens += n
 
     before = engine_loads(engines)
     queues = {n: {"running_s": 0.0, "deferred_s": 0.0} for n in engines}
@@ -216,6 +199,8 @@ def replay(policy: str, url: str, api_key: str, trace: list[str], *, concurrency
     sampler = threading.Thread(target=_sample_queues, args=(redis_url, list(engines), stop, queues), daemon=True) \
         if redis_url else None
     t0 = start[0] = time.perf_counter()
+    if sent is not None:  # the Unix time of the replay's start, to place the gateway's route log on its clock
+        sent.append({"start_unix": time.time()})
     for thread in threads + ([sampler] if sampler else []):
         thread.start()
     for thread in threads:
@@ -465,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             procs.start(policy, [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
                                  urls[policy].rsplit(":", 1)[1], "--log-level", "warning", "--no-access-log"],
                         {**env, "QUIVER_ROUTING_POLICY": policy,
+                         # Each request's routing decision in the gateway's log, for the recorded traces.
+                         **({"QUIVER_GATEWAY_ROUTE_LOG": "INFO"} if args.trace_out and policy == "affinity" else {}),
                          **({"QUIVER_ROUTING_LOAD_BOUND": str(args.route_bound)} if args.route_bound else {})})
         procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=4",
                                "-Q", "celery,validation,placement", "-n", "bench@%h", "--loglevel=WARNING"], env)
@@ -533,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             say(f"settled for {args.settle_s:g} s; reconciler's plan: {_plan_summary()}")
         policies = ("affinity",) if args.only_affinity else POLICIES
         header = {"nodes": sorted(engines), "max_loras": 2, "max_cpu_loras": CPU_SLOTS, "eviction": args.eviction,
-                  "concurrency": args.concurrency, "max_tokens": args.max_tokens}
+                  "concurrency": args.concurrency, "max_tokens": args.max_tokens, "max_num_seqs": engine.max_num_seqs,
+                  "miss_cost": args.miss_cost, "replica_worth": args.replica_worth}
+        route_log = procs.log_dir / "affinity.log"
         for round_no in range(args.rounds):
             for policy in (policies if round_no % 2 == 0 else policies[::-1]):
                 _set_eviction(agents, eviction[policy])
@@ -546,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                                   max_tokens=args.max_tokens, engines=engines, redis_url=env["REDIS_URL"], sent=sent)
 
                 if args.trace_out is not None and policy == "affinity" and not runs["affinity"]:
-                    run = record(args.trace_out, engines=engines, names=names, send=send,
+                    run = record(args.trace_out, engines=engines, names=names, send=send, route_log=route_log,
                                  header={**header, "zipf": args.zipf, "seed": args.seed})
                     say(f"trace written to {args.trace_out}")
                 else:
@@ -573,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                 f"{args.trace_out.stem}-s{seed}-z{zipf:g}.jsonl")
             _set_eviction(agents, eviction["affinity"])
             run = record(out, engines=engines, names=names, header={**header, "zipf": zipf, "seed": seed},
+                         route_log=route_log,
                          send=lambda sent, extra=extra: replay("affinity", urls["affinity"], api_key, extra,
                                                                concurrency=args.concurrency,
                                                                max_tokens=args.max_tokens, engines=engines,

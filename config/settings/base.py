@@ -343,4 +343,7 @@ LOGGING = {
     "formatters": {"kv": {"()": "inference.logfmt.KeyValueFormatter"}},  # events' extra fields on the line
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
     "root": {"handlers": ["console"], "level": env("DJANGO_LOG_LEVEL", default="INFO")},
+    # The gateway's per-request routing line (inference.gateway.exchange.route_log): INFO turns it on, for
+    # scripts/bench_fleet's recorded runs; off by default (one line per request).
+    "loggers": {"inference.gateway.route": {"level": env("QUIVER_GATEWAY_ROUTE_LOG", default="WARNING")}},
 }

@@ -36,7 +36,7 @@ class SimNode:
     """One node's state during a run."""
 
     __slots__ = ("name", "engine", "disk", "disk_used", "disk_bytes", "inflight", "served",
-                 "pending", "stats", "concurrency", "busy_until")
+                 "pending", "stats", "concurrency", "busy_until", "flights")
 
     def __init__(self, name: str, fleet: FleetSpec) -> None:
         self.name = name
@@ -44,18 +44,40 @@ class SimNode:
         self.disk: OrderedDict[int, int] = OrderedDict()  # id -> bytes, LRU first
         self.disk_used = 0
         self.disk_bytes = fleet.disk_bytes
-        self.inflight: list[float] = []  # completion times (heap)
+        self.inflight: list[tuple[float, int]] = []  # (completion time, adapter) per request in flight (heap)
+        self.flights: dict[int, int] = {}  # adapter -> its requests in flight here (the batch's adapters)
         self.served = 0
         self.pending: dict[int, tuple[float, Tier]] = {}  # id -> (ready at, tier it was loaded from)
         self.stats: dict[int, list[float]] = {}  # id -> [last used, hits, hits at]
         self.concurrency = fleet.concurrency
         self.busy_until: dict[int, float] = {}  # id -> when its last request in flight here finishes
 
+    def start(self, adapter: int, done: float) -> None:
+        """A request for ``adapter`` runs here until ``done`` (seconds)."""
+        heapq.heappush(self.inflight, (done, adapter))
+        self.flights[adapter] = self.flights.get(adapter, 0) + 1
+        if self.busy_until.get(adapter, 0.0) < done:
+            self.busy_until[adapter] = done
+
     def advance(self, t: float) -> None:
         """Finish every request done by ``t``."""
-        h = self.inflight
-        while h and h[0] <= t:
-            heapq.heappop(h)
+        h, flights = self.inflight, self.flights
+        while h and h[0][0] <= t:
+            _, adapter = heapq.heappop(h)
+            left = flights[adapter] - 1
+            if left:
+                flights[adapter] = left
+            else:
+                del flights[adapter]
+
+    def batch_room(self, adapter: int) -> tuple[bool, bool]:
+        """``(in_batch, batch_full)`` for a request for ``adapter``, as the gateway sees the node's running batch
+        (``inference.gateway.snapshot``): a request of it is in flight here; or, not, ``max_loras`` other adapters
+        are (vLLM would defer it)."""
+        flights = self.flights
+        if adapter in flights:
+            return True, False
+        return False, len(flights) >= self.engine.max_loras
 
     @property
     def running(self) -> int:

@@ -15,8 +15,11 @@
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from devtools.simulate.costs import CostModel
@@ -33,9 +36,25 @@ from inference.policy.placement import (
     slotted,
     warm_target,
 )
-from inference.policy.routing import Candidate, RouteConfig, route
+from inference.policy.routing import Candidate, RouteConfig, plan_candidates, route
+from inference.policy.tiers import Tier
 
 BASE = "base"
+# The gateway asks for a move's warm at most this often per (version, node) (inference.gateway.app.REWARM_S).
+REWARM_S = 2.0
+
+
+@dataclass
+class Reconciler:
+    """How the simulated reconciler reads request rates, as ``inference.fleet.reconcile.fleet_reconcile`` does:
+    every version's requests in the last ``window_s`` seconds over the window, ``prior`` (adapter index -> requests
+    before the run, still inside the window) included; it plans at ``passes`` (seconds; a recorded run's pass
+    times) or, when None, every ``replan_s``."""
+
+    window_s: float = 600.0
+    prior: Mapping[int, int] = field(default_factory=dict)
+    passes: Sequence[float] | None = None
+    next_pass: int = 0
 
 
 class Policy:
@@ -77,10 +96,14 @@ class Policy:
     def served(self, node: SimNode, adapter: int, t: float) -> None:
         """Called after each request is placed on ``node``."""
 
-    # Loads, S3 fetches and bytes the policy caused outside requests (the reconciler's pre-warms).
+    # Loads, S3 fetches and bytes the policy caused outside requests (the reconciler's pre-warms, the gateway's
+    # warms behind a move).
     extra_loads = 0
     extra_fetches = 0
     extra_bytes = 0
+    # The last ``choose`` sent its request to a node that the control plane is warming the adapter on for it
+    # (the request waits for that warm; the simulator books the load with the request).
+    warmed = False
 
 
 class RandomPolicy(Policy):
@@ -162,8 +185,17 @@ class QuiverPolicy(Policy):
                  tenants: Sequence[int], costs: CostModel, eviction: EvictionPolicy = EvictionPolicy.LFU,
                  replan_s: float = 30.0, rate_memory: float = 0.8, prewarm: bool = True, half_life_s: float = 600.0,
                  placement: PlacementConfig | None = None, routing: RouteConfig | None = None,
-                 grace_s: float = 5.0) -> None:
+                 grace_s: float = 5.0, ids: Sequence[int] | None = None, warm_s: float = 1.5,
+                 reconciler: Reconciler | None = None) -> None:
         super().__init__(nodes, seed=seed)
+        # Adapter index -> the version id production hashes (HRW in routing, placement and warm_target).
+        self.ids = list(ids) if ids is not None else list(range(len(sizes)))
+        self.index = {v: a for a, v in enumerate(self.ids)}
+        self.warm_s = warm_s
+        self.reconciler = reconciler
+        self._warms: list[tuple[float, int, str]] = []  # (due, adapter, node): the gateway's warms behind moves
+        self._asked: dict[tuple[int, str], float] = {}  # (adapter, node) -> a move's warm asked again after this
+        self._seen: dict[int, deque[float]] = {}  # adapter -> its request times (the reconciler's rate window)
         self.by_name = {n.name: n for n in nodes}
         self._weights: dict[int, tuple[int, ...]] = {}  # adapter -> HRW weight per node, in node order
         self.sizes, self.ranks, self.tenants, self.costs = sizes, ranks, tenants, costs
@@ -183,9 +215,29 @@ class QuiverPolicy(Policy):
                        for n in nodes]
 
     def tick(self, t: float) -> None:
-        """Re-plan every ``replan_s`` seconds, as the reconciler would on Celery beat."""
-        if t - self.last_plan < self.replan_s:
+        """Finish the gateway's warms due by ``t``; re-plan every ``replan_s`` seconds (or at the ``reconciler``'s
+        pass times), as the reconciler would on Celery beat."""
+        while self._warms and self._warms[0][0] <= t:
+            due, adapter, name = heapq.heappop(self._warms)
+            self._load(self.by_name[name], adapter, due)
+        rec = self.reconciler
+        if rec is not None and rec.passes is not None:
+            if rec.next_pass >= len(rec.passes) or t < rec.passes[rec.next_pass]:
+                return
+            while rec.next_pass < len(rec.passes) and rec.passes[rec.next_pass] <= t:
+                rec.next_pass += 1
+        elif t - self.last_plan < self.replan_s:
             return
+        demands = self._demands(t) if rec is not None else self._smoothed_demands(t)
+        plan = place(demands, self.pnodes, config=self.placement)
+        self.plan = {self.index[v]: nodes for v, nodes in plan.items()}
+        self.last_plan = t
+        if self.prewarm:
+            fits = slotted(plan, demands, self.pnodes)
+            self._prewarm(t, frozenset((self.index[v], n) for v, n in fits))
+
+    def _smoothed_demands(self, t: float) -> list[Demand]:
+        """Exponentially smoothed rates of the versions with traffic, resident where an engine holds them."""
         span = t - self.last_plan
         keep = self.rate_memory
         for adapter in set(self.rates) | set(self.window):
@@ -195,13 +247,26 @@ class QuiverPolicy(Policy):
         for n in self.nodes:
             for a in n.engine.cpu:
                 held.setdefault(a, set()).add(n.name)
-        demands = [Demand(a, BASE, self.ranks[a], self.sizes[a], rate, resident_on=frozenset(held.get(a, ())),
-                          planned_on=frozenset(self.plan.get(a, ())))
-                   for a, rate in self.rates.items() if rate > 1e-4]
-        self.plan = place(demands, self.pnodes, config=self.placement)
-        self.last_plan = t
-        if self.prewarm:
-            self._prewarm(t, slotted(self.plan, demands, self.pnodes))
+        return [Demand(self.ids[a], BASE, self.ranks[a], self.sizes[a], rate, resident_on=frozenset(held.get(a, ())),
+                       planned_on=frozenset(self.plan.get(a, ())))
+                for a, rate in self.rates.items() if rate > 1e-4]
+
+    def _demands(self, t: float) -> list[Demand]:
+        """What ``fleet_reconcile`` asks ``place`` for: every version, at its requests in the last ``window_s``
+        (those before the run from ``prior``) over the window, resident where a node serves it (in an engine or by
+        name from disk: ``held``)."""
+        rec = self.reconciler
+        assert rec is not None
+        out = []
+        for a in range(len(self.sizes)):
+            seen = self._seen.get(a)
+            while seen and seen[0] <= t - rec.window_s:
+                seen.popleft()
+            count = rec.prior.get(a, 0) + (len(seen) if seen else 0)
+            held = frozenset(n.name for n in self.nodes if a in n.disk or a in n.engine.cpu)
+            out.append(Demand(self.ids[a], BASE, self.ranks[a], self.sizes[a], count / rec.window_s,
+                              resident_on=held, planned_on=frozenset(self.plan.get(a, ()))))
+        return out
 
     def _prewarm(self, t: float, fits: frozenset[tuple[int, str]]) -> None:
         """The reconciler's warm tasks (``fleet_reconcile._prewarm``; the simulator has no operator intent): every
@@ -210,47 +275,73 @@ class QuiverPolicy(Policy):
             if len(names) < 2:
                 continue
             for name in names:
-                node = self.by_name[name]
-                if (adapter, name) not in fits or adapter in node.engine.cpu:
-                    continue
-                size = self.sizes[adapter]
-                if adapter not in node.disk:
-                    self.extra_fetches += 1
-                    self.extra_bytes += size
-                    for victim in self.disk_victim(node, size, t):
-                        node.disk_used -= node.disk.pop(victim)
-                    node.disk[adapter] = size
-                    node.disk_used += size
-                if len(node.engine.cpu) >= node.engine.max_cpu_loras:
-                    self.make_room(node, adapter, t)
-                node.engine.add_lora(adapter)
-                self.extra_loads += 1
-                self.extra_bytes += size
-                self.loaded(node, adapter, t)
+                if (adapter, name) in fits:
+                    self._load(self.by_name[name], adapter, t)
 
-    def _placed(self, adapter: int) -> tuple[str, ...]:
-        placed = self.plan.get(adapter)
-        if placed is None:
-            # Not in the plan yet: where production warms it (``inference.fleet.warming.warm_target_node``).
-            home = warm_target(adapter, r=self.ranks[adapter], candidates=self._warm_candidates)
-            placed = (home,) if home is not None else ()
-        return placed
+    def _load(self, node: SimNode, adapter: int, t: float) -> None:
+        """A control-plane warm of ``adapter`` on ``node`` at ``t`` (the agent's load: S3 to disk when missing, the
+        node's rule for room, ``add_lora``), counted as a load outside requests; nothing when its engine holds it."""
+        if adapter in node.engine.cpu:
+            return
+        size = self.sizes[adapter]
+        if adapter not in node.disk:
+            self.extra_fetches += 1
+            self.extra_bytes += size
+            for victim in self.disk_victim(node, size, t):
+                node.disk_used -= node.disk.pop(victim)
+            node.disk[adapter] = size
+            node.disk_used += size
+        if len(node.engine.cpu) >= node.engine.max_cpu_loras:
+            self.make_room(node, adapter, t)
+        node.engine.add_lora(adapter)
+        self.extra_loads += 1
+        self.extra_bytes += size
+        self.loaded(node, adapter, t)
 
     def choose(self, adapter: int, t: float) -> SimNode:
-        """``route`` over every node, marking the version's replica set."""
+        """The gateway's choice (``GatewayApp.node_for``): ``route`` over ``plan_candidates`` (the nodes that serve
+        the version, by name or in an engine, and the plan's homes that do not). A home that does not serve it yet
+        gets a warm behind the request (ready ``warm_s`` later, asked at most every ``REWARM_S`` per node) while the
+        request goes where ``route`` puts it among the holders; when no node serves it, it is warmed where
+        ``warm_target`` says and the request waits for it there (``warmed``)."""
         self.window[adapter] = self.window.get(adapter, 0) + 1
-        placed = self._placed(adapter)
+        if self.reconciler is not None:
+            self._seen.setdefault(adapter, deque()).append(t)
+        self.warmed = False
+        homes = self.plan.get(adapter, ())
         weights = self._weights.get(adapter)
         if weights is None:
-            weights = self._weights[adapter] = tuple(_hrw(adapter, n.name) for n in self.nodes)
-        candidates = [
-            Candidate(n.name, n.tier(adapter), n.engine.max_loras, len(n.engine.gpu), *n.load_figures(),
-                      n.name in placed, w)
-            for n, w in zip(self.nodes, weights, strict=True)
-        ]
-        decision = route(candidates, config=self.routing)
-        assert decision is not None
+            weights = self._weights[adapter] = tuple(_hrw(self.ids[adapter], n.name) for n in self.nodes)
+        holders: list[Candidate] = []
+        missing: list[Candidate] = []
+        for n, w in zip(self.nodes, weights, strict=True):
+            serves = adapter in n.disk or adapter in n.engine.cpu
+            if not serves and n.name not in homes:
+                continue
+            in_batch, full = n.batch_room(adapter)
+            c = Candidate(n.name, n.tier(adapter) if serves else Tier.COLD, n.engine.max_loras, len(n.engine.gpu),
+                          *n.load_figures(), True, w, in_batch, full)
+            (holders if serves else missing).append(c)
+        decision = route(plan_candidates(holders, missing, homes), config=self.routing)
+        if decision is None:  # no node serves it: warm_for_request, and the request waits for that warm
+            home = warm_target(self.ids[adapter], r=self.ranks[adapter], candidates=self._warm_candidates,
+                               homes=homes)
+            assert home is not None
+            self.warmed = True
+            return self.by_name[home]
+        if decision.tier is Tier.COLD:  # a move: warm the home behind the request, serve it where it is
+            self._move(adapter, decision.node, t)
+            decision = route(plan_candidates(holders, (), ()), config=self.routing)
+            assert decision is not None
         return self.by_name[decision.node]
+
+    def _move(self, adapter: int, name: str, t: float) -> None:
+        """The gateway's background warm of ``adapter`` on its new home ``name`` (``GatewayApp._move``), at most
+        once per ``REWARM_S`` per (adapter, node) while it is not done."""
+        if self._asked.get((adapter, name), -1.0) > t:
+            return
+        self._asked[adapter, name] = t + REWARM_S
+        heapq.heappush(self._warms, (t + self.warm_s, adapter, name))
 
     def _node_resident(self, node: SimNode, v: int, t: float) -> NodeResident:
         """What the node's rule sees of ``v`` on ``node`` at ``t`` (``inference.node.worker_ext.policy_victim``)."""

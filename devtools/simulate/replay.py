@@ -21,13 +21,18 @@ import numpy as np
 
 from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import FleetSpec, SimNode
-from devtools.simulate.policies import Policy, QuiverPolicy
+from devtools.simulate.policies import Policy, QuiverPolicy, Reconciler
 from devtools.simulate.run import simulate
 from devtools.simulate.workload import Trace
 from inference.policy.eviction import EvictionPolicy
+from inference.policy.placement import PlacementConfig
+from inference.policy.tiers import IN_ENGINE, Tier
 
 # The CPU node's fixed add_lora cost, when a recording moved nothing to measure it by (docs/placement.md).
 DEFAULT_DISK_TO_CPU_MS = 22.0
+# What bench_fleet ran with before recordings named them (inference.node.launch.EngineConfig.cpu_dev, --miss-cost).
+DEFAULT_MAX_NUM_SEQS = 32
+DEFAULT_MISS_COST = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,11 +89,26 @@ def engine_figures(rec: Recorded) -> dict[str, float]:
             "served_resident": resident / (resident + loaded) if resident + loaded else float("nan")}
 
 
-def simulated_figures(rec: Recorded, *, seed: int = 1) -> dict[str, float]:
-    """The same figures from the simulator replaying ``rec`` through ``QuiverPolicy``."""
+def simulated_figures(rec: Recorded, *, seed: int = 1, warm_s: float = 1.5) -> dict[str, float]:
+    """The same figures from the simulator replaying ``rec`` through ``QuiverPolicy``, plus how its routing compares
+    with the live gateway's.
+
+    The simulated reconciler reads rates as production's does (requests of the last 600 s, ``prior_requests``
+    from before the replay), with the run's ``miss_cost`` and ``replica_worth``, at the recorded pass times
+    (``reconciles``; every 30 s from the start when the recording has none). Nodes keep their recorded names and
+    adapters their version ids: both are HRW keys.
+
+    Returns:
+        ``loads_per_request`` (engine loads, the control plane's warms included, over requests),
+        ``served_resident`` (requests that found their adapter in the engine's CPU cache, those that waited for a
+        control-plane warm included: the engines' own count), ``agreement`` (share of the requests with a recorded
+        node that the simulator sent to the same node; NaN when none has one), ``warms`` (control-plane loads),
+        and ``requests:<node>`` per node.
+    """
     names = sorted(rec.header["adapters"])
     index = {n: i for i, n in enumerate(names)}
     by_id = {a["lora_int_id"]: index[n] for n, a in rec.header["adapters"].items()}
+    ids = [int(rec.header["adapters"][n]["lora_int_id"]) for n in names]
     sizes = [int(rec.header["adapters"][n]["size_bytes"]) for n in names]
     ranks = [int(rec.header["adapters"][n]["r"]) for n in names]
     trace = Trace(times=np.array([r["sent_s"] for r in rec.requests], dtype=np.float64),
@@ -96,15 +116,22 @@ def simulated_figures(rec: Recorded, *, seed: int = 1) -> dict[str, float]:
                   total_adapters=len(names), tenant_of=[0] * len(names), rank_of=ranks)
     service = [max(r["done_s"] - r["sent_s"], 0.0) for r in rec.requests]
     bench_nodes = list(rec.header["nodes"])
+    # The engine's own batch size, not the bench's clients: the simulated KV figure fills at max_num_seqs.
     fleet = FleetSpec(nodes=len(bench_nodes), gpu_slots=int(rec.header["max_loras"]),
                       cpu_slots=int(rec.header["max_cpu_loras"]), disk_bytes=1 << 50,
-                      concurrency=int(rec.header["concurrency"]))
+                      concurrency=int(rec.header.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)))
     costs = measured_costs(rec)
-    sim_name = {b: f"node-{i}" for i, b in enumerate(bench_nodes)}
+    passes = rec.header.get("reconciles")
+    reconciler = Reconciler(prior={index[n]: int(c) for n, c in (rec.header.get("prior_requests") or {}).items()
+                                   if n in index},
+                            passes=[float(t) for t in passes] if passes is not None else None)
+    worth = rec.header.get("replica_worth")
+    placement = PlacementConfig(miss_cost=float(rec.header.get("miss_cost", DEFAULT_MISS_COST)),
+                                replica_worth=PlacementConfig().replica_worth if worth is None else float(worth))
 
     def prepare(nodes: list[SimNode], policy: Policy) -> None:
-        for node, bench in zip(nodes, bench_nodes, strict=True):
-            state = rec.header["state"][bench]
+        for node in nodes:
+            state = rec.header["state"][node.name]
             for v in state["disk"]:
                 if v in by_id:
                     node.disk[by_id[v]] = sizes[by_id[v]]
@@ -116,33 +143,45 @@ def simulated_figures(rec: Recorded, *, seed: int = 1) -> dict[str, float]:
                 if v in by_id:
                     node.engine.activate(by_id[v])
         if isinstance(policy, QuiverPolicy):
-            policy.plan = {index[n]: tuple(sim_name[b] for b in nodes if b in sim_name)
+            policy.plan = {index[n]: tuple(b for b in nodes if b in bench_nodes)
                            for n, nodes in rec.header["plan"].items() if n in index}
 
     def make(nodes: list[SimNode]) -> Policy:
         return QuiverPolicy(nodes, seed=seed, sizes=sizes, ranks=ranks, tenants=trace.tenant_of, costs=costs,
-                            eviction=EvictionPolicy(rec.header.get("eviction", "lfu")))
+                            eviction=EvictionPolicy(rec.header.get("eviction", "lfu")), ids=ids, warm_s=warm_s,
+                            reconciler=reconciler, placement=placement)
 
-    figures = simulate(trace, fleet, costs, sizes, make, seed=seed, service_s=service, prepare=prepare).figures
-    return {"loads_per_request": figures["loads_per_1k"] / 1000.0,
-            "served_resident": figures["served_gpu"] + figures["served_cpu"]}
+    choices: list[tuple[str, Tier, bool]] = []
+    figures = simulate(trace, fleet, costs, sizes, make, seed=seed, service_s=service, prepare=prepare,
+                       node_names=bench_nodes, choices=choices).figures
+    resident = sum(1 for _, tier, warmed in choices if warmed or tier in IN_ENGINE)
+    live = [(r.get("node"), node) for r, (node, _, _) in zip(rec.requests, choices, strict=True) if r.get("node")]
+    out = {"loads_per_request": figures["loads_per_1k"] / 1000.0, "served_resident": resident / len(choices),
+           "agreement": sum(a == b for a, b in live) / len(live) if live else float("nan")}
+    for node in bench_nodes:
+        out[f"requests:{node}"] = sum(1 for n, _, _ in choices if n == node)
+    return out
 
 
-def compare(paths: list[Path]) -> list[str]:
+def compare(paths: list[Path], *, warm_s: float = 1.5) -> list[str]:
     """The side-by-side table (markdown) for ``paths``: engines' counts, the simulator's, and the gaps (loads in %,
-    the share in points)."""
+    the share in points), then how often the simulator routed a request where the live gateway did and each node's
+    requests, live / simulated."""
     head = ["trace", "zipf", "seed", "requests", "load avg", "loads/req engines", "loads/req sim", "Δ loads",
-            "served-resident engines", "served-resident sim", "Δ points"]
+            "served-resident engines", "served-resident sim", "Δ points", "same node", "requests per node live / sim"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for path in paths:
         rec = load(path)
-        live, sim = engine_figures(rec), simulated_figures(rec, seed=int(rec.header.get("seed", 1)))
+        live, sim = engine_figures(rec), simulated_figures(rec, seed=int(rec.header.get("seed", 1)), warm_s=warm_s)
         gap = (sim["loads_per_request"] - live["loads_per_request"]) / live["loads_per_request"] \
             if live["loads_per_request"] else float("nan")
         load_avg = rec.header.get("load_avg") or [float("nan")]
+        split = " ".join(f"{sum(1 for r in rec.requests if r.get('node') == n)}/{sim[f'requests:{n}']:.0f}"
+                         for n in rec.header["nodes"])
         lines.append("| " + " | ".join([
             path.name, f"{rec.header.get('zipf')}", f"{rec.header.get('seed')}", f"{len(rec.requests)}",
             f"{load_avg[0]:.1f}", f"{live['loads_per_request']:.3f}", f"{sim['loads_per_request']:.3f}",
             f"{gap:+.1%}", f"{live['served_resident']:.1%}", f"{sim['served_resident']:.1%}",
-            f"{100 * (sim['served_resident'] - live['served_resident']):+.1f}"]) + " |")
+            f"{100 * (sim['served_resident'] - live['served_resident']):+.1f}", f"{sim['agreement']:.1%}",
+            split]) + " |")
     return lines

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,8 @@ class Result:
 
 def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[int],
              make_policy: Callable[[list[SimNode]], Policy], *, seed: int, service_s: Sequence[float] | None = None,
-             prepare: Callable[[list[SimNode], Policy], None] | None = None) -> Result:
+             prepare: Callable[[list[SimNode], Policy], None] | None = None,
+             node_names: Sequence[str] | None = None, choices: list[tuple[str, Tier, bool]] | None = None) -> Result:
     """Replay ``trace`` on a fresh fleet under the policy ``make_policy`` builds.
 
     A request is classified by where its adapter was on the chosen node when it arrived (a request that finds a load
@@ -41,10 +41,15 @@ def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[i
     behind one another would only widen the gaps between policies).
 
     ``service_s`` gives each request's time on its node (a recorded run's, ``devtools.simulate.replay``) instead of
-    the exponential draw; ``prepare`` sets the nodes' and the policy's state before the first request.
+    the exponential draw; ``prepare`` sets the nodes' and the policy's state before the first request;
+    ``node_names`` names the nodes (``node-0``… by default: names are HRW keys, so a replay uses the recorded ones);
+    ``choices`` gets, per request, the node that served it, the tier its adapter was in there when it arrived, and
+    whether the policy had it warmed there by the control plane for this request (``Policy.warmed``: the engine
+    then finds it in its CPU cache and counts the request resident).
     """
     started, cpu_started = time.perf_counter(), time.process_time()
-    nodes = [SimNode(f"node-{i}", fleet) for i in range(fleet.nodes)]
+    names = list(node_names) if node_names is not None else [f"node-{i}" for i in range(fleet.nodes)]
+    nodes = [SimNode(name, fleet) for name in names]
     policy = make_policy(nodes)
     if prepare is not None:
         prepare(nodes, policy)
@@ -98,12 +103,12 @@ def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[i
             else:
                 ready = t
         served[tier] += 1
+        if choices is not None:
+            choices.append((node.name, tier, policy.warmed))
         added[i] = (ready - t) * 1000.0
         node.served += 1
         work[node.name] += ready - t + service[i]
-        heapq.heappush(node.inflight, ready + service[i])
-        if node.busy_until.get(a, 0.0) < ready + service[i]:
-            node.busy_until[a] = ready + service[i]
+        node.start(a, ready + service[i])
         policy.served(node, a, t)
     total = len(times)
     loads += policy.extra_loads

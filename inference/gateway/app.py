@@ -38,7 +38,7 @@ from inference.gateway.admission import AdmissionGate
 from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
-from inference.gateway.exchange import Call, Exchange
+from inference.gateway.exchange import Call, Exchange, route_log
 from inference.gateway.limits import (
     RateLimiter,
     limits_mode_log,
@@ -280,6 +280,8 @@ class GatewayApp:
         warm_node = await db_call(warm_for_request, target.version_id, pinned_to)
         if warm_node is None:
             raise no_node
+        route_log.info("gateway.warm", extra={"version_id": target.version_id, "node_pk": warm_node,
+                                              "t": round(time.time(), 4)})
         asked_at = time.monotonic()
         deadline = asked_at + settings.QUIVER_WARM_WAIT_S
         asked_again = asked_at
@@ -338,6 +340,7 @@ class GatewayApp:
         if len(self._moves) >= VERIFIED_MAX:
             self._moves = {k: until for k, until in self._moves.items() if until > now}
         self._moves[version_id, node_pk] = now + REWARM_S
+        route_log.info("gateway.move", extra={"version_id": version_id, "node_pk": node_pk, "t": round(time.time(), 4)})
         self._spawn(self._move_warm(version_id, node_pk))
 
     @staticmethod

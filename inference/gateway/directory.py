@@ -316,6 +316,11 @@ class TtlCache(Generic[V]):
                 del self._entries[next(iter(self._entries))]
         return value
 
+    def peek(self, *key: Hashable) -> V | None:
+        """The cached value for ``key`` whatever its age, without loading (None when absent)."""
+        entry = self._entries.get(key)
+        return entry.value if entry is not None else None
+
     def invalidate(self, predicate: Callable[[tuple[Hashable, ...]], bool] | None = None) -> int:
         """Drop entries whose key matches ``predicate`` (all when None); returns how many."""
         self.generation += 1
@@ -373,6 +378,10 @@ class Directory:
         if time.monotonic() - view.read_at <= max_age_s:
             return view
         return await self._fleet._load(())
+
+    def fleet_seen(self) -> FleetView | None:
+        """The fleet view last read, without waiting (None before the first read or right after an invalidation)."""
+        return self._fleet.peek()
 
     def invalidate(self, kind: str, ident: Any = None) -> None:
         """Apply one invalidation message: ``key`` (key_id), ``tenant`` (tenant id: its keys and targets),

@@ -48,6 +48,9 @@ from inference.gateway.usage_sink import UsageSink
 from inference.metering.usage import usage_row
 
 logger = logging.getLogger(__name__)
+# One line per request sent to a node (INFO, off unless ``QUIVER_GATEWAY_ROUTE_LOG=INFO``): scripts/bench_fleet
+# reads it to record the live routing decision of every request beside what the simulator decides for it.
+route_log = logging.getLogger("inference.gateway.route")
 # Engine 404s for an adapter the fleet view said was served, answered by routing again (each bounded by the warm wait).
 MAX_REROUTES = 3
 
@@ -193,6 +196,8 @@ class Exchange:
                         return error_response(exc)
                     continue
                 break
+            if route_log.isEnabledFor(logging.INFO):
+                self._log_route(reroutes)
         except UpstreamError as exc:
             logger.warning("gateway.upstream_unreachable %r", exc, extra={"node": node.name, "error": repr(exc)})
             record(502, None)
@@ -241,6 +246,18 @@ class Exchange:
         return relay_response(response, target=target, keep_usage=self.keep_usage, record=record, started=self.started,
                               tally=self.tally, abort=self.abort,
                               headers=self.limit_headers, renew=renew, renew_every_s=app.admission.hold_s() / 3)
+
+    def _log_route(self, reroutes: int) -> None:
+        """Log where this request went: the engine's request id (vLLM's stream ``id`` is ``cmpl-<rid>``), the node,
+        the version's tier there in the fleet view this process routed by (database words; ``cold`` when absent;
+        ``?`` when no view is cached) and the engine 404s routed around before it."""
+        version_id = self.call.target.version_id
+        fleet = self.app.directory.fleet_seen()
+        tier = "?" if fleet is None else next(
+            (p.tier for p in fleet.placements.get(version_id or 0, ()) if p.node_id == self.node.pk), "cold")
+        route_log.info("gateway.route", extra={"rid": self.engine_request_id, "node": self.node.name,
+                                               "version_id": version_id, "tier": tier, "reroutes": reroutes,
+                                               "t": round(time.time(), 4)})
 
     async def _collect(self, response: UpstreamResponse) -> Response:
         """A non-streaming client's answer: read the engine's stream to its end, tallying each chunk's counts, and

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from inference.policy.hrw import hrw_weight
-from inference.policy.routing import Candidate, RouteConfig, RouteDecision, route, route_round_robin
+from inference.policy.routing import (
+    Candidate,
+    RouteConfig,
+    RouteDecision,
+    plan_candidates,
+    route,
+    route_round_robin,
+)
 from inference.policy.tiers import FROM_DB_WORD, Tier
 from inference.policy.versions import choose_version
 
@@ -206,17 +213,12 @@ def node_choose(fleet: FleetView, target: TargetView, *, policy: str = "affinity
     errored = {p.node_id for p in placed if p.tier == "errored"}
     homes = {h for h in fleet.homes.get(target.version_id, ())
              if h in by_name and by_name[h].max_lora_rank >= (target.r or 0)}
-    candidates = [
-        _candidate(by_pk[pk], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK, target.version_id,
-                   target.served_name)
-        ._replace(in_placement=not homes or by_pk[pk].name in homes)
-        for pk, p in held.items()
-    ]
+    holders = [_candidate(by_pk[pk], FROM_DB_WORD[p.tier] if p.tier in RESIDENT_TIERS else Tier.DISK,
+                          target.version_id, target.served_name) for pk, p in held.items()]
     # A home of the reconciler's plan that does not hold it yet is a candidate too (cold, in the placement): the
-    # plan moved it there (bounded load by rate), and the caller warms it where this returns (as the simulator
-    # routes; inference.policy.routing ranks the placement first, after the saturation and load filters).
-    candidates += [_candidate(by_name[h], Tier.ERRORED if by_name[h].pk in errored else Tier.COLD, target.version_id,
-                              target.served_name)
-                   for h in sorted(homes) if by_name[h].pk not in held] if held else []
-    decision = decide(candidates)
+    # plan moved it there (bounded load by rate), and the caller warms it where this returns (plan_candidates, which
+    # the simulator routes by too; route ranks the placement first, after the saturation and load filters).
+    missing = [_candidate(by_name[h], Tier.ERRORED if by_name[h].pk in errored else Tier.COLD, target.version_id,
+                          target.served_name) for h in sorted(homes) if by_name[h].pk not in held]
+    decision = decide(plan_candidates(holders, missing, homes))
     return by_name[decision.node] if decision else None

@@ -27,7 +27,7 @@ slots are busy (#2792), then the least loaded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -172,6 +172,29 @@ def route(candidates: Sequence[Candidate], *, base_model: bool = False,
     else:
         best = max(pool, key=_affinity_key)
     return RouteDecision(best.node, best.tier, residency_score(best), saturated)
+
+
+def plan_candidates(holders: Sequence[Candidate], homes_missing: Sequence[Candidate],
+                    homes: Collection[str]) -> list[Candidate]:
+    """The affinity candidates for one adapter version under the reconciler's plan: the one rule the gateway
+    (``inference.gateway.snapshot.node_choose``) and the simulator route by.
+
+    Args:
+        holders: the nodes that serve the version (in an engine, or by name from disk), each with its tier there.
+        homes_missing: the plan's homes that do not serve it yet (``COLD``, or ``ERRORED`` where its load failed).
+        homes: the plan's nodes for the version (empty when the plan names none).
+
+    Returns:
+        The holders, each in the placement when it is a home (all of them when there are no homes); then, while some
+        node serves the version, ``homes_missing`` in the placement: the plan moved it there, and a caller that gets
+        one of them from :func:`route` serves the request where the version is and warms the home behind it
+        (``GatewayApp.node_for``). Empty when no node serves the version: the caller warms it where
+        ``inference.policy.placement.warm_target`` says and waits.
+    """
+    out = [c._replace(in_placement=not homes or c.node in homes) for c in holders]
+    if out:
+        out += [c._replace(in_placement=True) for c in homes_missing]
+    return out
 
 
 ROUTING_POLICIES = ("affinity", "round_robin")

@@ -228,3 +228,66 @@ def test_a_warm_whose_node_left_the_fleet_is_asked_of_another_node(
 
     chosen = _node_for(monkeypatch, fleet_now)
     assert chosen == other and asks[-1] is None
+
+
+@pytest.mark.django_db
+def test_the_route_log_names_each_requests_node_tier_and_engine_id(monkeypatch: pytest.MonkeyPatch,
+                                                                     base_model: Any, caplog: Any) -> None:
+    """With ``inference.gateway.route`` at INFO (``QUIVER_GATEWAY_ROUTE_LOG``, scripts/bench_fleet's recordings), a
+    request that reached an engine is logged once with the engine's request id, the node it ended on, the version's
+    tier there in the fleet view the process routed by, and the 404s it was routed around."""
+    from inference.gateway.directory import Directory
+    from inference.gateway.snapshot import FleetView, PlacementView
+
+    tenant = TenantFactory()
+    _, key = api_key_create(tenant, name="app")
+    adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    version = AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
+                                            s3_prefix="x/", files=[], status="ready")
+    ids: list[str | None] = []
+
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> EngineAnswer:
+        ids.append(request_id)
+        status = 404 if len(ids) == 1 else 200
+        return EngineAnswer(status, {"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+                                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                            if status == 200 else {"error": {"message": "gone", "type": "NotFoundError", "code": 404}})
+
+    async def node_for(self: GatewayApp, target: Any) -> NodeView:
+        return NODE
+
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
+    monkeypatch.setattr(GatewayApp, "node_for", node_for)
+    monkeypatch.setattr(gateway_exchange, "placement_mark_not_served", lambda node_id, version_id: None)
+    staged = PlacementView(node_id=NODE.pk, version_id=version.pk, tier="staged", served=True)
+
+    # The view this process routes by (its directory is made per event loop: patched on the class).
+    monkeypatch.setattr(Directory, "fleet_seen", lambda self: FleetView(
+        nodes=(NODE,), placements={version.pk: (staged,)}, read_at=time.monotonic()))
+
+    async def go() -> httpx.Response:
+        app = GatewayApp(background=False)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as http:
+            return await http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                                   json={"model": "bot", "prompt": "x", "max_tokens": 1})
+
+    caplog.set_level("INFO", logger="inference.gateway.route")
+    assert async_to_sync(go)().status_code == 200
+    lines = [r for r in caplog.records if r.name == "inference.gateway.route" and r.getMessage() == "gateway.route"]
+    assert len(lines) == 1 and len(ids) == 2 and ids[0] == ids[1]
+    line = lines[0]
+    assert (line.rid, line.node, line.version_id, line.tier, line.reroutes) == (ids[1], "n1", version.pk, "staged", 1)
+    assert abs(line.t - time.time()) < 60
+
+
+def test_the_directory_peeks_at_its_fleet_view_without_loading() -> None:
+    from inference.gateway.directory import Directory, _Entry
+    from inference.gateway.snapshot import FleetView
+
+    directory = Directory()
+    assert directory.fleet_seen() is None  # nothing read yet, and peeking reads nothing
+    view = FleetView(nodes=(NODE,), read_at=1.0)
+    directory._fleet._entries[()] = _Entry(view, time.monotonic() - 3600)  # however old
+    assert directory.fleet_seen() is view
+    directory.invalidate("fleet")
+    assert directory.fleet_seen() is None

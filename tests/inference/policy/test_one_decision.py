@@ -1,7 +1,8 @@
 """Each fleet decision has one answer: production and ``scripts/simulate`` call the same pure function for where a
-version lives (``place``), where it loads when a request needs it (``warm_target``), which node serves a request
-(``route``) and which adapter leaves a node's full engine CPU cache (``node_victims``: the agent, the engine's worker
-extension and the simulator; it ranks with ``choose_victims``, which the reconciler's quota trim calls too)."""
+version lives (``place``), where it loads when a request needs it (``warm_target``), which nodes may serve a request
+(``plan_candidates``) and which of them does (``route``), and which adapter leaves a node's full engine CPU cache
+(``node_victims``: the agent, the engine's worker extension and the simulator; it ranks with ``choose_victims``,
+which the reconciler's quota trim calls too)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ DECISIONS: dict[str, tuple[Callable[..., Any], list[str]]] = {
     "place": (placement.place, ["inference.fleet.reconcile"]),
     "warm_target": (placement.warm_target, ["inference.fleet.warming"]),
     "route": (routing.route, ["inference.gateway.snapshot"]),
+    "plan_candidates": (routing.plan_candidates, ["inference.gateway.snapshot"]),
     "node_victims": (node_eviction.node_victims, ["inference.node.eviction", "inference.node.worker_ext"]),
 }
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from inference.policy.hrw import hrw_order, hrw_weight
-from inference.policy.routing import Candidate, RouteConfig, route
+from inference.policy.routing import Candidate, RouteConfig, plan_candidates, route
 from inference.policy.tiers import Tier
 
 
@@ -105,3 +105,18 @@ def test_among_in_engine_replicas_the_one_running_the_version_wins() -> None:
     b = cand("b", Tier.GPU, running=1)
     assert route([a, b]).node == "a"
     assert route([a._replace(in_batch=False), b]).node == "b"  # otherwise the less loaded
+
+
+def test_plan_candidates_rank_homes_first_and_offer_a_missing_home_only_while_some_node_serves() -> None:
+    """The gateway's and the simulator's one candidate rule: holders flagged by the plan's homes; a home that does
+    not hold the version joins only while another node serves it (a move), so a version served nowhere gets no
+    candidate and is warmed instead."""
+    n1, n2 = (Candidate(n, Tier.DISK, 2, 0, 0, 0, 0.0, False, 1) for n in ("n1", "n2"))
+    home = Candidate("n3", Tier.COLD, 2, 0, 0, 0, 0.0, False, 1)
+    pool = plan_candidates([n1, n2], [home], ["n2", "n3"])
+    assert [(c.node, c.in_placement) for c in pool] == [("n1", False), ("n2", True), ("n3", True)]
+    assert [c.in_placement for c in plan_candidates([n1, n2], [], [])] == [True, True]  # no plan: every holder
+    assert plan_candidates([], [home], ["n3"]) == []
+    # A home that holds it wins over a missing home (in-engine first is not at stake here: both on disk or cold).
+    decision = route(plan_candidates([n1, n2], [home], ["n2", "n3"]))
+    assert decision is not None and decision.node == "n2"
