@@ -69,6 +69,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--replay", type=Path, action="append", default=None, metavar="TRACE",
                    help="replay a scripts/bench_fleet --trace-out recording through the production glue and print "
                         "the engines' figures beside the simulator's (repeatable); other flags are ignored")
+    p.add_argument("--replay-at-arrival", action="store_true",
+                   help="with --replay: no LoRA batch limit (every request runs, and is counted, on arrival, as in "
+                        "the main tables) instead of vLLM's (a request waits for the batch and is counted where its "
+                        "adapter is when scheduled); docs/placement.md compares both")
     args = p.parse_args(argv)
     if args.gpu_slots < 1 or args.cpu_slots < args.gpu_slots or args.nodes < 1:
         p.error("need --nodes ≥ 1 and 1 ≤ --gpu-slots ≤ --cpu-slots (vLLM's rule)")
@@ -120,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replay:
         from devtools.simulate.replay import compare
 
-        print("\n".join(compare(args.replay)))
+        print("\n".join(compare(args.replay, defer=not args.replay_at_arrival)))
         return 0
     results, bound = run(args)
     if args.json:

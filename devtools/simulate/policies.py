@@ -42,6 +42,10 @@ from inference.policy.tiers import Tier
 BASE = "base"
 # The gateway asks for a move's warm at most this often per (version, node) (inference.gateway.app.REWARM_S).
 REWARM_S = 2.0
+# From a move's ask to the gateway routing to the new home: Celery task, the agent's load, a heartbeat, the fleet
+# view's refresh. bench_fleet's recordings: requests 1.7-1.8 s after the ask still went to the old holder, those
+# 2.4-2.9 s after it to the home (docs/placement.md).
+WARM_S = 2.0
 
 
 @dataclass
@@ -185,7 +189,7 @@ class QuiverPolicy(Policy):
                  tenants: Sequence[int], costs: CostModel, eviction: EvictionPolicy = EvictionPolicy.LFU,
                  replan_s: float = 30.0, rate_memory: float = 0.8, prewarm: bool = True, half_life_s: float = 600.0,
                  placement: PlacementConfig | None = None, routing: RouteConfig | None = None,
-                 grace_s: float = 5.0, ids: Sequence[int] | None = None, warm_s: float = 1.5,
+                 grace_s: float = 5.0, ids: Sequence[int] | None = None, warm_s: float = WARM_S,
                  reconciler: Reconciler | None = None) -> None:
         super().__init__(nodes, seed=seed)
         # Adapter index -> the version id production hashes (HRW in routing, placement and warm_target).
@@ -353,7 +357,7 @@ class QuiverPolicy(Policy):
         planned = self.plan.get(v)
         return NodeResident(v, self.sizes[v], idle_s=idle,
                             requests=decayed_hits(hits, hits_at, t, self.eviction.half_life_s),
-                            busy=node.busy_until.get(v, 0.0) > t,
+                            busy=node.busy(v, t),
                             fresh=is_fresh(loaded_ago_s=t - loaded_at, requests_since_load=total - at_load,
                                            idle_s=idle, grace_s=self.grace_s),
                             planned_elsewhere=bool(planned) and node.name not in (planned or ()))

@@ -21,12 +21,12 @@ import numpy as np
 
 from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import FleetSpec, SimNode
-from devtools.simulate.policies import Policy, QuiverPolicy, Reconciler
+from devtools.simulate.policies import WARM_S, Policy, QuiverPolicy, Reconciler
 from devtools.simulate.run import simulate
 from devtools.simulate.workload import Trace
 from inference.policy.eviction import EvictionPolicy
 from inference.policy.placement import PlacementConfig
-from inference.policy.tiers import IN_ENGINE, Tier
+from inference.policy.tiers import Tier
 
 # The CPU node's fixed add_lora cost, when a recording moved nothing to measure it by (docs/placement.md).
 DEFAULT_DISK_TO_CPU_MS = 22.0
@@ -89,7 +89,8 @@ def engine_figures(rec: Recorded) -> dict[str, float]:
             "served_resident": resident / (resident + loaded) if resident + loaded else float("nan")}
 
 
-def simulated_figures(rec: Recorded, *, seed: int = 1, warm_s: float = 1.5) -> dict[str, float]:
+def simulated_figures(rec: Recorded, *, seed: int = 1, warm_s: float = WARM_S,
+                      defer: bool = True) -> dict[str, float]:
     """The same figures from the simulator replaying ``rec`` through ``QuiverPolicy``, plus how its routing compares
     with the live gateway's.
 
@@ -97,6 +98,11 @@ def simulated_figures(rec: Recorded, *, seed: int = 1, warm_s: float = 1.5) -> d
     from before the replay), with the run's ``miss_cost`` and ``replica_worth``, at the recorded pass times
     (``reconciles``; every 30 s from the start when the recording has none). Nodes keep their recorded names and
     adapters their version ids: both are HRW keys.
+
+    ``defer`` (the default) models vLLM's LoRA batch limit (``FleetSpec.defer``): a request waits for the batch,
+    and is counted where its adapter is when it is scheduled (the engines' own moment), with only the running batch
+    protected from eviction (the worker's busy set). Off, every request runs and is counted on arrival, as in the
+    simulator's main tables.
 
     Returns:
         ``loads_per_request`` (engine loads, the control plane's warms included, over requests),
@@ -119,7 +125,7 @@ def simulated_figures(rec: Recorded, *, seed: int = 1, warm_s: float = 1.5) -> d
     # The engine's own batch size, not the bench's clients: the simulated KV figure fills at max_num_seqs.
     fleet = FleetSpec(nodes=len(bench_nodes), gpu_slots=int(rec.header["max_loras"]),
                       cpu_slots=int(rec.header["max_cpu_loras"]), disk_bytes=1 << 50,
-                      concurrency=int(rec.header.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)))
+                      concurrency=int(rec.header.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)), defer=defer)
     costs = measured_costs(rec)
     passes = rec.header.get("reconciles")
     reconciler = Reconciler(prior={index[n]: int(c) for n, c in (rec.header.get("prior_requests") or {}).items()
@@ -154,7 +160,7 @@ def simulated_figures(rec: Recorded, *, seed: int = 1, warm_s: float = 1.5) -> d
     choices: list[tuple[str, Tier, bool]] = []
     figures = simulate(trace, fleet, costs, sizes, make, seed=seed, service_s=service, prepare=prepare,
                        node_names=bench_nodes, choices=choices).figures
-    resident = sum(1 for _, tier, warmed in choices if warmed or tier in IN_ENGINE)
+    resident = sum(1 for _, _, found in choices if found)
     live = [(r.get("node"), node) for r, (node, _, _) in zip(rec.requests, choices, strict=True) if r.get("node")]
     out = {"loads_per_request": figures["loads_per_1k"] / 1000.0, "served_resident": resident / len(choices),
            "agreement": sum(a == b for a, b in live) / len(live) if live else float("nan")}
@@ -163,16 +169,17 @@ def simulated_figures(rec: Recorded, *, seed: int = 1, warm_s: float = 1.5) -> d
     return out
 
 
-def compare(paths: list[Path], *, warm_s: float = 1.5) -> list[str]:
+def compare(paths: list[Path], *, warm_s: float = WARM_S, defer: bool = True) -> list[str]:
     """The side-by-side table (markdown) for ``paths``: engines' counts, the simulator's, and the gaps (loads in %,
     the share in points), then how often the simulator routed a request where the live gateway did and each node's
-    requests, live / simulated."""
+    requests, live / simulated (``defer``: see :func:`simulated_figures`)."""
     head = ["trace", "zipf", "seed", "requests", "load avg", "loads/req engines", "loads/req sim", "Δ loads",
             "served-resident engines", "served-resident sim", "Δ points", "same node", "requests per node live / sim"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for path in paths:
         rec = load(path)
-        live, sim = engine_figures(rec), simulated_figures(rec, seed=int(rec.header.get("seed", 1)), warm_s=warm_s)
+        live, sim = engine_figures(rec), simulated_figures(rec, seed=int(rec.header.get("seed", 1)), warm_s=warm_s,
+                                                                defer=defer)
         gap = (sim["loads_per_request"] - live["loads_per_request"]) / live["loads_per_request"] \
             if live["loads_per_request"] else float("nan")
         load_avg = rec.header.get("load_avg") or [float("nan")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from devtools.simulate.costs import CostModel
 from devtools.simulate.fleet import FleetSpec, SimNode
 from devtools.simulate.policies import Policy
 from devtools.simulate.workload import Trace
-from inference.policy.tiers import Tier
+from inference.policy.tiers import IN_ENGINE, Tier
 
 METRICS = ("served_gpu", "served_cpu", "served_disk", "served_cold", "loads_per_1k", "s3_fetches_per_1k",
            "bytes_moved", "added_ms_p50", "added_ms_p99", "load_imbalance")
@@ -44,8 +45,9 @@ def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[i
     the exponential draw; ``prepare`` sets the nodes' and the policy's state before the first request;
     ``node_names`` names the nodes (``node-0``… by default: names are HRW keys, so a replay uses the recorded ones);
     ``choices`` gets, per request, the node that served it, the tier its adapter was in there when it arrived, and
-    whether the policy had it warmed there by the control plane for this request (``Policy.warmed``: the engine
-    then finds it in its CPU cache and counts the request resident).
+    whether the engine found it in its CPU cache when it first scheduled the request (as the engines count
+    ``served``): on arrival, or after a wait for the batch (``FleetSpec.defer``); a request the control plane
+    warmed its adapter for (``Policy.warmed``) finds it there.
     """
     started, cpu_started = time.perf_counter(), time.process_time()
     names = list(node_names) if node_names is not None else [f"node-{i}" for i in range(fleet.nodes)]
@@ -64,13 +66,51 @@ def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[i
     loads = fetches = moved = 0
     added = np.empty(len(times), dtype=np.float64)
     work = {n.name: 0.0 for n in nodes}
+    def engine_load(node: SimNode, a: int, t: float) -> None:
+        # A read into the engine's CPU cache (from S3 first when the node's disk lacks it), room by the policy.
+        nonlocal fetches, loads, moved
+        size = sizes[a]
+        if a not in node.disk:
+            fetches += 1
+            moved += size
+            for victim in policy.disk_victim(node, size, t):
+                node.disk_used -= node.disk.pop(victim)
+            node.disk[a] = size
+            node.disk_used += size
+        loads += 1
+        moved += size
+        if len(node.engine.cpu) >= node.engine.max_cpu_loras:
+            policy.make_room(node, a, t)
+        policy.loaded(node, a, t)
+        node.engine.activate(a)
+
+    resident: list[bool] = []
+    picked: list[tuple[str, Tier]] = []
+
+    def admit(node: SimNode, adapter: int, waiting: list[int], at: float) -> None:
+        # Deferred requests the batch now runs: the engine schedules them, reading the adapter back first if it
+        # left the CPU cache while they waited.
+        found = adapter in node.engine.cpu
+        if not found:
+            engine_load(node, adapter, at)
+        for j in waiting:
+            resident[j] = found
+
+    admits = {n.name: partial(admit, n) for n in nodes} if fleet.defer else {}
     for i, (t, a) in enumerate(zip(times, wanted, strict=True)):
         for n in nodes:
-            n.advance(t)
+            n.advance(t, admits.get(n.name))
         policy.tick(t)
         node = policy.choose(a, t)
         pending = node.pending.get(a)
-        if pending is not None and pending[0] > t:
+        if not node.runs_now(a):
+            # Waits for the batch (FleetSpec.defer): no load now unless the control plane warmed it for this request.
+            tier = node.tier(a)
+            if policy.warmed and tier not in IN_ENGINE:
+                engine_load(node, a, t)
+            node.deferred.setdefault(a, []).append(i)
+            ready = t
+        elif pending is not None and pending[0] > t:
             tier, ready = pending[1], pending[0]
         else:
             tier = node.tier(a)
@@ -103,14 +143,16 @@ def simulate(trace: Trace, fleet: FleetSpec, costs: CostModel, sizes: Sequence[i
             else:
                 ready = t
         served[tier] += 1
-        if choices is not None:
-            choices.append((node.name, tier, policy.warmed))
+        resident.append(policy.warmed or tier in IN_ENGINE)
+        picked.append((node.name, tier))
         added[i] = (ready - t) * 1000.0
         node.served += 1
         work[node.name] += ready - t + service[i]
         node.start(a, ready + service[i])
         policy.served(node, a, t)
     total = len(times)
+    if choices is not None:  # resident: where each request's adapter was when the engine first scheduled it
+        choices.extend((name, tier, found) for (name, tier), found in zip(picked, resident, strict=True))
     loads += policy.extra_loads
     fetches += policy.extra_fetches
     moved += policy.extra_bytes

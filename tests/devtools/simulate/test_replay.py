@@ -104,3 +104,23 @@ def test_the_command_prints_both_columns(tmp_path: Path, capsys) -> None:  # typ
     out = capsys.readouterr().out
     assert "loads/req engines" in out and "| run.jsonl | 1.0 | 3 | 2 | 1.5 | 1.000 | 0.500 | -50.0% |" in out
     assert "same node" in out and "| nan% | 0/1 0/1 |" in out  # no live node recorded; a went to node-1, d to node-2
+
+
+def test_with_the_batch_limit_a_request_is_counted_where_its_adapter_is_when_the_engine_schedules_it(
+        tmp_path: Path) -> None:
+    """One LoRA per batch (``max_loras`` 1). a runs; b waits for the batch; e, on no node, is warmed onto node-1 for
+    its request, and the node's rule evicts b (not in the running batch, so not busy). When a drains, b is
+    scheduled, read back (a load) and counted ``loaded``, as the engine counts it; e, scheduled after b, finds its
+    warm. Without the batch limit b runs on arrival, resident, and its busy flag keeps it."""
+    plan = {**PLAN, "e": ["node-1"]}
+    trace = [("a", 0.0), ("b", 0.05), ("e", 0.1), ("c", 0.3), ("c", 0.6)]
+    rec = load(_recording(tmp_path / "run.jsonl", requests=trace, plan=plan))
+    deferred = simulated_figures(rec, defer=True)
+    assert (deferred["requests:node-1"], deferred["requests:node-2"]) == (3, 2)
+    assert deferred["loads_per_request"] == 2 / 5  # e's warm and b's read after its wait
+    assert deferred["served_resident"] == 4 / 5  # b loaded
+    at_once = simulated_figures(rec, defer=False)
+    assert (at_once["loads_per_request"], at_once["served_resident"]) == (1 / 5, 5 / 5)
+    default = simulated_figures(rec)  # the replay's default is the batch limit
+    assert {k: v for k, v in default.items() if k != "agreement"} == \
+        {k: v for k, v in deferred.items() if k != "agreement"}
