@@ -58,6 +58,12 @@ class Adapter(models.Model):
         return f"{self.tenant.slug}/{self.name}"
 
 
+def served_name(tenant_slug: str, adapter_name: str, version_pk: int) -> str:
+    """``AdapterVersion.served_name`` from its parts, for callers that read them as values (a heartbeat checks the
+    names of dozens of versions, and needs no version, adapter and tenant objects for each)."""
+    return f"{tenant_slug}--{adapter_name}--{version_pk}"
+
+
 class AdapterVersion(models.Model):
     """One immutable upload of an adapter.
 
@@ -128,7 +134,7 @@ class AdapterVersion(models.Model):
     @property
     def served_name(self) -> str:
         """vLLM's ``lora_name`` on nodes: ``<tenant_slug>--<adapter_name>--<version pk>``; never shown to tenants."""
-        return f"{self.adapter.tenant.slug}--{self.adapter.name}--{self.pk}"
+        return served_name(self.adapter.tenant.slug, self.adapter.name, self.pk)
 
 
 class ServingChange(models.Model):

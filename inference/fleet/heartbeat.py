@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from inference.policy.node_report import ReportedAdapter
 
 # Same rule as the node's disk cache (inference.node.cache.LORA_NAME_RE): nothing that escapes a folder.
 LORA_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -38,17 +39,6 @@ class HeartbeatInvalid(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
-
-
-@dataclass(frozen=True)
-class ReportedAdapter:
-    """One adapter the node reports: engine id and name, tier, and whether it is pinned / served by name."""
-
-    lora_name: str
-    lora_int_id: int
-    tier: str
-    pinned: bool
-    served: bool | None
 
 
 def _is_int(value: Any) -> bool:

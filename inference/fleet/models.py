@@ -41,6 +41,9 @@ class Node(models.Model):
     num_requests_running = models.IntegerField(null=True)
     num_requests_waiting = models.IntegerField(null=True)
     state = models.JSONField(default=dict)
+    # Digest of the last heartbeat's residency and of the placement rows it settled (inference.policy.node_report):
+    # a heartbeat that gives the same one changes no placement row, so it skips that work. "" = decide again.
+    residency_digest = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         db_table = "gateway_node"

@@ -18,15 +18,16 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from adapters_app.models import AdapterVersion, BaseModel
+from adapters_app.models import AdapterVersion, BaseModel, served_name
 from adapters_app.purge import purge_node_orphans
 from inference.fleet.heartbeat import HeartbeatInvalid, heartbeat_parse
-from inference.fleet.models import RESIDENT, Node, Placement, VersionIntent
+from inference.fleet.models import RESIDENT, Node, Placement
 from inference.fleet.node_keys import NodeCredentials, node_credentials, token_matches, token_node_name
 from inference.fleet.node_samples import node_sample_record
+from inference.policy.node_report import PlacementRow, ReportedAdapter, report_changes, report_digest
 
 logger = logging.getLogger(__name__)
 # (node id, version id) pairs already logged as claimed unasked; bounded, oldest forgotten first.
@@ -91,7 +92,7 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
             # Another base model: what it held was for the old one. Unhealthy until its engine reports the new model
             # (the heartbeat refuses a mismatch), so no queued warm or routed request sends it the old model's adapters.
             node.healthy = False
-            node.state = {}
+            node.state, node.residency_digest = {}, ""
             Placement.objects.filter(node=node).delete()
         node.deregistered_at = None
         node.agent_url, node.engine_url = agent_url.rstrip("/"), engine_url.rstrip("/")
@@ -113,7 +114,8 @@ def node_deregister(node: Node) -> Node:
             node.key_generation += 1
             node.healthy = False
             node.deregistered_at = timezone.now()
-            node.save(update_fields=["key_generation", "healthy", "deregistered_at"])
+            node.residency_digest = ""
+            node.save(update_fields=["key_generation", "healthy", "deregistered_at", "residency_digest"])
             Placement.objects.filter(node=node).delete()
     logger.info("node.deregistered", extra={"node": node.name, "generation": node.key_generation})
     return node
@@ -182,9 +184,16 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         control plane asked this node to load (``Placement.load_issued_at``, set by a warm or a pin) are recorded;
         versions the node no longer reports drop to ``cold`` on it (a pin naming the node keeps its mark there).
         A row written since the node's previous heartbeat (a load or an evict meanwhile) takes nothing from this
-        report, which may predate the write, but news that a load it asked for is resident. A version claimed without having been asked
-        for is ignored (its requests never go there) and logged once per node and version
+        report, which may predate the write, but news that a load it asked for is resident
+        (``inference.policy.node_report.report_changes``). A version claimed without having been asked for is
+        ignored (its requests never go there) and logged once per node and version
         (``node.heartbeat_unasked_version``).
+
+        Change-only: the node row is one UPDATE of the fields that moved (its last-seen time always), and placement
+        rows are written only where their tier, pin or served mark moved (one UPDATE per set of fields written).
+        When the report and the node's rows give the digest its last settled accept stored
+        (``Node.residency_digest``, ``inference.policy.node_report.report_digest``), nothing would change: the
+        versions are not read and no placement row is written.
     """
     with transaction.atomic():
         locked = Node.objects.select_for_update().get(pk=node.pk)
@@ -192,91 +201,81 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
             return locked  # rotated or deregistered between authenticating this heartbeat and now: write nothing
         node = locked
         previous = node.last_heartbeat_at
-        node.healthy = bool(state.get("healthy"))
-        now = node.last_heartbeat_at = timezone.now()
-        node.max_loras = state.get("max_loras") or 0
-        node.max_cpu_loras = state.get("max_cpu_loras") or 0
-        node.max_lora_rank = state.get("max_lora_rank") or 0
-        node.kv_cache_usage_perc = state.get("kv_cache_usage_perc")
-        node.num_requests_running = state.get("num_requests_running")
-        node.num_requests_waiting = state.get("num_requests_waiting")
-        node.state = {k: v for k, v in state.items() if k not in ("agent_url", "engine_url")}
-        node.save()
-        node_sample_record(node=node, state=state, now=node.last_heartbeat_at)
-        reported = {a["lora_int_id"]: a for a in state.get("adapters", [])}
-        # Known versions only: the id exists, is for this node's base model, and the name is that version's own.
-        versions = list(AdapterVersion.objects.select_related("adapter__tenant").filter(pk__in=reported))
-        owned = {v.pk for v in versions if reported[v.pk].get("lora_name") == v.served_name}
-        ours = {v.pk for v in versions if v.pk in owned and v.adapter.base_model_id == node.base_model_id}
-        # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node (bounded
-        # per report: the names come from the node).
-        purge_node_orphans(node.pk, [e["lora_name"] for v, e in reported.items() if v not in owned])
-        # Only what this node was asked to load: the token proves which node speaks, not that it was given the
-        # version. Rows persist across control-plane restarts (PostgreSQL), and an engine that reloads a name it
-        # still serves from disk, a pin or an evict all act on a row that a warm already marked.
-        current = {p.adapter_version_id: p for p in Placement.objects.filter(
-            node=node, adapter_version_id__in=ours, load_issued_at__isnull=False)}
-        # The agent sends one heartbeat at a time, so this report was built after the previous one was recorded
-        # (``previous``): it may predate only what changed on a row since then (``newer``), such as a warm that
-        # finished, or an evict, while the report was on its way. Until the next report such a row takes from this
-        # one only that a load it asked for is resident (``_may_predate``). This heartbeat stamps its own writes
-        # ``now``, so they never count as newer; other writers use the control plane's clock too.
-        newer = set() if previous is None else set(Placement.objects.filter(
-            node=node, updated_at__gt=previous).values_list("adapter_version_id", flat=True))
-        known = set(current)
-        for version in versions:
-            if version.pk in ours and version.pk not in known:
-                _log_unasked_claim(node, version, reported[version.pk])
-        # An operator's pin keeps its row's mark until the engine reports it: the mark counts against the node's pin
-        # bound (services.node_pins), and a heartbeat between a pin and its warm must not free that room.
-        pins = list(VersionIntent.objects.filter(adapter_version__placements__node=node).filter(
-            Q(pinned_fleet=True) | ~Q(pinned_nodes=[])).values_list("adapter_version_id", "pinned_fleet", "pinned_nodes"))
-        intended = {vid for vid, fleet, names in pins if vid in known and (fleet or node.name in names)}
-        named_here = {vid for vid, _, names in pins if node.name in names}
-        for version_id in known:
-            entry = reported[version_id]
-            tier = entry["tier"]
-            row = current[version_id]
-            if version_id in newer and _may_predate(row, tier, previous):
-                continue
-            pinned = bool(entry.get("pinned")) or (row.pinned and (version_id in intended or version_id in newer))
-            wanted = {"tier": tier, "pinned": pinned,
-                      "served": bool(entry.get("served", tier in RESIDENT)), "warming_since": None}
-            if row.warming_since is not None and tier not in RESIDENT:
-                # A warm in flight keeps its mark until the node reports the version resident or the warm task
-                # records its outcome: cleared here, the row's previous failure would answer the waiting request.
-                del wanted["warming_since"]
-            # Heartbeats come every few seconds: write only what changed.
-            if any(getattr(row, k) != v for k, v in wanted.items()):
-                Placement.objects.filter(pk=row.pk).update(**wanted, updated_at=now)
-        # Only rows the node once held drop to cold; in-flight warms keep their state. A pin naming this node keeps
-        # its mark: the report may predate the pinned load (built before the load finished, received after it), and
-        # the reconciler reloads a named pin that really went. A fleet pin covers only nodes holding the version, so
-        # its mark goes with the copy (kept, it would hold pin room that nothing clears).
-        dropped = Placement.objects.filter(
-            node=node, tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None).exclude(
-            adapter_version_id__in=known | newer)
-        dropped.filter(adapter_version_id__in=named_here).update(tier=Placement.Tier.COLD, served=False)
-        dropped.exclude(adapter_version_id__in=named_here).update(tier=Placement.Tier.COLD, pinned=False, served=False)
+        now = timezone.now()
+        reported = [_reported(entry) for entry in state.get("adapters", [])]
+        rows = _placement_rows(node)
+        digest = node.residency_digest
+        if not digest or report_digest(reported, rows) != digest:
+            digest = _record_report(node, reported, rows, previous=previous, now=now)
+        fields = {"healthy": bool(state.get("healthy")), "last_heartbeat_at": now,
+                  "max_loras": state.get("max_loras") or 0, "max_cpu_loras": state.get("max_cpu_loras") or 0,
+                  "max_lora_rank": state.get("max_lora_rank") or 0,
+                  "kv_cache_usage_perc": state.get("kv_cache_usage_perc"),
+                  "num_requests_running": state.get("num_requests_running"),
+                  "num_requests_waiting": state.get("num_requests_waiting"),
+                  "state": {k: v for k, v in state.items() if k not in ("agent_url", "engine_url")},
+                  "residency_digest": digest}
+        changed = [name for name, value in fields.items() if getattr(node, name) != value]
+        for name in changed:
+            setattr(node, name, fields[name])
+        node.save(update_fields=changed)
+        node_sample_record(node=node, state=state, now=now)
     return node
 
 
-def _may_predate(row: Placement, tier: str, previous: datetime | None) -> bool:
-    """Whether a report of ``tier`` for ``row``, a row written since the node's previous heartbeat (recorded at
-    ``previous``), may describe the node before that write: any word but resident may predate a load, and resident
-    may predate an evict unless a load is in flight or was issued since ``previous`` (the node may answer a load's
-    copy in a report sent before the load call returns)."""
-    if tier not in RESIDENT:
-        return True
-    loading = row.warming_since is not None or (
-        previous is not None and row.load_issued_at is not None and row.load_issued_at > previous)
-    return row.tier not in RESIDENT and not loading
+def _reported(entry: Mapping[str, Any]) -> ReportedAdapter:
+    served = entry.get("served")
+    return ReportedAdapter(entry["lora_name"], int(entry["lora_int_id"]), entry["tier"], bool(entry.get("pinned")),
+                           served if isinstance(served, bool) else None)
 
 
-def _log_unasked_claim(node: Node, version: AdapterVersion, entry: Mapping[str, Any]) -> None:
+def _placement_rows(node: Node) -> list[PlacementRow]:
+    """Every placement row of ``node`` with its version's operator pins, as values (one query)."""
+    return [PlacementRow(pk, version_id, tier, pinned, served, warming_since, load_issued_at, updated_at,
+                         pinned_fleet=bool(fleet), pinned_here=node.name in (names or ()))
+            for pk, version_id, tier, pinned, served, warming_since, load_issued_at, updated_at, fleet, names
+            in Placement.objects.filter(node=node).values_list(
+                "pk", "adapter_version_id", "tier", "pinned", "served", "warming_since", "load_issued_at",
+                "updated_at", "adapter_version__intent__pinned_fleet", "adapter_version__intent__pinned_nodes")]
+
+
+def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[PlacementRow], *,
+                   previous: datetime | None, now: datetime) -> str:
+    """Write what ``reported`` changes on ``node``'s placement rows (``report_changes``), stamping written rows
+    ``now``. Returns the digest to store: the report's and the rows' as written when they settled, else ``""`` (the
+    next accept decides again)."""
+    by_id = {entry.lora_int_id: entry for entry in reported}
+    # Known versions only: the id exists, is for this node's base model, and the name is that version's own.
+    versions = {pk: (served_name(slug, name, pk), base_model_id, slug)
+                for pk, slug, name, base_model_id in AdapterVersion.objects.filter(pk__in=by_id).values_list(
+                    "pk", "adapter__tenant__slug", "adapter__name", "adapter__base_model_id")}
+    owned = {pk for pk, (name, _, _) in versions.items() if by_id[pk].lora_name == name}
+    ours = {pk for pk in owned if versions[pk][1] == node.base_model_id}
+    changes = report_changes(reported=reported, owned=owned, ours=ours, rows=rows, previous=previous)
+    # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node (bounded per
+    # report: the names come from the node).
+    purge_node_orphans(node.pk, changes.orphans)
+    for version_id in changes.unasked:
+        _log_unasked_claim(node, version_id, versions[version_id][2], by_id[version_id])
+    # One UPDATE per set of fields: a warm in flight keeps its mark, so its row is written without warming_since.
+    groups: dict[tuple[str, ...], list[Placement]] = {}
+    for pk, wanted in changes.updates.items():
+        groups.setdefault(tuple(sorted(wanted)), []).append(Placement(pk=pk, **wanted, updated_at=now))
+    for names, objs in groups.items():
+        Placement.objects.bulk_update(objs, [*names, "updated_at"])
+    # Re-checked as the UPDATE runs: a warm that started since the rows were read keeps its row.
+    gone = Placement.objects.filter(tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None)
+    if changes.to_cold:
+        gone.filter(pk__in=changes.to_cold).update(tier=Placement.Tier.COLD, pinned=False, served=False)
+    if changes.to_cold_keep_pin:
+        gone.filter(pk__in=changes.to_cold_keep_pin).update(tier=Placement.Tier.COLD, served=False)
+    return report_digest(reported, changes.rows_after) if changes.settled else ""
+
+
+def _log_unasked_claim(node: Node, version_id: int, tenant_slug: str, entry: ReportedAdapter) -> None:
     """Log, once per (node, version) in this process, a heartbeat claiming a version the node was never asked to
     load (a forged report, or copies left from before the node was deregistered); heartbeats repeat every second."""
-    key = (node.pk, version.pk)
+    key = (node.pk, version_id)
     with _UNASKED_LOCK:
         if key in _UNASKED_LOGGED:
             return
@@ -284,8 +283,8 @@ def _log_unasked_claim(node: Node, version: AdapterVersion, entry: Mapping[str, 
         while len(_UNASKED_LOGGED) > _UNASKED_LOGGED_MAX:
             _UNASKED_LOGGED.popitem(last=False)
     logger.warning("node.heartbeat_unasked_version", extra={
-        "node": node.name, "version_id": version.pk, "tenant": version.adapter.tenant.slug,
-        "tier": entry.get("tier"), "served": entry.get("served"), "action": "ignored"})
+        "node": node.name, "version_id": version_id, "tenant": tenant_slug,
+        "tier": entry.tier, "served": entry.served, "action": "ignored"})
 
 
 def node_mark_stale() -> int:
