@@ -37,6 +37,13 @@ def node_sample_record(*, node: Node, state: Mapping[str, Any], now: datetime | 
     that node's samples past the retention. Returns the new sample, or None when skipped."""
     now = now or timezone.now()
     last = NodeSample.objects.filter(node=node).order_by("-t").values_list("t", flat=True).first()
+    return node_sample_after(node=node, state=state, now=now, last=last)
+
+
+def node_sample_after(*, node: Node, state: Mapping[str, Any], now: datetime, last: datetime | None
+                      ) -> NodeSample | None:
+    """``node_sample_record`` for a caller that read the node's last sample time ``last`` (None: no sample yet)
+    with the node's row, as a heartbeat does: no query unless a sample is due."""
     if last is not None and now - last < timedelta(seconds=settings.QUIVER_NODE_SAMPLE_INTERVAL_S):
         return None
     gpu, cpu = slots_used(state)

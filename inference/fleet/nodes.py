@@ -18,15 +18,15 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion, BaseModel, served_name
 from adapters_app.purge import purge_node_orphans
 from inference.fleet.heartbeat import HeartbeatInvalid, heartbeat_parse
-from inference.fleet.models import RESIDENT, Node, Placement
+from inference.fleet.models import RESIDENT, Node, NodeSample, Placement
 from inference.fleet.node_keys import NodeCredentials, node_credentials, token_matches, token_node_name
-from inference.fleet.node_samples import node_sample_record
+from inference.fleet.node_samples import node_sample_after
 from inference.policy.node_report import PlacementRow, ReportedAdapter, report_changes, report_digest
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,8 @@ def node_deregister(node: Node) -> Node:
 
 
 def node_heartbeat_accept(*, token: str, body: Any) -> Node:
-    """Authenticate and validate one heartbeat, then record it (``placement.node_heartbeat``).
+    """Authenticate and validate one heartbeat, then record it as ``node_heartbeat`` does, under the node row's lock
+    taken to authenticate (one query also reads the node's last sample time).
 
     Args:
         token: the bearer token sent (the node's heartbeat token).
@@ -137,9 +138,17 @@ def node_heartbeat_accept(*, token: str, body: Any) -> Node:
             ``node_urls_changed`` or ``base_model_mismatch`` (URLs and base model are fixed at registration).
     """
     name = token_node_name(token)
-    node = Node.objects.select_related("base_model").filter(name=name).first() if name else None
-    if node is None or not token_matches(token, node.name, node.key_generation):
-        raise NodeRefused(401, "invalid_node_token", "Invalid node token; use the one quiver_node_register printed.")
+    with transaction.atomic():  # a refusal raises out of it: nothing written, the row's lock released
+        node, last_sample = _lock_node(name=name) if name else (None, None)
+        if node is None or not token_matches(token, node.name, node.key_generation):
+            raise NodeRefused(401, "invalid_node_token",
+                              "Invalid node token; use the one quiver_node_register printed.")
+        state = _checked(node, body)
+        return _record(node, state, last_sample)
+
+
+def _checked(node: Node, body: Any) -> dict[str, Any]:
+    """``body`` validated for ``node`` (see ``node_heartbeat_accept``'s errors)."""
     try:
         state, _ = heartbeat_parse(body, tiers=Placement.Tier.values)
     except HeartbeatInvalid as exc:
@@ -159,7 +168,7 @@ def node_heartbeat_accept(*, token: str, body: Any) -> Node:
         raise NodeRefused(409, "base_model_mismatch",
                           f"Node {node.name!r} is registered for base model {registered_base!r}, "
                           f"not {state['base_model']!r}; re-register it to change.")
-    return node_heartbeat(node=node, state=state)
+    return state
 
 
 def nodes_live(base_model: BaseModel) -> QuerySet[Node]:
@@ -171,8 +180,8 @@ def nodes_live(base_model: BaseModel) -> QuerySet[Node]:
 def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
     """Record an authenticated, validated state report of ``node`` and reconcile its placements.
 
-    Callers go through ``inference.fleet.nodes.node_heartbeat_accept``, which checks the token, the identity, the
-    URLs and every figure first; the node's name, URLs and base model are never taken from the report.
+    Heartbeats come through ``node_heartbeat_accept``, which checks the token, the identity, the URLs and every
+    figure first, then records as this does; the node's name, URLs and base model are never taken from the report.
 
     Args:
         node: the registered node the heartbeat's token belongs to.
@@ -196,30 +205,45 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         versions are not read and no placement row is written.
     """
     with transaction.atomic():
-        locked = Node.objects.select_for_update().get(pk=node.pk)
+        locked, last_sample = _lock_node(pk=node.pk)
+        if locked is None:
+            raise Node.DoesNotExist(f"node {node.pk} is gone")
         if locked.key_generation != node.key_generation or locked.deregistered_at is not None:
             return locked  # rotated or deregistered between authenticating this heartbeat and now: write nothing
-        node = locked
-        previous = node.last_heartbeat_at
-        now = timezone.now()
-        reported = [_reported(entry) for entry in state.get("adapters", [])]
-        rows = _placement_rows(node)
-        digest = node.residency_digest
-        if not digest or report_digest(reported, rows) != digest:
-            digest = _record_report(node, reported, rows, previous=previous, now=now)
-        fields = {"healthy": bool(state.get("healthy")), "last_heartbeat_at": now,
-                  "max_loras": state.get("max_loras") or 0, "max_cpu_loras": state.get("max_cpu_loras") or 0,
-                  "max_lora_rank": state.get("max_lora_rank") or 0,
-                  "kv_cache_usage_perc": state.get("kv_cache_usage_perc"),
-                  "num_requests_running": state.get("num_requests_running"),
-                  "num_requests_waiting": state.get("num_requests_waiting"),
-                  "state": {k: v for k, v in state.items() if k not in ("agent_url", "engine_url")},
-                  "residency_digest": digest}
-        changed = [name for name, value in fields.items() if getattr(node, name) != value]
-        for name in changed:
-            setattr(node, name, fields[name])
-        node.save(update_fields=changed)
-        node_sample_record(node=node, state=state, now=now)
+        return _record(locked, state, last_sample)
+
+
+def _lock_node(**lookup: Any) -> tuple[Node | None, datetime | None]:
+    """The node matching ``lookup`` locked for the transaction, with its base model, and its last sample's time
+    (None: none yet), in one query. Only the node's own row is locked: every node shares its base model's row."""
+    last = NodeSample.objects.filter(node=OuterRef("pk")).order_by("-t").values("t")[:1]
+    row = (Node.objects.select_for_update(of=("self",)).select_related("base_model")
+           .annotate(last_sample_at=Subquery(last)).filter(**lookup).first())
+    return row, (getattr(row, "last_sample_at", None) if row is not None else None)
+
+
+def _record(node: Node, state: Mapping[str, Any], last_sample: datetime | None) -> Node:
+    """``node_heartbeat`` on the locked ``node``, whose last sample was taken at ``last_sample``."""
+    previous = node.last_heartbeat_at
+    now = timezone.now()
+    reported = [_reported(entry) for entry in state.get("adapters", [])]
+    rows = _placement_rows(node)
+    digest = node.residency_digest
+    if not digest or report_digest(reported, rows) != digest:
+        digest = _record_report(node, reported, rows, previous=previous, now=now)
+    fields = {"healthy": bool(state.get("healthy")), "last_heartbeat_at": now,
+              "max_loras": state.get("max_loras") or 0, "max_cpu_loras": state.get("max_cpu_loras") or 0,
+              "max_lora_rank": state.get("max_lora_rank") or 0,
+              "kv_cache_usage_perc": state.get("kv_cache_usage_perc"),
+              "num_requests_running": state.get("num_requests_running"),
+              "num_requests_waiting": state.get("num_requests_waiting"),
+              "state": {k: v for k, v in state.items() if k not in ("agent_url", "engine_url")},
+              "residency_digest": digest}
+    changed = [name for name, value in fields.items() if getattr(node, name) != value]
+    for name in changed:
+        setattr(node, name, fields[name])
+    node.save(update_fields=changed)
+    node_sample_after(node=node, state=state, now=now, last=last_sample)
     return node
 
 
