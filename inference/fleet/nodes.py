@@ -229,7 +229,7 @@ def _record(node: Node, state: Mapping[str, Any], last_sample: datetime | None) 
     reported = [_reported(entry) for entry in state.get("adapters", [])]
     rows = _placement_rows(node)
     digest = node.residency_digest
-    if not digest or report_digest(reported, rows) != digest:
+    if not digest or report_digest(reported, rows, _unplaced(reported, rows)) != digest:
         digest = _record_report(node, reported, rows, previous=previous, now=now)
     fields = {"healthy": bool(state.get("healthy")), "last_heartbeat_at": now,
               "max_loras": state.get("max_loras") or 0, "max_cpu_loras": state.get("max_cpu_loras") or 0,
@@ -263,6 +263,13 @@ def _placement_rows(node: Node) -> list[PlacementRow]:
                 "updated_at", "adapter_version__intent__pinned_fleet", "adapter_version__intent__pinned_nodes")]
 
 
+def _unplaced(reported: list[ReportedAdapter], rows: list[PlacementRow]) -> set[int]:
+    """The reported versions that exist but have no row on the node (a query only when the report names any)."""
+    placed = {row.version_id for row in rows}
+    ids = [entry.lora_int_id for entry in reported if entry.lora_int_id not in placed]
+    return set(AdapterVersion.objects.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
+
+
 def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[PlacementRow], *,
                    previous: datetime | None, now: datetime) -> str:
     """Write what ``reported`` changes on ``node``'s placement rows (``report_changes``), stamping written rows
@@ -293,7 +300,10 @@ def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[Place
         gone.filter(pk__in=changes.to_cold).update(tier=Placement.Tier.COLD, pinned=False, served=False)
     if changes.to_cold_keep_pin:
         gone.filter(pk__in=changes.to_cold_keep_pin).update(tier=Placement.Tier.COLD, served=False)
-    return report_digest(reported, changes.rows_after) if changes.settled else ""
+    if not changes.settled:
+        return ""
+    placed = {row.version_id for row in rows}
+    return report_digest(reported, changes.rows_after, {pk for pk in versions if pk not in placed})
 
 
 def _log_unasked_claim(node: Node, version_id: int, tenant_slug: str, entry: ReportedAdapter) -> None:

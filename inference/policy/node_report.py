@@ -69,8 +69,9 @@ class ReportChanges:
     rows the node stopped reporting, which drop to cold and unserved, losing their pin mark or (a pin naming the
     node) keeping it. ``orphans``: reported names no version owns (garbage on the node). ``unasked``: reported
     versions of this node's base model it was never asked to load (ignored). ``rows_after``: the rows as these
-    writes leave them. ``settled``: no row was written since the previous heartbeat and every reported version was
-    taken, so the same report on ``rows_after`` would change nothing: its digest may be stored.
+    writes leave them. ``settled``: no row was written since the previous heartbeat and every reported name is its
+    version's own, so the same report on ``rows_after`` would change nothing: its digest may be stored. (An unasked
+    version does not unsettle: what would make it count, a row or a ``load_issued_at`` mark, shows in the digest.)
     """
 
     updates: dict[int, dict[str, Any]]
@@ -148,16 +149,20 @@ def report_changes(*, reported: Sequence[ReportedAdapter], owned: Collection[int
         orphans=tuple(entry.lora_name for entry in reported if entry.lora_int_id not in owned),
         unasked=tuple(sorted(set(ours) - known)),
         rows_after=tuple(after[row.pk] for row in rows),
-        settled=not newer and all(entry.lora_int_id in known for entry in reported))
+        settled=not newer and all(entry.lora_int_id in owned for entry in reported))
 
 
-def report_digest(reported: Sequence[ReportedAdapter], rows: Sequence[PlacementRow]) -> str:
+def report_digest(reported: Sequence[ReportedAdapter], rows: Sequence[PlacementRow],
+                  unplaced: Collection[int] = ()) -> str:
     """A hex sha256 of what ``report_changes`` reads of ``reported`` and ``rows``, in any order of either.
 
     Covers each reported adapter's id, name, tier, pinned and served, and each row's pk, version, tier, pinned,
     served, ``warming_since``, ``load_issued_at`` and operator pins; not ``updated_at`` (see the module's docstring).
+    ``unplaced``: the reported versions that exist but have no row on the node. A row goes with its version, so
+    the rows show a placed version's deletion; these ids show an unplaced one's (a name to purge from the node).
     """
     digest = hashlib.sha256(DIGEST_FORMAT.encode())
+    digest.update(("\nu" + ",".join(str(v) for v in sorted(unplaced))).encode())
     for e in sorted(reported, key=lambda e: e.lora_int_id):
         digest.update(f"\na{e.lora_int_id}\t{e.lora_name}\t{e.tier}\t{e.pinned:d}\t{e.served}".encode())
     for r in sorted(rows, key=lambda r: r.pk):

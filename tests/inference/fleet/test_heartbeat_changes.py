@@ -164,20 +164,42 @@ def test_a_version_deleted_on_the_control_plane_is_purged_from_the_node(internal
     assert Purge.objects.filter(kind=Purge.Kind.NODE, node_id=fleet["node"].pk, lora_name=name).exists()
 
 
-def test_a_report_naming_an_unasked_version_is_decided_every_time(internal: Client, fleet: dict[str, Any]) -> None:
-    """Not settled: the version may be asked for later by a write that leaves no trace in the rows' fields (an
-    existing row's ``load_issued_at`` is set by a plain UPDATE), so no digest is stored."""
+def test_an_unasked_version_is_taken_once_asked_even_by_a_plain_update(internal: Client,
+                                                                       fleet: dict[str, Any]) -> None:
+    """A reported version the node was never asked to load is ignored, and the accept still settles; the mark that
+    asks for it later is a plain UPDATE of ``load_issued_at`` (no new ``updated_at``), which the digest shows."""
     version = fleet["versions"][6]
     Placement.objects.filter(adapter_version=version).update(load_issued_at=None, tier="cold", served=False)
     _beat(internal, fleet)
-    assert Node.objects.get(name="n1").residency_digest == ""
+    _beat(internal, fleet)
+    assert Node.objects.get(name="n1").residency_digest != ""
     assert Placement.objects.get(adapter_version=version).tier == "cold"
 
     Placement.objects.filter(adapter_version=version).update(load_issued_at=timezone.now())
     _beat(internal, fleet)
 
     assert Placement.objects.get(adapter_version=version).tier == "warm"
+
+
+def test_an_unasked_version_without_a_row_is_purged_once_deleted(internal: Client, fleet: dict[str, Any]) -> None:
+    """No row on the node shows its deletion, so the accept checks that the versions it names without a row still
+    exist; a deleted one is garbage on the node, as before."""
+    tenant = fleet["versions"][0].tenant
+    adapter = adapter_create(tenant, name="stray", base_model_name="tiny-llama")
+    stray = AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="f" * 64, size_bytes=10,
+                                          s3_prefix="stray/", files=[], status="ready", r=8)
+    entry = {"lora_name": stray.served_name, "lora_int_id": stray.pk, "tier": "staged", "pinned": False,
+             "served": False}
+    adapters = [*fleet["state"]["adapters"], entry]
+    _beat(internal, fleet, adapters=adapters)
+    _beat(internal, fleet, adapters=adapters)
     assert Node.objects.get(name="n1").residency_digest != ""
+    assert not Purge.objects.filter(lora_name=entry["lora_name"]).exists()
+
+    AdapterVersion.objects.filter(pk=stray.pk).delete()
+    _beat(internal, fleet, adapters=adapters)
+
+    assert Purge.objects.filter(kind=Purge.Kind.NODE, node_id=fleet["node"].pk, lora_name=entry["lora_name"]).exists()
 
 
 def test_the_answer_is_the_same_whether_the_report_changed_or_not(internal: Client, fleet: dict[str, Any]) -> None:

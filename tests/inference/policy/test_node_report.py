@@ -84,10 +84,14 @@ def test_rows_the_node_no_longer_reports_drop_to_cold_and_a_named_pin_keeps_its_
     assert changes.settled
 
 
-def test_unowned_and_unasked_versions_are_named_and_keep_it_unsettled() -> None:
+def test_an_unowned_name_keeps_it_unsettled_and_an_unasked_version_does_not() -> None:
+    """A name no version owns is purged a few at a time, report after report, so its report must be decided again;
+    an unasked version changes nothing until a row or a mark appears for it, which the digest shows."""
     reported = [_entry(1), _entry(2), _entry(3)]
     changes = report_changes(reported=reported, owned={1, 2}, ours={1, 2}, rows=[_row(1)], previous=T0)
     assert changes.orphans == ("t--a3--3",) and changes.unasked == (2,) and not changes.settled
+    changes = report_changes(reported=reported[:2], owned={1, 2}, ours={1, 2}, rows=[_row(1)], previous=T0)
+    assert changes.unasked == (2,) and changes.settled
 
 
 @pytest.mark.parametrize("change", [
@@ -108,6 +112,11 @@ def test_unowned_and_unasked_versions_are_named_and_keep_it_unsettled() -> None:
 def test_the_digest_moves_with_every_input_of_the_decision(change: object) -> None:
     reported, rows = [_entry(1)], [_row(1)]
     assert report_digest(*change(reported, rows)) != report_digest(reported, rows)  # type: ignore[operator]
+
+
+def test_the_digest_moves_when_an_unplaced_version_is_deleted() -> None:
+    reported, rows = [_entry(1), _entry(2, "staged")], [_row(1)]
+    assert report_digest(reported, rows, {2}) != report_digest(reported, rows, set())
 
 
 def test_the_digest_ignores_order_and_timestamps() -> None:
