@@ -227,10 +227,12 @@ def _record(node: Node, state: Mapping[str, Any], last_sample: datetime | None) 
     previous = node.last_heartbeat_at
     now = timezone.now()
     reported = [_reported(entry) for entry in state.get("adapters", [])]
-    rows = _placement_rows(node)
+    rows, versions = _placement_rows(node)
+    # Versions named without a row on the node: no row shows their deletion, so their existence is checked.
+    unplaced = _versions([entry.lora_int_id for entry in reported if entry.lora_int_id not in versions])
     digest = node.residency_digest
-    if not digest or report_digest(reported, rows, _unplaced(reported, rows)) != digest:
-        digest = _record_report(node, reported, rows, previous=previous, now=now)
+    if not digest or report_digest(reported, rows, unplaced) != digest:
+        digest = _record_report(node, reported, rows, {**versions, **unplaced}, unplaced, previous=previous, now=now)
     fields = {"healthy": bool(state.get("healthy")), "last_heartbeat_at": now,
               "max_loras": state.get("max_loras") or 0, "max_cpu_loras": state.get("max_cpu_loras") or 0,
               "max_lora_rank": state.get("max_lora_rank") or 0,
@@ -253,34 +255,46 @@ def _reported(entry: Mapping[str, Any]) -> ReportedAdapter:
                            served if isinstance(served, bool) else None)
 
 
-def _placement_rows(node: Node) -> list[PlacementRow]:
-    """Every placement row of ``node`` with its version's operator pins, as values (one query)."""
-    return [PlacementRow(pk, version_id, tier, pinned, served, warming_since, load_issued_at, updated_at,
-                         pinned_fleet=bool(fleet), pinned_here=node.name in (names or ()))
-            for pk, version_id, tier, pinned, served, warming_since, load_issued_at, updated_at, fleet, names
-            in Placement.objects.filter(node=node).values_list(
-                "pk", "adapter_version_id", "tier", "pinned", "served", "warming_since", "load_issued_at",
-                "updated_at", "adapter_version__intent__pinned_fleet", "adapter_version__intent__pinned_nodes")]
+# What a heartbeat needs of a version: its served name, its adapter's base model and its tenant's slug (for logs).
+VersionFacts = tuple[str, int | None, str]
 
 
-def _unplaced(reported: list[ReportedAdapter], rows: list[PlacementRow]) -> set[int]:
-    """The reported versions that exist but have no row on the node (a query only when the report names any)."""
-    placed = {row.version_id for row in rows}
-    ids = [entry.lora_int_id for entry in reported if entry.lora_int_id not in placed]
-    return set(AdapterVersion.objects.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
+def _placement_rows(node: Node) -> tuple[list[PlacementRow], dict[int, VersionFacts]]:
+    """Every placement row of ``node`` with its version's operator pins, and the facts of those versions, as values
+    in one query (a row goes with its version, so these need no other lookup)."""
+    rows: list[PlacementRow] = []
+    versions: dict[int, VersionFacts] = {}
+    for (pk, version_id, tier, pinned, served, warming_since, load_issued_at, updated_at, fleet, names, slug,
+         adapter_name, base_model_id) in Placement.objects.filter(node=node).values_list(
+            "pk", "adapter_version_id", "tier", "pinned", "served", "warming_since", "load_issued_at", "updated_at",
+            "adapter_version__intent__pinned_fleet", "adapter_version__intent__pinned_nodes",
+            "adapter_version__adapter__tenant__slug", "adapter_version__adapter__name",
+            "adapter_version__adapter__base_model_id"):
+        rows.append(PlacementRow(pk, version_id, tier, pinned, served, warming_since, load_issued_at, updated_at,
+                                 pinned_fleet=bool(fleet), pinned_here=node.name in (names or ())))
+        versions[version_id] = (served_name(slug, adapter_name, version_id), base_model_id, slug)
+    return rows, versions
 
 
-def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[PlacementRow], *,
+def _versions(ids: list[int]) -> dict[int, VersionFacts]:
+    """The facts of the versions among ``ids`` that exist (one query, none without ids)."""
+    if not ids:
+        return {}
+    return {pk: (served_name(slug, name, pk), base_model_id, slug)
+            for pk, slug, name, base_model_id in AdapterVersion.objects.filter(pk__in=ids).values_list(
+                "pk", "adapter__tenant__slug", "adapter__name", "adapter__base_model_id")}
+
+
+def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[PlacementRow],
+                   versions: dict[int, VersionFacts], unplaced: Mapping[int, VersionFacts], *,
                    previous: datetime | None, now: datetime) -> str:
     """Write what ``reported`` changes on ``node``'s placement rows (``report_changes``), stamping written rows
-    ``now``. Returns the digest to store: the report's and the rows' as written when they settled, else ``""`` (the
-    next accept decides again)."""
+    ``now``. ``versions``: the facts of every version the rows or the report name that exists; ``unplaced``: those
+    of reported versions without a row. Returns the digest to store: the report's and the rows' as written when
+    they settled, else ``""`` (the next accept decides again)."""
     by_id = {entry.lora_int_id: entry for entry in reported}
     # Known versions only: the id exists, is for this node's base model, and the name is that version's own.
-    versions = {pk: (served_name(slug, name, pk), base_model_id, slug)
-                for pk, slug, name, base_model_id in AdapterVersion.objects.filter(pk__in=by_id).values_list(
-                    "pk", "adapter__tenant__slug", "adapter__name", "adapter__base_model_id")}
-    owned = {pk for pk, (name, _, _) in versions.items() if by_id[pk].lora_name == name}
+    owned = {pk for pk, entry in by_id.items() if pk in versions and versions[pk][0] == entry.lora_name}
     ours = {pk for pk in owned if versions[pk][1] == node.base_model_id}
     changes = report_changes(reported=reported, owned=owned, ours=ours, rows=rows, previous=previous)
     # A copy no version owns (deleted while the node was away, or never ours) is garbage on that node (bounded per
@@ -300,10 +314,7 @@ def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[Place
         gone.filter(pk__in=changes.to_cold).update(tier=Placement.Tier.COLD, pinned=False, served=False)
     if changes.to_cold_keep_pin:
         gone.filter(pk__in=changes.to_cold_keep_pin).update(tier=Placement.Tier.COLD, served=False)
-    if not changes.settled:
-        return ""
-    placed = {row.version_id for row in rows}
-    return report_digest(reported, changes.rows_after, {pk for pk in versions if pk not in placed})
+    return report_digest(reported, changes.rows_after, unplaced) if changes.settled else ""
 
 
 def _log_unasked_claim(node: Node, version_id: int, tenant_slug: str, entry: ReportedAdapter) -> None:
