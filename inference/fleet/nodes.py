@@ -199,7 +199,7 @@ def node_heartbeat(*, node: Node, state: Mapping[str, Any]) -> Node:
         (``node.heartbeat_unasked_version``).
 
         Change-only: the node row is one UPDATE of the fields that moved (its last-seen time always), and placement
-        rows are written only where their tier, pin or served mark moved (one UPDATE per set of fields written).
+        rows are written only where their tier, pin or served mark moved (one UPDATE per distinct set of values).
         When the report and the node's rows give the digest its last settled accept stored
         (``Node.residency_digest``, ``inference.policy.node_report.report_digest``), nothing would change: the
         versions are not read and no placement row is written.
@@ -302,12 +302,13 @@ def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[Place
     purge_node_orphans(node.pk, changes.orphans)
     for version_id in changes.unasked:
         _log_unasked_claim(node, version_id, versions[version_id][2], by_id[version_id])
-    # One UPDATE per set of fields: a warm in flight keeps its mark, so its row is written without warming_since.
-    groups: dict[tuple[str, ...], list[Placement]] = {}
+    # One UPDATE per distinct set of values written: a few per report (rows move between a handful of tiers), each
+    # far cheaper to build than Django's bulk_update (a CASE per field and row: 21 % of the listener's CPU in py-spy).
+    groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
     for pk, wanted in changes.updates.items():
-        groups.setdefault(tuple(sorted(wanted)), []).append(Placement(pk=pk, **wanted, updated_at=now))
-    for names, objs in groups.items():
-        Placement.objects.bulk_update(objs, [*names, "updated_at"])
+        groups.setdefault(tuple(sorted(wanted.items())), []).append(pk)
+    for values, pks in groups.items():
+        Placement.objects.filter(pk__in=pks).update(**dict(values), updated_at=now)
     # Re-checked as the UPDATE runs: a warm that started since the rows were read keeps its row.
     gone = Placement.objects.filter(tier__in=[*RESIDENT, Placement.Tier.STAGED], warming_since=None)
     if changes.to_cold:

@@ -1,6 +1,6 @@
 """Change-only heartbeats (``inference.fleet.nodes.node_heartbeat``, ``inference.policy.node_report``): a report that
-changes nothing writes no placement row and reads no version; one that changes some rows writes exactly those, in one
-UPDATE; whatever another writer did to the rows since (an unpin, a pin's mark, a deleted version) is still taken up
+changes nothing writes no placement row and reads no version; one that changes some rows writes exactly those;
+whatever another writer did to the rows since (an unpin, a pin's mark, a deleted version) is still taken up
 by an unchanged report; and the agent gets the same answer either way."""
 
 from __future__ import annotations
@@ -91,26 +91,27 @@ def test_an_unchanged_heartbeat_writes_no_placement_row_and_reads_no_version(int
     assert '"last_heartbeat_at"' in update and '"agent_url"' not in update
 
 
-def test_a_changed_heartbeat_writes_exactly_the_changed_rows_in_one_update(internal: Client,
-                                                                          fleet: dict[str, Any]) -> None:
+def test_a_changed_heartbeat_writes_exactly_the_changed_rows(internal: Client, fleet: dict[str, Any]) -> None:
+    """Only the rows whose tier, pin or served mark moved are written (and stamped), one UPDATE per distinct set of
+    values: here two rows left their GPU slots alike, one was reloaded from disk, one was pinned by the engine."""
     _beat(internal, fleet)
     before = _rows()
     adapters = [dict(a) for a in fleet["state"]["adapters"]]
-    adapters[0]["tier"] = "warm"  # left its GPU slot
-    adapters[20]["tier"] = "hot"  # reloaded from disk
-    adapters[5]["pinned"] = True  # the engine pinned it
-    moved = {fleet["versions"][i].pk for i in (0, 5, 20)}
+    adapters[0]["tier"] = adapters[1]["tier"] = "warm"
+    adapters[20]["tier"] = "hot"
+    adapters[5]["pinned"] = True
+    moved = {fleet["versions"][i].pk for i in (0, 1, 5, 20)}
 
     with CaptureQueriesContext(connection) as ctx:
         _beat(internal, fleet, adapters=adapters)
 
-    assert len(_writes(ctx, "gateway_placement")) == 1
+    assert len(_writes(ctx, "gateway_placement")) == 3
     after = _rows()
     by_version = dict(Placement.objects.values_list("pk", "adapter_version_id"))
     assert {by_version[pk] for pk in after if after[pk] != before[pk]} == moved
     rows = {v: (t, p) for v, t, p in Placement.objects.values_list("adapter_version_id", "tier", "pinned")}
     v = fleet["versions"]
-    assert (rows[v[0].pk], rows[v[5].pk], rows[v[20].pk]) == (("warm", False), ("warm", True), ("hot", False))
+    assert [rows[v[i].pk] for i in (0, 1, 5, 20)] == [("warm", False), ("warm", False), ("warm", True), ("hot", False)]
 
 
 def test_a_node_restarting_with_an_empty_cache_drops_every_row_to_cold(internal: Client,
