@@ -144,6 +144,8 @@ def node_heartbeat_accept(*, token: str, body: Any) -> Node:
             raise NodeRefused(401, "invalid_node_token",
                               "Invalid node token; use the one quiver_node_register printed.")
         state = _checked(node, body)
+        if node.deregistered_at is not None:
+            return node  # as node_heartbeat: a deregistered node's report is not recorded
         return _record(node, state, last_sample)
 
 
