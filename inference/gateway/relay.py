@@ -125,20 +125,20 @@ async def bill_cut(upstream: UpstreamResponse, tally: UsageTally, abort: Callabl
         try:
             async with asyncio.timeout(CUT_DRAIN_S):
                 async for line in upstream.aiter_lines():
-                    _tally_lines([line], tally)
+                    _tally_line(line, tally)
             return
         except (TimeoutError, UpstreamError):
             pass
-    _tally_lines(upstream.buffered_lines(), tally)
+    for line in upstream.buffered_lines():
+        _tally_line(line, tally)
 
 
-def _tally_lines(lines: list[str], tally: UsageTally) -> None:
-    """Count the running usage of each complete SSE event in ``lines`` (``UsageTally.add``); anything else is
-    skipped."""
-    for line in lines:
-        chunk = sse_event(line)
-        if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
-            tally.add(chunk)
+def _tally_line(line: str, tally: UsageTally) -> None:
+    """Count the running usage of ``line`` when it is a complete SSE event (``UsageTally.add``); anything else (a
+    comment, a partial line, ``[DONE]``, an error event) is skipped."""
+    chunk = sse_event(line)
+    if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
+        tally.add(chunk)
 
 
 async def _renew_every(renew: Callable[[], Awaitable[None]], every_s: float, progress: list[int], *,

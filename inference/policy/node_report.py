@@ -20,10 +20,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-# Placement.Tier words (inference.fleet.models), repeated here: this package imports no app.
-COLD = "cold"
-STAGED = "staged"
-RESIDENT = frozenset({"warm", "hot"})  # in the engine (its CPU cache or a GPU slot)
+from inference.policy.tiers import DB_WORD, IN_ENGINE, Tier
+
+# Placement.Tier words (inference.fleet.models), from the one table of them (this package imports no app).
+COLD = DB_WORD[Tier.COLD]
+STAGED = DB_WORD[Tier.DISK]
+RESIDENT = frozenset(DB_WORD[t] for t in IN_ENGINE)  # in the engine (its CPU cache or a GPU slot)
 DROPPABLE = RESIDENT | {STAGED}  # what drops to cold when the node stops reporting it
 DIGEST_FORMAT = "node-report-1"  # changing what the digest covers changes this, so stored digests stop matching
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inference.gateway.answers import DONE, UsageTally, engine_error_code, sse_event
-from inference.gateway.relay import _tally_lines
+from inference.gateway.relay import _tally_line
 
 
 @pytest.mark.parametrize(("line", "expected"), [
@@ -36,8 +36,9 @@ def test_an_engine_error_event_has_an_http_error_status(event: dict[str, object]
 
 def test_cut_lines_are_billed_without_errors_or_half_lines() -> None:
     tally = UsageTally(n=2)
-    _tally_lines(['data: {"choices": [{"index": 0}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}',
-                  'data: {"choices": [{"index": 1}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}',
-                  'data: {"error": {"code": 500}, "usage": {"prompt_tokens": 3, "completion_tokens": 90}}',
-                  'data: {"choices": [{"index": 1}], "usa'], tally)
+    for line in ['data: {"choices": [{"index": 0}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}',
+                 'data: {"choices": [{"index": 1}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}',
+                 'data: {"error": {"code": 500}, "usage": {"prompt_tokens": 3, "completion_tokens": 90}}',
+                 'data: {"choices": [{"index": 1}], "usa']:
+        _tally_line(line, tally)
     assert tally.usage() == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
