@@ -33,6 +33,24 @@ class BaseModel(models.Model):
         return self.base_model_name
 
 
+class BaseModelTokenizer(models.Model):
+    """A base model's Hugging Face ``tokenizer.json`` (the ``tokenizers`` library's serialisation, the file vLLM's
+    fast tokenizer loads), stored at registration so every gateway process counts prompts for tokens-per-minute
+    limits with the engine's own tokenizer instead of a ``/tokenize`` round trip (``inference.gateway.prompt_counter``).
+
+    Its own table so reading base models never drags the file (Llama 3's is 9 MB). ``sha256`` is of
+    ``tokenizer_json`` (UTF-8): a gateway re-reads the text only when it changed.
+    """
+
+    base_model = models.OneToOneField(BaseModel, on_delete=models.CASCADE, primary_key=True, related_name="tokenizer")
+    tokenizer_json = models.TextField()
+    sha256 = models.CharField(max_length=64)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.base_model_id} tokenizer {self.sha256[:12]}"
+
+
 class Adapter(models.Model):
     """A tenant's named adapter; ``name`` is unique within the tenant and is what applications send as ``model``."""
 

@@ -21,7 +21,7 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from adapters_app import storage
-from adapters_app.models import Adapter, AdapterVersion, BaseModel
+from adapters_app.models import Adapter, AdapterVersion, BaseModel, BaseModelTokenizer
 from adapters_app.purge import purge_s3_keys
 from adapters_app.signals import adapter_deleting, base_model_registered
 from adapters_app.validation import (
@@ -52,17 +52,56 @@ def base_model_register(
     node_pool: str = "default",
     max_lora_rank: int = 16,
     max_adapter_bytes: int = 512 * 1024 * 1024,
+    tokenizer_json: str | None = None,
 ) -> BaseModel:
-    """Register (or update the limits of) a base model from its HF ``config.json``.
+    """Register (or update the limits of) a base model from its HF ``config.json``, and with ``tokenizer_json`` (the
+    model's ``tokenizer.json`` text) store its tokenizer for the gateway's prompt counts (:class:`BaseModelTokenizer`;
+    None keeps what is stored).
 
     Raises:
-        ValueError: the architecture is not one the validator can describe (message names the config field), or the
-            name is already a tenant adapter's name.
+        ValueError: the architecture is not one the validator can describe (message names the config field), the
+            name is already a tenant adapter's name, or ``tokenizer.json`` is not one the ``tokenizers`` library
+            loads or is over ``TOKENIZER_MAX_BYTES``.
     """
     if Adapter.objects.filter(name=base_model_name).exists():
         raise ValueError(f"base_model_name {base_model_name!r} is already an adapter's name; the gateway would route "
                          "that tenant's traffic to the base model. Choose another served name.")
     facts = BaseModelFacts.from_hf_config(base_model_name, hf_config)
+    if tokenizer_json is not None:
+        _check_tokenizer_json(tokenizer_json)
+    with transaction.atomic():
+        base = _base_model_upsert(base_model_name, hf_config, facts, node_pool=node_pool, max_lora_rank=max_lora_rank,
+                                  max_adapter_bytes=max_adapter_bytes)
+        if tokenizer_json is not None:
+            BaseModelTokenizer.objects.update_or_create(
+                base_model=base, defaults={"tokenizer_json": tokenizer_json,
+                                           "sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest()})
+    # Nodes that already heartbeat this model (registered after them) can serve it at once: the fleet links them.
+    base_model_registered.send(sender=BaseModel, base_model=base)
+    return base
+
+
+TOKENIZER_MAX_BYTES = 64 * 1024 * 1024  # Llama 3's tokenizer.json is 9 MB, Gemma's 33 MB
+
+
+def _check_tokenizer_json(text: str) -> None:
+    """Raise ValueError unless ``text`` is a ``tokenizer.json`` the ``tokenizers`` library loads (as vLLM's fast
+    tokenizer does), within :data:`TOKENIZER_MAX_BYTES`."""
+    from tokenizers import Tokenizer  # only registration needs it
+
+    if len(text.encode()) > TOKENIZER_MAX_BYTES:
+        raise ValueError(f"tokenizer.json is over {TOKENIZER_MAX_BYTES // 2**20} MiB; register the model without it "
+                         "(--no-tokenizer): the gateway then asks the engine to count prompts.")
+    try:
+        Tokenizer.from_str(text)
+    except Exception as exc:  # the library raises a bare Exception for every parse error
+        raise ValueError(f"tokenizer.json does not load with the tokenizers library ({exc}); give the model's own "
+                         "tokenizer.json (saved by transformers' save_pretrained) or register with --no-tokenizer."
+                         ) from exc
+
+
+def _base_model_upsert(base_model_name: str, hf_config: Mapping[str, Any], facts: BaseModelFacts, *, node_pool: str,
+                       max_lora_rank: int, max_adapter_bytes: int) -> BaseModel:
     base, _ = BaseModel.objects.update_or_create(
         base_model_name=base_model_name,
         defaults={
@@ -74,8 +113,6 @@ def base_model_register(
             "max_adapter_bytes": max_adapter_bytes,
         },
     )
-    # Nodes that already heartbeat this model (registered after them) can serve it at once: the fleet links them.
-    base_model_registered.send(sender=BaseModel, base_model=base)
     return base
 
 

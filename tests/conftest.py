@@ -19,9 +19,11 @@ from tests.factories import TenantFactory
 
 @pytest.fixture
 def base_model(tiny_base_dir: Path) -> BaseModel:
-    """The tiny Llama registered as base model ``tiny-llama`` (max_lora_rank 16, as the test engine)."""
+    """The tiny Llama registered as base model ``tiny-llama`` (max_lora_rank 16, as the test engine), with its
+    tokenizer as ``quiver_base_model_register`` stores it."""
     config = json.loads((tiny_base_dir / "config.json").read_text())
-    return base_model_register(base_model_name="tiny-llama", hf_config=config, max_lora_rank=16)
+    return base_model_register(base_model_name="tiny-llama", hf_config=config, max_lora_rank=16,
+                               tokenizer_json=(tiny_base_dir / "tokenizer.json").read_text())
 
 
 @pytest.fixture

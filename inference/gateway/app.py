@@ -46,9 +46,11 @@ from inference.gateway.limits import (
     prompt_token_estimates,
 )
 from inference.gateway.limits import Scope as LimitScope
+from inference.gateway.prompt_counter import PromptCounter
 from inference.gateway.relay import ClientGone, client_gone_response, unless_client_gone, while_client_waits
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, RuleView, TargetView, node_choose
 from inference.gateway.upstream import (
+    engine_token_count,
     upstream_close,
 )
 from inference.gateway.usage_sink import UsageSink
@@ -117,6 +119,7 @@ class GatewayApp:
         self.sink = UsageSink()
         self.limiter = RateLimiter()
         self.admission = AdmissionGate()
+        self.prompt_counter = PromptCounter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_touch: dict[int, float] = {}
@@ -138,6 +141,7 @@ class GatewayApp:
         self.directory = Directory()
         self.limiter = RateLimiter()  # its Redis client belongs to this loop
         self.admission = AdmissionGate()
+        self.prompt_counter = PromptCounter()  # its loads are tasks of this loop
         if self.background:
             self._tasks = [loop.create_task(subscribe_forever(self.directory)),
                            loop.create_task(self.sink.run_forever()),
@@ -483,13 +487,34 @@ class GatewayApp:
                     prompt_counts=tuple(prompt_counts))
 
     async def _prompt_counts(self, upstream: dict[str, Any], target: TargetView) -> list[int]:
-        """Each prompt's token count from a live engine of ``target``'s base model
-        (:func:`~inference.gateway.limits.prompt_token_counts`); a bound never below it when no engine is live."""
+        """Each prompt's token count: a completion's text prompts with the base model's tokenizer in this process
+        (:class:`~inference.gateway.prompt_counter.PromptCounter`) once it is loaded; otherwise from a live engine
+        of ``target``'s base model (:func:`~inference.gateway.limits.prompt_token_counts`), or a bound never below
+        it when no engine is live."""
+        texts = upstream.get("prompt")
+        texts = [texts] if isinstance(texts, str) else texts
+        max_chars = settings.QUIVER_GATEWAY_TOKENIZE_MAX_CHARS
+        local = None
+        if (isinstance(texts, list) and texts and "messages" not in upstream
+                and all(isinstance(t, str) and len(t) <= max_chars for t in texts)):
+            local = await self.prompt_counter.count(target.base_model_id, texts)
+        if local is not None and not self.prompt_counter.wants_check(target.base_model_id):
+            return local
         nodes = self._routable(await self.directory.fleet()).nodes_for_base(target.base_model_id)
         node = min(nodes, key=lambda n: (n.num_requests_waiting, n.num_requests_running, n.name), default=None)
+        if local is not None:
+            if node is not None:
+                self._spawn(self._check_count(target, node, texts[0], local[0]))  # type: ignore[index]
+            return local
         return await prompt_token_counts(upstream, engine_url=node.engine_url if node else None,
                                          node_key=node.key if node else "", model=target.base_model_name,
-                                         max_chars=settings.QUIVER_GATEWAY_TOKENIZE_MAX_CHARS)
+                                         max_chars=max_chars)
+
+    async def _check_count(self, target: TargetView, node: NodeView, text: str, local: int) -> None:
+        """Compare this process's count of ``text`` with the engine's (off the request's path)."""
+        engine = await engine_token_count(node.engine_url, node_key=node.key,
+                                          body={"model": target.base_model_name, "prompt": text})
+        self.prompt_counter.checked(target.base_model_id, local=local, engine=engine)
 
     def _policy(self) -> dict[str, Any]:
         """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY``, for round-robin this process's turn, and the

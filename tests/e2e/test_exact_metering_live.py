@@ -163,3 +163,34 @@ def test_a_tpm_limit_holds_against_dense_prompts_in_parallel_and_cut_streams(
     total = sum(r.prompt_tokens + r.completion_tokens for r in served)
     assert all(r.prompt_tokens >= 501 for r in served), [r.prompt_tokens for r in served]
     assert total <= 1000 + 517, total  # one request's overshoot at most
+
+
+
+def test_the_gateway_counts_a_prompt_with_the_base_models_tokenizer_as_the_engine_does(
+        live_node, vllm_engine, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    """Under a TPM limit a completion prompt is counted in the gateway process with the tokenizer stored at
+    registration (no ``/tokenize`` round trip once it is loaded). Under a limit of 2 tokens every request is one
+    too large, and its 429 names the prompt's count: it equals the engine's own ``/tokenize`` count for dense,
+    multilingual and special-token text, and the background check against the engine finds no difference."""
+    gw = gateway_processes[0]
+    tenant = TenantFactory()
+    _, key = api_key_create(tenant, name="app")
+    limits_set(tenant, limits={"tpm_limit": 2})
+
+    def counted(prompt: str) -> int | None:
+        resp = httpx.post(f"{gw.url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": "tiny-llama", "prompt": prompt, "max_tokens": 1})
+        found = re.search(r"the prompt, about (\d+),", resp.text) if resp.status_code == 429 else None
+        return int(found.group(1)) if found else None
+
+    loaded = f"gateway.tokenizer_loaded base_model_id={live_node.base_model_id}"
+    deadline = time.monotonic() + 30
+    while counted("x") is None or loaded not in gw.child.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, gw.child.tail()
+        time.sleep(0.2)
+    prompts = ["~" * 500, "the cat sat on the mat", "東京は日本の首都です😀😀", "<s></s><pad> x", " \t\n  lead", "a"]
+    for prompt in prompts:
+        engine = httpx.post(f"{vllm_engine.url}/tokenize", headers=vllm_engine.headers, timeout=30,
+                            json={"model": "tiny-llama", "prompt": prompt}).json()["count"]
+        assert counted(prompt) == engine, prompt
+    assert "gateway.tokenizer_mismatch" not in gw.child.log.read_text(errors="replace")
