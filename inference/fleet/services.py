@@ -11,6 +11,7 @@ lock before it carries a pin to a node (``node_pin_room``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 from django.db import transaction
@@ -240,14 +241,18 @@ def tenant_residency_quota_set(tenant: Tenant, *, max_pinned: int | None, max_gp
     return quota
 
 
-def tenant_residency(tenant: Tenant) -> list[dict[str, Any]]:
-    """Per version of the tenant's adapters: how many replicas sit in each tier and how many are pinned.
+def tenant_residency(tenant: Tenant, *, adapter_names: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Per version of the tenant's adapters (only those named in ``adapter_names`` when given: a key limited to
+    some adapters learns nothing of the others): how many replicas sit in each tier and how many are pinned.
 
     Returns:
         ``[{"adapter", "version", "tiers": {tier: count}, "pinned": int}]`` — never node names or addresses.
     """
     rows: dict[tuple[str, int], dict[str, Any]] = {}
-    placements = Placement.objects.filter(adapter_version__tenant=tenant).values_list(
+    placements = Placement.objects.filter(adapter_version__tenant=tenant)
+    if adapter_names is not None:
+        placements = placements.filter(adapter_version__adapter__name__in=list(adapter_names))
+    placements = placements.values_list(
         "adapter_version__adapter__name", "adapter_version__number", "tier", "pinned")
     for adapter, number, tier, pinned in placements:
         row = rows.setdefault((adapter, number), {"adapter": adapter, "version": number,

@@ -199,4 +199,4 @@ class ResidencyViewSet(TenantScopedViewSet):
     @extend_schema(responses=ResidencyRowSerializer(many=True))
     def list(self, request: Request) -> Response:
         """``GET /api/v1/residency``."""
-        return Response(svc.tenant_residency(self.tenant))
+        return Response(svc.tenant_residency(self.tenant, adapter_names=self.key_adapter_names))

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.fleet.models import FleetAuditRecord, Node, Placement, VersionIntent
+from tenants.services import api_key_create
 from tests.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db
@@ -115,6 +116,21 @@ def test_tenants_read_counts_only_and_cannot_act(fleet: dict[str, Any], make_cli
     assert row == {"adapter": "delta", "version": 1, "pinned": 1,
                    "tiers": {"cold": 0, "staged": 0, "warm": 1, "hot": 0, "errored": 0}}
     assert "gpu-1" not in str(row)
+
+
+def test_a_key_limited_to_some_adapters_sees_only_their_residency(fleet: dict[str, Any], make_client: Any) -> None:
+    """A key limited to ``delta`` learns nothing of the tenant's other adapters from ``/residency`` (a fresh user's
+    finding: it listed every adapter's tiers), as every other route answers it."""
+    _, tenant, _ = make_client(slug="acme3")
+    for name in ("delta", "gamma"):
+        Placement.objects.create(node=fleet["node"], adapter_version=_version(tenant, name), tier="warm")
+    _, limited = api_key_create(tenant, name="bot", scopes=["inference", "adapters:read"], adapters=["delta"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {limited}")
+    assert [row["adapter"] for row in client.get("/api/v1/residency").json()] == ["delta"]
+    _, unlimited = api_key_create(tenant, name="all", scopes=["adapters:read"])
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {unlimited}")
+    assert [row["adapter"] for row in client.get("/api/v1/residency").json()] == ["delta", "gamma"]
 
 
 def test_schema_lists_the_fleet_routes(op: APIClient) -> None:
