@@ -132,13 +132,13 @@ def _apply(tenant: Tenant, adapter: Adapter, *, rule: Sequence[tuple[int, int]],
 
 def serving_rule_set(tenant: Tenant, *, adapter: Adapter, rule: Sequence[tuple[int, int]], action: str, actor: str,
                      warm: bool = True, previous: Sequence[tuple[int, int]] | None = None) -> ServingResult:
-    """Make ``rule`` the adapter's serving rule, warming the versions that join it first.
+    """Make ``rule`` the adapter's serving rule, warming first the versions that join it or whose share grows.
 
     Args:
         rule: ``(number, weight)`` pairs; every number ready, weights summing to 100.
         action: the audit trail's word (``promote``, ``canary``, ``rollback``, …).
         actor: who asked (a username, ``key:<key_id>``, or ``system``).
-        warm: warm the joining versions before the switch (bounded wait; see :class:`ServingResult`).
+        warm: warm those versions before the switch (bounded wait; see :class:`ServingResult`).
         previous: what a rollback returns to afterwards (default: the rule being replaced).
 
     Raises:
@@ -149,7 +149,10 @@ def serving_rule_set(tenant: Tenant, *, adapter: Adapter, rule: Sequence[tuple[i
     except RuleInvalid as exc:
         raise _invalid(exc) from exc
     seen = list(adapter.serving_rule or [])
-    joining = [v for v, _ in canonical if v not in {n for n, _ in rule_pairs(seen)}]
+    # A version whose share grows is warmed too: a 10 % canary promoted to 100 % may have been pushed to disk meanwhile
+    # (a fresh user's finding: promote answered "warm": {} and the version took all traffic from disk).
+    had = dict(rule_pairs(seen))
+    joining = [v for v, weight in canonical if weight > had.get(v, 0)]
     states = _warm_first(adapter, joining) if warm and joining else {}
     changed = _apply(tenant, adapter, rule=canonical, action=action, actor=actor, previous=previous, expect=seen)
     # Unchanged (a repeated promote): the rule in force began with its last change (null was read as "not serving").

@@ -80,9 +80,12 @@ def test_promote_canary_rollback_and_the_audit_trail_through_the_api(make_sessio
     assert abs(parse_datetime(again["serving_since"]) - parse_datetime(body["serving_since"])) < timedelta(seconds=1)
     body = client.post("/api/v1/adapters/bot/canary", {"version": 3, "percent": 10}, format="json").json()
     assert body["rule"] == [{"version": 2, "weight": 90}, {"version": 3, "weight": 10}]
+    assert body["warm"] == {"3": "no_node"}  # the joining version is asked for, not the one whose share shrinks
     body = client.post("/api/v1/adapters/bot/canary", {"split": [{"version": 1, "weight": 30},
                                                                  {"version": 3, "weight": 70}]}, format="json").json()
     assert body["rule"] == [{"version": 3, "weight": 70}, {"version": 1, "weight": 30}]
+    # The canary's share grew (10 → 70): it is warmed again before it takes more traffic, as a joining one is.
+    assert body["warm"] == {"1": "no_node", "3": "no_node"}
     body = client.post("/api/v1/adapters/bot/rollback").json()
     assert body["rule"] == [{"version": 2, "weight": 90}, {"version": 3, "weight": 10}]
     body = client.post("/api/v1/adapters/bot/rollback").json()  # a second rollback undoes the first
