@@ -9,12 +9,13 @@ from tenants.scopes import ALL_SCOPES
 
 
 class ApiKeyInputSerializer(serializers.Serializer):
-    """Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at`` and ``adapters``
-    (the models the key may call at the gateway: adapter names or ``name@N``; empty = all)."""
+    """Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes`` (absent: every scope the caller may grant),
+    optional ``expires_at`` and ``adapters`` (the models the key may call at the gateway: adapter names or
+    ``name@N``; empty = all)."""
     name = serializers.CharField(max_length=100)
     scopes = serializers.ListField(
-        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, default=list(ALL_SCOPES), allow_empty=False
-    )
+        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, allow_empty=False,
+        help_text=f"Any of {list(ALL_SCOPES)}; absent: every scope the caller may grant (all yours).")
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     adapters = serializers.ListField(child=serializers.RegexField(r"^[a-z0-9-]{1,40}(@[1-9][0-9]{0,8})?$"),
                                      required=False, default=list, max_length=100)

@@ -71,8 +71,14 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             grantable = [s for s in ALL_SCOPES if s != KEYS_MANAGE]
             # What an owner set on this member's keys binds the keys they mint next (attack-round finding).
             limits = services.member_key_limits(self.tenant, user=access.user)
+        fields = dict(data.validated_data)
+        if "scopes" not in fields:
+            # "All yours": what the caller may grant, not every scope (a member asking for a key by name alone got a
+            # 400 for keys:manage, which they never asked for; found by a fresh user).
+            fields["scopes"] = [s for s in ALL_SCOPES if (grantable is None or s in grantable)
+                                and (access.api_key is None or s in access.api_key.scopes)]
         key, plaintext = services.api_key_create(self.tenant, granted_by=access.api_key, actor=access.user,  # type: ignore[arg-type]
-                                                 grantable=grantable, limits=limits, **data.validated_data)
+                                                 grantable=grantable, limits=limits, **fields)
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 

@@ -9,6 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tenants.models import ApiKey
+from tenants.scopes import ALL_SCOPES
 from tenants.services import ApiKeyInvalid, api_key_create, api_key_revoke, api_key_verify
 from tests.factories import TenantFactory
 
@@ -177,3 +178,18 @@ def test_a_nul_in_a_key_id_is_404_not_a_database_error(make_client, method: str)
     assert resp.status_code == 404 and resp.json()["code"] == "not_found"
     resp = client.post("/api/v1/api-keys/a%00b/revoke")
     assert resp.status_code == 404
+
+
+def test_a_key_asked_for_by_name_alone_gets_every_scope_its_caller_may_grant(make_client, make_session_client) -> None:  # type: ignore[no-untyped-def]
+    """Without ``scopes`` a key gets "all yours": an owner's session every scope, a member's all but
+    ``keys:manage`` (which their role cannot grant: they got a 400 for a scope they never asked for), a key's
+    its own."""
+    owner, tenant, _ = make_session_client(role="owner")
+    assert set(owner.post("/api/v1/api-keys", {"name": "o"}, format="json").json()["scopes"]) == set(ALL_SCOPES)
+    member, _, _ = make_session_client(role="member")
+    made = member.post("/api/v1/api-keys", {"name": "m"}, format="json")
+    assert made.status_code == 201, made.content
+    assert set(made.json()["scopes"]) == set(ALL_SCOPES) - {"keys:manage"}
+    client, _, _ = make_client(scopes=["keys:manage", "inference"])
+    assert set(client.post("/api/v1/api-keys", {"name": "k"}, format="json").json()["scopes"]) == {
+        "keys:manage", "inference"}

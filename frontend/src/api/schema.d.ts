@@ -1086,20 +1086,14 @@ export interface components {
             secret: string;
         };
         /**
-         * @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes``, optional ``expires_at`` and ``adapters``
-         *     (the models the key may call at the gateway: adapter names or ``name@N``; empty = all).
+         * @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes`` (absent: every scope the caller may grant),
+         *     optional ``expires_at`` and ``adapters`` (the models the key may call at the gateway: adapter names or
+         *     ``name@N``; empty = all).
          */
         ApiKeyInput: {
             name: string;
-            /**
-             * @default [
-             *       "adapters:read",
-             *       "adapters:write",
-             *       "keys:manage",
-             *       "inference"
-             *     ]
-             */
-            scopes: components["schemas"]["ScopesEnum"][];
+            /** @description Any of ['adapters:read', 'adapters:write', 'keys:manage', 'inference']; absent: every scope the caller may grant (all yours). */
+            scopes?: components["schemas"]["ScopesEnum"][];
             /** Format: date-time */
             expires_at?: string | null;
             adapters?: string[];
