@@ -5,6 +5,7 @@ import { Alert, Badge, Button, Group, NativeSelect, Slider, Stack, Table, Text, 
 import { useMutation, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type AdapterVersion, type Schemas } from '../api/client'
+import { formatDateTime, formatTime } from '../format'
 import { ruleText, toEntries } from './serving'
 
 type Serving = Schemas['ServingOutput']
@@ -17,7 +18,7 @@ function outcome(body: Serving): string {
   const warm = Object.entries(body.warm ?? {})
     .map(([v, state]) => `v${v} ${state}`)
     .join(', ')
-  const since = body.serving_since ? ` since ${new Date(body.serving_since).toLocaleTimeString()}` : ''
+  const since = body.serving_since ? ` since ${formatTime(body.serving_since)}` : ''
   return `Serving ${ruleText(body.rule)}${since}${warm ? ` (warmed first: ${warm})` : ''}.`
 }
 
@@ -164,7 +165,7 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
           <Title order={4}>Changes</Title>
           {serving.data.history.slice(0, 5).map((h, i) => (
             <Text size="sm" key={i} data-testid="serving-change">
-              {new Date(h.created_at).toLocaleString()} · {h.actor} · {h.action}
+              {formatDateTime(h.created_at)} · {h.actor} · {h.action}
               {h.action !== 'settings' &&
                 ` · ${ruleText(toEntries(h.before))} → ${ruleText(toEntries(h.after))}`}
             </Text>
