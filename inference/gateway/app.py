@@ -103,8 +103,11 @@ def _completion_budget(upstream: dict[str, Any], endpoint: str) -> int:
 
 
 def _caps(key: KeyView) -> hygiene.Caps:
-    caps = [c for c in (key.tenant_limits.max_tokens, key.key_limits.max_tokens) if c is not None]
-    return hygiene.Caps(max_tokens=min(caps) if caps else None, n=settings.QUIVER_GATEWAY_MAX_N,
+    tenant_cap, key_cap = key.tenant_limits.max_tokens, key.key_limits.max_tokens
+    caps = [c for c in (tenant_cap, key_cap) if c is not None]
+    # A tenant-wide cap was blamed on the key, which had none (a fresh user's finding).
+    by = "key" if key_cap is not None and (tenant_cap is None or key_cap <= tenant_cap) else "tenant"
+    return hygiene.Caps(max_tokens=min(caps) if caps else None, max_tokens_by=by, n=settings.QUIVER_GATEWAY_MAX_N,
                         logprobs=settings.QUIVER_GATEWAY_MAX_LOGPROBS)
 
 

@@ -46,6 +46,7 @@ class Caps:
     ``logprobs`` (completions' ``logprobs`` and chat's ``top_logprobs``)."""
 
     max_tokens: int | None = None
+    max_tokens_by: str = "key"  # whose cap max_tokens is ("key" or "tenant"), named in the 400
     n: int = 8
     logprobs: int = 5
 
@@ -356,7 +357,8 @@ def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
         if asked is None:
             out[length_field] = caps.max_tokens
         elif asked > caps.max_tokens:
-            raise _bad(length_field, f"{clip(asked)} is over this key's cap of {caps.max_tokens} tokens.")
+            raise _bad(length_field, f"{clip(asked)} is over the cap of {caps.max_tokens} tokens a request set on "
+                                     f"this {caps.max_tokens_by}; ask for at most {caps.max_tokens}.")
     n = out.get("n", 1)
     if n > caps.n:
         raise _bad("n", f"{clip(n)} is over the cap of {caps.n} choices.")

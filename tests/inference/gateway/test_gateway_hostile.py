@@ -135,3 +135,25 @@ def test_a_host_outside_allowed_hosts_is_refused_as_django_refuses_it(base_model
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "disallowed_host", refused.text
     allowed = async_to_sync(go)("http://testserver")
     assert allowed.status_code == 404 and allowed.json()["error"]["code"] == "model_not_found", allowed.text
+
+
+@pytest.mark.django_db
+def test_a_max_tokens_cap_names_whose_it_is(base_model: Any) -> None:
+    """The 400 for ``max_tokens`` over a cap names the party that set it: a tenant-wide cap was blamed on a key that
+    had none (a fresh user's finding)."""
+    tenant = TenantFactory()
+    limits_set(tenant, limits={"max_tokens_limit": 8})
+    _, plain = api_key_create(tenant, name="plain")
+    capped, capped_key = api_key_create(tenant, name="capped")
+    limits_set(capped, limits={"max_tokens_limit": 4})
+    app = GatewayApp(background=False)
+
+    async def go(key: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+                                     headers={"Authorization": f"Bearer {key}"}) as http:
+            return await http.post("/v1/completions", json={"model": "tiny-llama", "prompt": "x", "max_tokens": 16})
+
+    by_tenant, by_key = async_to_sync(go)(plain), async_to_sync(go)(capped_key)
+    assert by_tenant.status_code == by_key.status_code == 400
+    assert "cap of 8 tokens a request set on this tenant" in by_tenant.json()["error"]["message"], by_tenant.text
+    assert "cap of 4 tokens a request set on this key" in by_key.json()["error"]["message"], by_key.text
