@@ -24,7 +24,8 @@ def usage_summary(records: QuerySet[UsageRecord], *, since: datetime | None = No
 
     Returns:
         ``[{"model", "adapter", "version", "requests", "prompt_tokens", "completion_tokens"}]``; ``adapter`` and
-        ``version`` are None for base-model requests, ``model`` is what the application sent. Sorted by model, version.
+        ``version`` are None for base-model requests, ``model`` is what the application sent (``name@N`` too: its
+        ``adapter`` is ``name``). Sorted by model, version.
     """
     rows: list[dict[str, Any]]
     if hours is not None:
@@ -40,7 +41,8 @@ def usage_summary(records: QuerySet[UsageRecord], *, since: datetime | None = No
     return [
         {
             "model": r["model_name"],
-            "adapter": r["model_name"] if r["version_number"] is not None else None,
+            # The adapter's name even for a ``name@N`` request (it read "support-bot@2"; a fresh user's finding).
+            "adapter": r["model_name"].partition("@")[0] if r["version_number"] is not None else None,
             "version": r["version_number"],
             "requests": r["requests"],
             "prompt_tokens": r["prompt_tokens"] or 0,

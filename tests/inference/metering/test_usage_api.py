@@ -33,9 +33,13 @@ def test_usage_is_summed_per_version_and_scoped(make_client, base_model) -> None
     UsageRecord.objects.create(tenant=tenant, base_model=base_model, model_name="tiny-llama", endpoint="completions",
                                status_code=200,
                                prompt_tokens=3, completion_tokens=4, latency_ms=1.0)
+    UsageRecord.objects.create(tenant=tenant, adapter_version=mine, base_model=base_model, model_name="bot@1",
+                               version_number=1, endpoint="completions", status_code=200, prompt_tokens=1,
+                               completion_tokens=1, latency_ms=1.0)
     rows = client.get("/api/v1/usage").json()
     assert rows == [
         {"model": "bot", "adapter": "bot", "version": 1, "requests": 2, "prompt_tokens": 4, "completion_tokens": 12},
+        {"model": "bot@1", "adapter": "bot", "version": 1, "requests": 1, "prompt_tokens": 1, "completion_tokens": 1},
         {"model": "tiny-llama", "adapter": None, "version": None, "requests": 1, "prompt_tokens": 3,
          "completion_tokens": 4},
     ]
