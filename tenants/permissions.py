@@ -48,6 +48,10 @@ class HasScope(permissions.BasePermission):
         if access.api_key is not None:
             needed = getattr(view, "scope_map", DEFAULT_SCOPE_MAP).get(method)
             if needed is None or needed not in access.api_key.scopes:
+                # Named, so the caller knows which key to make (a fresh user's finding: it did not say).
+                self.message = (f"This API key lacks the scope '{needed}' this call needs; use a key that has it (mint "
+                                "one on the console's Keys page or with POST /api/v1/api-keys)." if needed else
+                                "API keys cannot make this call; use a console session.")
                 return False
             if role == Membership.Role.OWNER and not _creator_is_owner(access):
                 # A member may mint keys with adapters:write; those must not do what only owners may (delete an

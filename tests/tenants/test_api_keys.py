@@ -84,6 +84,7 @@ def test_scope_is_enforced(make_client) -> None:  # type: ignore[no-untyped-def]
     resp = client.get("/api/v1/adapters")
     assert resp.status_code == 403
     assert resp.json()["code"] == "permission_denied"
+    assert "'adapters:read'" in resp.json()["detail"]  # names the scope to ask for
 
 
 def test_unknown_scope_is_a_field_error(make_client) -> None:  # type: ignore[no-untyped-def]
