@@ -46,7 +46,7 @@ function NodeCard({ n }: { n: Node }) {
         <Figure label="Running" value={n.num_requests_running ?? '—'} />
         <Figure label="Waiting" value={n.num_requests_waiting ?? '—'} />
         <Figure label="Preemptions" value={n.num_preemptions_total ?? '—'} />
-        <Figure label="Failed (5 min)" value={n.failed_requests_5m ?? 0} />
+        <Figure label="Failed (5 min)" value={n.failed_requests_5m ?? "—"} />
       </SimpleGrid>
       <Text size="sm" mt="sm">
         KV-cache pressure {kv} %

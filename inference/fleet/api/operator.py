@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, viewsets
@@ -140,9 +141,9 @@ class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             "placements", to_attr="placements_sorted",
             queryset=Placement.objects.select_related("adapter_version__adapter__tenant").order_by(
                 "adapter_version__adapter__tenant__slug", "adapter_version__adapter__name", "-adapter_version__number"),
-        )).annotate(failed_requests_5m=Subquery(
+        )).annotate(failed_requests_5m=Coalesce(Subquery(  # no failed row is 0, not null (the console showed 0)
             UsageRecord.objects.filter(node=OuterRef("pk"), created_at__gte=recent, status_code__gte=500)
-            .values("node").annotate(n=Count("id")).values("n")[:1])).order_by("name")
+            .values("node").annotate(n=Count("id")).values("n")[:1]), 0)).order_by("name")
 
     @extend_schema(parameters=[SamplesQuerySerializer], responses=NodeSampleSerializer(many=True))
     @action(detail=True, methods=["get"])
