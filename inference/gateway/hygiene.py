@@ -344,6 +344,7 @@ def upstream_body(body: Mapping[str, Any], *, endpoint: str, caps: Caps, salt: s
                            param=required)
     if "stream_options" in out and not out.get("stream"):
         raise _bad("stream_options", "only allowed when 'stream' is true.")
+    _refuse_prompt_logprobs(out, endpoint)
     _apply_caps(out, caps)
     _check_min_tokens(out)
     out["cache_salt"] = salt
@@ -373,6 +374,22 @@ def _apply_caps(out: dict[str, Any], caps: Caps) -> None:
         value = out.get(field)
         if isinstance(value, int) and _is_int(value) and value > caps.logprobs:
             raise _bad(field, f"{clip(value)} is over the cap of {caps.logprobs}.")
+
+
+def _refuse_prompt_logprobs(out: Mapping[str, Any], endpoint: str) -> None:
+    """Refuse the two spellings of ``prompt_logprobs`` (itself a platform field): vLLM turns ``echo`` with
+    ``logprobs`` (completions) and ``echo`` alone (chat: ``top_logprobs`` defaults to 0) into prompt logprobs
+    (``vllm/entrypoints/openai/*/protocol.py``, ``to_sampling_params``), and a batch computing them beside a LoRA
+    request failed in the engine's LoRA kernel (``bgmv_shrink``), killing the engine for every tenant on the node
+    (attack round, December 2026)."""
+    if not out.get("echo"):
+        return
+    if endpoint == "completions" and out.get("logprobs") is not None:
+        raise _bad("echo", "with 'logprobs' asks for the prompt's logprobs, which this service does not compute; "
+                           "drop 'logprobs' (the prompt is still echoed) or 'echo'.")
+    if endpoint != "completions":
+        raise _bad("echo", "is not supported on chat completions (the engine would compute the prompt's logprobs); "
+                           "drop it, and prepend the last message yourself if you need it.")
 
 
 def _check_min_tokens(out: Mapping[str, Any]) -> None:

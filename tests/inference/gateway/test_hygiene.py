@@ -210,3 +210,24 @@ def test_grammars_are_bounded_before_the_engine_compiles_them() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "b{9999}"}}}
     error = _refused({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}, "chat/completions")
     assert error.param == "tools"
+
+
+@pytest.mark.parametrize(("body", "endpoint"), [
+    ({"prompt": "x", "echo": True, "logprobs": 0}, "completions"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, "completions"),
+    ({"messages": [{"role": "user", "content": "x"}], "echo": True}, "chat/completions"),
+    ({"messages": [{"role": "user", "content": "x"}], "echo": True, "logprobs": True, "top_logprobs": 2},
+     "chat/completions"),
+])
+def test_echo_that_would_ask_for_prompt_logprobs_is_refused(body: dict[str, Any], endpoint: str) -> None:
+    """vLLM turns these into ``prompt_logprobs``, which killed the engine for every tenant when batched beside a
+    LoRA request (attack round); ``prompt_logprobs`` itself was already refused."""
+    error = _refused(body, endpoint)
+    assert error.param == "echo" and "logprobs" in error.message
+
+
+def test_echo_alone_and_logprobs_alone_still_pass() -> None:
+    assert _check({"prompt": "x", "echo": True})["echo"] is True
+    assert _check({"prompt": "x", "logprobs": 2})["logprobs"] == 2
+    assert _check({"prompt": "x", "echo": False, "logprobs": 2})["logprobs"] == 2
+    assert _check({"messages": [{"role": "user", "content": "x"}], "echo": False}, "chat/completions")["echo"] is False
