@@ -7,20 +7,6 @@ from rest_framework import serializers
 from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey
 from tenants.scopes import ALL_SCOPES
 
-
-class ApiKeyInputSerializer(serializers.Serializer):
-    """Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes`` (absent: every scope the caller may grant),
-    optional ``expires_at`` and ``adapters`` (the models the key may call at the gateway: adapter names or
-    ``name@N``; empty = all)."""
-    name = serializers.CharField(max_length=100)
-    scopes = serializers.ListField(
-        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, allow_empty=False,
-        help_text=f"Any of {list(ALL_SCOPES)}; absent: every scope the caller may grant (all yours).")
-    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    adapters = serializers.ListField(child=serializers.RegexField(r"^[a-z0-9-]{1,40}(@[1-9][0-9]{0,8})?$"),
-                                     required=False, default=list, max_length=100)
-
-
 # PostgreSQL's integer (PositiveIntegerField): past it the write is a DataError, a 500, not a 400.
 PG_INT_MAX = 2**31 - 1
 
@@ -34,6 +20,20 @@ class LimitsSerializer(serializers.Serializer):
     max_tokens_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
     priority_class = serializers.ChoiceField(choices=list(PRIORITY_CLASSES), allow_null=True, required=False,
                                              help_text="high, normal or low: the order under saturation.")
+
+
+class ApiKeyInputSerializer(LimitsSerializer):
+    """Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes`` (absent: every scope the caller may grant),
+    optional ``expires_at`` and ``adapters`` (the models the key may call at the gateway: adapter names or
+    ``name@N``; empty = all), and the key's gateway limits (:class:`LimitsSerializer`'s fields; never looser than
+    what binds the caller)."""
+    name = serializers.CharField(max_length=100)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, allow_empty=False,
+        help_text=f"Any of {list(ALL_SCOPES)}; absent: every scope the caller may grant (all yours).")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    adapters = serializers.ListField(child=serializers.RegexField(r"^[a-z0-9-]{1,40}(@[1-9][0-9]{0,8})?$"),
+                                     required=False, default=list, max_length=100)
 
 
 class ApiKeyOutputSerializer(serializers.ModelSerializer):

@@ -126,7 +126,7 @@ def api_key_create(
         if active >= locked.max_api_keys:
             raise QuiverError(f"Tenant quota of {locked.max_api_keys} active API keys reached; revoke one or ask an "
                               "operator to raise max_api_keys.", code="quota_exceeded", status_code=403)
-        inherited = _tightest(dict(limits or {}), _limits_of(granted_by) if granted_by is not None else {})
+        inherited = limits_tightest(dict(limits or {}), _limits_of(granted_by) if granted_by is not None else {})
         return _api_key_insert(tenant, key_id, secret, name, scopes, expires_at, actor, inherited, adapters)
 
 
@@ -134,7 +134,7 @@ def _limits_of(key: ApiKey) -> dict[str, Any]:
     return {name: getattr(key, name) for name in LIMIT_FIELDS if getattr(key, name) is not None}
 
 
-def _tightest(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+def limits_tightest(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
     """Per limit field, the stricter of two sets (None/absent = unlimited; a lower priority class is stricter)."""
     out: dict[str, Any] = {}
     for name in LIMIT_FIELDS:

@@ -64,14 +64,20 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         """``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's."""
         data = ApiKeyInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        # Limits may be set at creation (they were dropped without a word: attack round); any other field is named.
+        known = set(ApiKeyInputSerializer().fields)
+        extra = sorted(set(request.data) - known) if isinstance(request.data, dict) else []
+        if extra:
+            raise serializers.ValidationError({clip(extra[0]): f"Unknown field; a key takes {sorted(known)}."})
+        fields = dict(data.validated_data)
+        asked = {name: fields.pop(name) for name in LIMIT_FIELDS if name in fields}
         access = self.principal
         grantable = None
-        limits: dict[str, Any] = {}
+        limits: dict[str, Any] = {k: v for k, v in asked.items() if v is not None}
         if access.user is not None and not access.has_role(Membership.Role.OWNER):
             grantable = [s for s in ALL_SCOPES if s != KEYS_MANAGE]
             # What an owner set on this member's keys binds the keys they mint next (attack-round finding).
-            limits = services.member_key_limits(self.tenant, user=access.user)
-        fields = dict(data.validated_data)
+            limits = services.limits_tightest(limits, services.member_key_limits(self.tenant, user=access.user))
         if "scopes" not in fields:
             # "All yours": what the caller may grant, not every scope (a member asking for a key by name alone got a
             # 400 for keys:manage, which they never asked for; found by a fresh user).
@@ -136,10 +142,38 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     @extend_schema(request=None, responses=ApiKeyOutputSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, key_id: str | None = None) -> Response:
-        """``POST /api/v1/api-keys/{key_id}/revoke``: disable the key for good (idempotent)."""
+        """``POST /api/v1/api-keys/{key_id}/revoke``: disable the key for good (idempotent). A key revokes itself or
+        keys no stronger than itself (those it could have minted): a limited ``keys:manage`` key revoked the owner's
+        unlimited key (attack round)."""
         key = self.get_object()
+        caller = self.principal.api_key
+        if caller is not None and caller.pk != key.pk:
+            stronger = _stronger(key, caller)
+            if stronger:
+                raise QuiverError(f"This key cannot revoke a key stronger than itself ({stronger}); use an owner's "
+                                  "console session or a key at least as strong.", code="key_stronger",
+                                  status_code=403)
         key = services.api_key_revoke(self.tenant, key_id=key.key_id)
         return Response(ApiKeyOutputSerializer(key).data)
+
+
+def _stronger(key: ApiKey, than: ApiKey) -> str | None:
+    """Why ``key`` can do more than ``than`` (a scope, an adapter, a looser limit, a later expiry), else None."""
+    extra = sorted(set(key.scopes) - set(than.scopes))
+    if extra:
+        return f"scopes {extra}"
+    if than.adapters:
+        reach = {str(a) for a in than.adapters}
+        wider = [a for a in key.adapters or ["every adapter"] if a not in reach and str(a).partition("@")[0] not in reach]
+        if wider:
+            return f"adapters {wider}"
+    loose = next((name for name in LIMIT_FIELDS if name != "priority_class" and getattr(than, name) is not None
+                  and (getattr(key, name) is None or getattr(key, name) > getattr(than, name))), None)
+    if loose:
+        return f"a looser {loose}"
+    if than.expires_at is not None and (key.expires_at is None or key.expires_at > than.expires_at):
+        return "a later expiry"
+    return None
 
 
 def _loosened(key: ApiKey, limits: Mapping[str, Any]) -> str | None:

@@ -194,3 +194,41 @@ def test_a_key_asked_for_by_name_alone_gets_every_scope_its_caller_may_grant(mak
     client, _, _ = make_client(scopes=["keys:manage", "inference"])
     assert set(client.post("/api/v1/api-keys", {"name": "k"}, format="json").json()["scopes"]) == {
         "keys:manage", "inference"}
+
+
+def test_a_limited_keys_manage_key_cannot_revoke_a_stronger_key(make_client) -> None:  # type: ignore[no-untyped-def]
+    """A key revokes itself or keys it could have minted: a ``keys:manage`` key under TPM 1,000 revoked the owner's
+    unlimited, full-scope key (attack round)."""
+    owner_client, tenant, owner_key = make_client()
+    owner_id = owner_key.split("_", 1)[1].split(".")[0]
+    limited, limited_plain = api_key_create(tenant, name="lim", scopes=["keys:manage", "inference"],
+                                            limits={"tpm_limit": 1000})
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {limited_plain}")
+    refused = client.post(f"/api/v1/api-keys/{owner_id}/revoke")
+    assert (refused.status_code, refused.json()["code"]) == (403, "key_stronger"), refused.content
+    assert ApiKey.objects.get(key_id=owner_id).enabled
+    weaker, _ = api_key_create(tenant, name="weak", scopes=["inference"], limits={"tpm_limit": 500})
+    unlimited_inference, _ = api_key_create(tenant, name="unl", scopes=["inference"])
+    assert client.post(f"/api/v1/api-keys/{weaker.key_id}/revoke").status_code == 200
+    assert client.post(f"/api/v1/api-keys/{unlimited_inference.key_id}/revoke").status_code == 403  # looser TPM
+    assert client.post(f"/api/v1/api-keys/{limited.key_id}/revoke").status_code == 200  # itself
+    assert owner_client.post(f"/api/v1/api-keys/{weaker.key_id}/revoke").status_code == 200  # idempotent
+
+
+def test_limits_can_be_set_when_a_key_is_made_and_unknown_fields_are_named(make_client,  # type: ignore[no-untyped-def]
+                                                                          make_session_client) -> None:
+    """``tpm_limit`` in the create body was dropped without a word, leaving the key unlimited (attack round)."""
+    client, tenant, _ = make_client()
+    made = client.post("/api/v1/api-keys", {"name": "capped", "scopes": ["inference"], "tpm_limit": 1000,
+                                            "rpm_limit": 10}, format="json")
+    assert made.status_code == 201 and (made.json()["tpm_limit"], made.json()["rpm_limit"]) == (1000, 10)
+    bad = client.post("/api/v1/api-keys", {"name": "x", "tpm_limt": 1000}, format="json")
+    assert bad.status_code == 400 and "tpm_limt" in bad.json()["fields"]
+    minted = ApiKey.objects.get(key_id=made.json()["key_id"])
+    child = APIClient()
+    _, child_plain = api_key_create(tenant, name="km", scopes=["keys:manage", "inference"], limits={"tpm_limit": 100})
+    child.credentials(HTTP_AUTHORIZATION=f"Bearer {child_plain}")
+    looser = child.post("/api/v1/api-keys", {"name": "y", "scopes": ["inference"], "tpm_limit": 5000}, format="json")
+    assert looser.status_code == 201 and looser.json()["tpm_limit"] == 100  # never looser than its parent's
+    assert minted.tpm_limit == 1000

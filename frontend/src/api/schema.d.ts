@@ -320,7 +320,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description ``POST /api/v1/api-keys/{key_id}/revoke``: disable the key for good (idempotent). */
+        /**
+         * @description ``POST /api/v1/api-keys/{key_id}/revoke``: disable the key for good (idempotent). A key revokes itself or
+         *     keys no stronger than itself (those it could have minted): a limited ``keys:manage`` key revoked the owner's
+         *     unlimited key (attack round).
+         */
         post: operations["api_keys_revoke_create"];
         delete?: never;
         options?: never;
@@ -1088,9 +1092,22 @@ export interface components {
         /**
          * @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes`` (absent: every scope the caller may grant),
          *     optional ``expires_at`` and ``adapters`` (the models the key may call at the gateway: adapter names or
-         *     ``name@N``; empty = all).
+         *     ``name@N``; empty = all), and the key's gateway limits (:class:`LimitsSerializer`'s fields; never looser than
+         *     what binds the caller).
          */
         ApiKeyInput: {
+            rpm_limit?: number | null;
+            tpm_limit?: number | null;
+            concurrency_limit?: number | null;
+            max_tokens_limit?: number | null;
+            /**
+             * @description high, normal or low: the order under saturation.
+             *
+             *     * `high` - high
+             *     * `normal` - normal
+             *     * `low` - low
+             */
+            priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["NullEnum"]) | null;
             name: string;
             /** @description Any of ['adapters:read', 'adapters:write', 'keys:manage', 'inference']; absent: every scope the caller may grant (all yours). */
             scopes?: components["schemas"]["ScopesEnum"][];
