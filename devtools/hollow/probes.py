@@ -1,7 +1,7 @@
 """Timing probes around the real control plane's processes, for ``scripts/fleet_scale`` (a development tool).
 
-- ``gateway_application``: ``config.asgi.application`` with ``inference.gateway.directory.load_fleet`` timed (wall
-  and this thread's CPU per refresh) and, after each refresh, the propagation marker checked: the scale run writes
+- ``gateway_application``: ``config.asgi.application`` with ``inference.gateway.fleet_reader.FleetReader.load`` timed
+  (wall and this thread's CPU per refresh) and, after each refresh, the propagation marker checked: the scale run writes
   ``marker.json`` (``{"id", "version_id", "node_id", "t0"}``: an operator evicted that version from that node at
   Unix time ``t0``); the first refresh whose view no longer routes the version to the node records ``now − t0``.
 - ``internal_application``: ``config.internal_asgi.application`` with each ``POST /internal/v1/nodes/heartbeat``
@@ -71,15 +71,15 @@ def _gateway() -> Any:
 
     _pooled()
     django.setup()
-    from inference.gateway import directory
+    from inference.gateway.fleet_reader import FleetReader
 
     recorder = Recorder("gateway")
-    original = directory.load_fleet
+    original = FleetReader.load
     seen: set[Any] = set()
 
-    def timed_load_fleet() -> Any:
+    def timed_load(reader: FleetReader) -> Any:
         wall, cpu = time.perf_counter(), time.thread_time()
-        view = original()
+        view = original(reader)
         cpu_ms = (time.thread_time() - cpu) * 1000
         recorder.totals["fleet_cpu_ms"] = recorder.totals.get("fleet_cpu_ms", 0.0) + cpu_ms
         recorder.totals["fleet_refreshes"] = recorder.totals.get("fleet_refreshes", 0.0) + 1
@@ -91,7 +91,7 @@ def _gateway() -> Any:
         recorder.add("fleet_view_cpu_ms", cpu_ms)
         return view
 
-    directory.load_fleet = timed_load_fleet
+    FleetReader.load = timed_load  # type: ignore[method-assign,assignment]
     from config.asgi import application
 
     return application

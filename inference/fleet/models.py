@@ -4,6 +4,13 @@ tenants' residency quotas, the audit log of operator actions, and node gauges ov
 Residency is control-plane state recorded from our own warm/evict actions and node heartbeats, since engine metrics
 show activity, not residency (vllm-project/vllm#45325). The tables keep the names they had when these models lived in
 the ``gateway`` app (``db_table``), so a running deployment upgrades without a table rename (docs/architecture.md).
+
+Change stamps: ``change_xid`` on nodes and placements is the 64-bit id (PostgreSQL ``xid8``) of the transaction that
+last inserted or updated the row, set by a trigger (migration ``fleet.0003``) so that ``QuerySet.update``,
+``bulk_update`` and raw SQL stamp it as ``save()`` does (``updated_at`` is set by ``save()`` only). A deleted row
+leaves a :class:`FleetGone` record stamped the same way. Each gateway process keeps a copy of the fleet and reads
+only the rows stamped since its last read (``inference.gateway.fleet_reader``). Null on SQLite (no trigger; that
+reader re-reads everything there).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class Node(models.Model):
     # Digest of the last heartbeat's residency and of the placement rows it settled (inference.policy.node_report):
     # a heartbeat that gives the same one changes no placement row, so it skips that work. "" = decide again.
     residency_digest = models.CharField(max_length=64, blank=True, default="")
+    # Set by a PostgreSQL trigger on every write (migration fleet.0003), whatever wrote it: see the module docstring.
+    change_xid = models.BigIntegerField(null=True, editable=False)
 
     class Meta:
         db_table = "gateway_node"
@@ -81,10 +90,13 @@ class Placement(models.Model):
     last_error = models.TextField(blank=True, default="")
     load_ms = models.FloatField(null=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Set by a PostgreSQL trigger on every write (migration fleet.0003), whatever wrote it: see the module docstring.
+    change_xid = models.BigIntegerField(null=True, editable=False)
 
     class Meta:
         db_table = "gateway_placement"
         constraints = [models.UniqueConstraint(fields=["node", "adapter_version"], name="placement_unique")]
+        indexes = [models.Index(fields=["change_xid"], name="placement_change_xid")]
 
     def __str__(self) -> str:
         return f"{self.adapter_version_id}@{self.node_id}:{self.tier}"
@@ -169,6 +181,29 @@ class NodeSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}@{self.t.isoformat()}"
+
+
+class FleetGone(models.Model):
+    """A node or placement row deleted (``kind`` ``node`` | ``placement``, ``row_id`` its primary key), written by a
+    PostgreSQL trigger with the deleting transaction's ``change_xid`` (see the module docstring), so that readers of
+    changes learn of deletions too. The trigger drops records older than ``GONE_KEEP_S`` (a reader further behind
+    re-reads everything)."""
+
+    kind = models.CharField(max_length=10)
+    row_id = models.BigIntegerField()
+    change_xid = models.BigIntegerField()
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["change_xid"], name="fleet_gone_change_xid")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.row_id} gone"
+
+
+# How long the trigger keeps a FleetGone record (migration fleet.0003 writes the same figure into its SQL): far above
+# the longest a reader of changes goes without a full re-read (inference.gateway.fleet_reader.FULL_EVERY_S).
+GONE_KEEP_S = 600
 
 
 # Tiers in which a version is loaded in the engine (its CPU cache or a GPU slot).

@@ -11,29 +11,18 @@ TTLs shrink to ``QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S`` so a revoked key still stop
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Hashable
-from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
-from django.utils import timezone
 
-from inference.fleet.node_keys import node_credentials
 from inference.gateway.errors import GatewayError
-from inference.gateway.snapshot import (
-    FleetView,
-    KeyView,
-    Limits,
-    NodeView,
-    PlacementView,
-    RuleView,
-    TargetView,
-)
+from inference.gateway.fleet_reader import FleetReader
+from inference.gateway.snapshot import FleetView, KeyView, Limits, RuleView, TargetView
 
 logger = logging.getLogger(__name__)
 V = TypeVar("V")
@@ -189,64 +178,6 @@ def load_target(tenant_id: int, model: str) -> TargetView | str:
     return rule if isinstance(rule, str) else rule.targets[0]
 
 
-def _gpu_used(value: Any) -> int:
-    """The heartbeat's ``residency.gpu`` (jsonb, as read by :func:`load_fleet`): GPU slots holding an adapter."""
-    if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return 0
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def load_fleet() -> FleetView:
-    """Live nodes (healthy, heartbeat within ``QUIVER_NODE_STALE_AFTER_S``), every placement on them that serves or
-    failed (two queries), and the reconciler's last plan (one Redis read, ``inference.fleet.plan``).
-
-    Plain SQL over the models' tables rather than querysets: every gateway process runs this each
-    ``QUIVER_GATEWAY_FLEET_REFRESH_S``, and building the two querysets' SQL and model instances was most of its CPU
-    (cProfile: 1.9 ms a call here, about 0.4 ms as plain SQL)."""
-    from inference.fleet.models import Node, Placement
-    from inference.fleet.plan import plan_all
-
-    fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            # Only the one figure of the stored heartbeat used here: the whole body (10,000 adapters, up to 4 MB)
-            # cost every process ~15 ms per node per read, twice a second.
-            "SELECT id, name, key_generation, engine_url, base_model_id, max_lora_rank, max_loras, "
-            "state -> 'residency' -> 'gpu', "
-            "num_requests_running, num_requests_waiting, kv_cache_usage_perc "
-            f"FROM {Node._meta.db_table} WHERE healthy = %s AND last_heartbeat_at >= %s "  # noqa: S608 (names, not input)
-            "AND base_model_id IS NOT NULL ORDER BY id",
-            [True, connection.ops.adapt_datetimefield_value(fresh)])
-        node_rows = cursor.fetchall()
-        placement_rows: list[tuple[Any, ...]] = []
-        if node_rows:
-            marks = ", ".join(["%s"] * len(node_rows))
-            cursor.execute(
-                "SELECT node_id, adapter_version_id, tier, served, last_error, warming_since "
-                f"FROM {Placement._meta.db_table} WHERE node_id IN ({marks}) "  # noqa: S608 (names, not input)
-                "AND NOT (tier = %s AND served = %s)",
-                [*(row[0] for row in node_rows), Placement.Tier.COLD.value, False])
-            placement_rows = cursor.fetchall()
-    nodes = tuple(
-        NodeView(pk=pk, name=name, engine_url=engine_url.rstrip("/"), base_model_id=base_model_id,
-                 key=node_credentials(name, generation).key, max_lora_rank=max_lora_rank, max_loras=max_loras,
-                 gpu_used=_gpu_used(gpu), num_requests_running=running or 0, num_requests_waiting=waiting or 0,
-                 kv_cache_usage_perc=kv or 0.0)
-        for pk, name, generation, engine_url, base_model_id, max_lora_rank, max_loras, gpu, running, waiting, kv
-        in node_rows
-    )
-    placements: dict[int, list[PlacementView]] = {}
-    for node_id, version_id, tier, served, last_error, warming_since in placement_rows:
-        code = (last_error or "").split(":", 1)[0] if tier == Placement.Tier.ERRORED and warming_since is None else ""
-        placements.setdefault(version_id, []).append(
-            PlacementView(node_id=node_id, version_id=version_id, tier=tier, served=bool(served), error_code=code))
-    return FleetView(nodes=nodes, placements={k: tuple(v) for k, v in placements.items()}, read_at=time.monotonic(),
-                     homes=plan_all())
-
-
 class _Entry(Generic[V]):
     __slots__ = ("value", "at", "refreshing")
 
@@ -354,7 +285,12 @@ class Directory:
         self.keys: TtlCache[KeyView | None] = TtlCache(load_key, self._ttl)
         # Unknown names are cached too; `model` is at most 256 characters (MODEL_MAX_CHARS), so this bounds it to ~10 MB.
         self.targets: TtlCache[RuleView | str] = TtlCache(load_rule, self._ttl, max_entries=20_000)
-        self._fleet: TtlCache[FleetView] = TtlCache(load_fleet, self._fleet_ttl)
+        self.fleet_reader = FleetReader()
+        self._fleet: TtlCache[FleetView] = TtlCache(self._load_fleet, self._fleet_ttl)
+
+    def _load_fleet(self) -> FleetView:
+        """The fleet view, from a full read or only the rows that changed (``inference.gateway.fleet_reader``)."""
+        return self.fleet_reader.load()
 
     def _ttl(self) -> tuple[float, float]:
         if self.bus_ok:
@@ -394,8 +330,9 @@ class Directory:
         elif kind == "targets":
             self.targets.invalidate(None if ident is None else (lambda k: k[0] == ident))
         elif kind == "fleet":
-            self._fleet.invalidate()
+            self._fleet.invalidate()  # the next read (of what changed) is as fresh as a full one
         else:
             self.keys.invalidate()
             self.targets.invalidate()
+            self.fleet_reader.reset()
             self._fleet.invalidate()

@@ -35,8 +35,8 @@ def test_a_database_from_before_the_split_keeps_its_rows_and_tables() -> None:
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes())
 
-    # No table renamed or dropped; the only one added is a later migration's (metering.0002, hourly usage sums).
-    assert set(connection.introspection.table_names()) == tables_before | {"metering_usagehour"}
+    # No table renamed or dropped; the only ones added are later migrations' (hourly usage sums, fleet tombstones).
+    assert set(connection.introspection.table_names()) == tables_before | {"metering_usagehour", "fleet_fleetgone"}
     moved = Node.objects.get(name="n-old")
     assert moved.max_loras == 4 and NodeSample.objects.get(node=moved).gpu_used == 2
     assert FleetAuditRecord.objects.get(action="pin").actor == "op"

@@ -224,7 +224,8 @@ def _entry(version: Any, tier: str = "hot", **extra: Any) -> dict[str, Any]:
 
 def _routes_to(version: Any) -> str | None:
     """The node the gateway's fast path would send ``version``'s requests to (a fresh fleet read), or None."""
-    from inference.gateway.directory import load_fleet, load_target
+    from inference.gateway.directory import load_target
+    from inference.gateway.fleet_reader import load_fleet
     from inference.gateway.snapshot import node_choose
 
     target = load_target(version.tenant_id, version.adapter.name)

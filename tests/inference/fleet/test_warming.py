@@ -23,7 +23,8 @@ from inference.fleet.warming import (
     placement_request_warm,
     warm_target_node,
 )
-from inference.gateway.directory import load_fleet, load_target
+from inference.gateway.directory import load_target
+from inference.gateway.fleet_reader import load_fleet
 from inference.gateway.snapshot import NodeView, TargetView, node_choose
 from inference.policy.hrw import hrw_order
 from inference.policy.routing import RouteConfig
@@ -312,7 +313,7 @@ def test_the_fleet_read_takes_one_figure_of_each_stored_heartbeat_not_the_whole_
         base_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every gateway process reads the fleet twice a second: it fetched and parsed each node's whole stored heartbeat
     (10,000 adapters: ~1 MB, ~15 ms a node) for ``residency.gpu`` alone."""
-    from inference.gateway import directory
+    from inference.gateway import fleet_reader
 
     adapters = [{"lora_name": f"acme--a--{i}", "lora_int_id": i, "tier": "staged", "pinned": False, "served": True}
                 for i in range(1, 10_001)]
@@ -320,13 +321,13 @@ def test_the_fleet_read_takes_one_figure_of_each_stored_heartbeat_not_the_whole_
     _beat(_state("b"))
     Node.objects.filter(name="a").update(state={"residency": {"gpu": 2, "cpu": 0}, "adapters": adapters})
     fetched: list[int] = []
-    gpu_used = directory._gpu_used
+    gpu_used = fleet_reader._gpu_used
 
     def measured(value: Any) -> int:
         fetched.append(len(value if isinstance(value, (str, bytes)) else json.dumps(value)))
         return gpu_used(value)
 
-    monkeypatch.setattr(directory, "_gpu_used", measured)
+    monkeypatch.setattr(fleet_reader, "_gpu_used", measured)
     fleet = load_fleet()
     assert {n.name: n.gpu_used for n in fleet.nodes} == {"a": 2, "b": 0}
     assert sum(fetched) < 100, fetched
