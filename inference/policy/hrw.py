@@ -21,5 +21,15 @@ def hrw_weight(key: int | str, node: str) -> int:
 
 
 def hrw_order(key: int | str, nodes: Iterable[str]) -> list[str]:
-    """``nodes`` ranked for ``key``, most preferred first (ties, impossible in practice, by name)."""
+    """``nodes`` ranked for ``key``, most preferred first (ties, impossible in practice, by name); a new list.
+
+    Memoised per (key, nodes) when ``nodes`` is a tuple: the reconciler ranks every version over the same live
+    nodes each pass (2,000 versions × 64 nodes: 128,000 weights and a sort each, a fifth of a pass's CPU)."""
+    if isinstance(nodes, tuple):
+        return list(_ranked(key, nodes))
     return sorted(nodes, key=lambda n: (-hrw_weight(key, n), n))
+
+
+@lru_cache(maxsize=1 << 14)
+def _ranked(key: int | str, nodes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(nodes, key=lambda n: (-hrw_weight(key, n), n)))
