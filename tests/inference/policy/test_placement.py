@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from inference.policy.hrw import hrw_order, hrw_weight
 from inference.policy.placement import Demand, PlacementConfig, PlacementNode, place, replicas_wanted
 
 
@@ -180,3 +181,21 @@ def test_the_hottest_versions_go_at_most_max_loras_to_a_node() -> None:
                       config=PlacementConfig(miss_cost=1.0))
         crowded += any(sum(1 for v in hottest if blind[v][0] == node) > 2 for node in ("n0", "n1"))
     assert crowded > 0  # the rule changes plans: without it some seeds crowd a node
+
+
+def test_hrw_order_is_the_same_memoised_and_each_caller_gets_its_own_list() -> None:
+    names = tuple(f"n{i}" for i in range(16))
+    ranked = hrw_order(7, names)
+    assert ranked == sorted(names, key=lambda n: -hrw_weight(7, n)) == hrw_order(7, list(names))
+    ranked.reverse()  # place() reorders its copy: the memo must not change
+    assert hrw_order(7, names) == sorted(names, key=lambda n: -hrw_weight(7, n))
+
+
+def test_holders_come_first_the_previous_plans_holder_first_among_them_then_the_hrw_order() -> None:
+    many = [PlacementNode(f"n{i}", "base", 16, 4) for i in range(6)]
+    names = [n.name for n in many]
+    order = sorted(names, key=lambda n: -hrw_weight(9, n))
+    held = frozenset({order[4], order[2]})
+    idle = place([Demand(9, "base", 8, 10, 0.0, min_replicas=6, resident_on=held,
+                         planned_on=frozenset({order[4], order[1]}))], many)[9]
+    assert idle == (order[4], order[2], order[0], order[1], order[3], order[5])
