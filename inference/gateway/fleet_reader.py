@@ -249,11 +249,14 @@ class FleetReader:
         self._since: int | None = None  # the next change read's first stamp; None: the next read is full
         self._full_at = float("-inf")
         self._keys: dict[tuple[str, str, int], str] = {}
+        self._resets = 0
         self.last_read = ""
         self.rows_read = 0
 
     def reset(self) -> None:
-        """Make the next read a full one (safe from any thread: one assignment)."""
+        """Make the next read a full one. Safe from any thread (the bus's listener calls it): a read in progress
+        then leaves the next one full too, rather than setting its own cursor over the reset."""
+        self._resets += 1
         self._since = None
 
     def load(self) -> FleetView:
@@ -265,7 +268,7 @@ class FleetReader:
             django.db.Error: the database failed; the next read is then a full one.
         """
         started = time.monotonic()
-        since = self._since
+        since, resets = self._since, self._resets
         postgres = connection.vendor == "postgresql"
         full = not postgres or since is None or started - self._full_at >= self._full_every_s
         try:
@@ -301,7 +304,7 @@ class FleetReader:
             raise
         if full:
             self._full_at = started
-        self._since = next_since
+        self._since = next_since if resets == self._resets else None
         self.last_read = "full" if full else "changes"
         self.rows_read = len(node_rows) + len(placement_rows) + len(gone)
         return view

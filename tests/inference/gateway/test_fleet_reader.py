@@ -181,6 +181,18 @@ def test_change_reads_read_what_changed_and_full_reads_come_at_start_after_reset
     directory.invalidate("all")  # the bus's reset: start over
     reader.load()
     assert reader.last_read == "full"
+    # A reset that lands while a read is in progress (the bus runs on another thread) is not lost to it.
+    real_apply = reader._mirror.apply
+
+    def apply_while_reset(**kwargs: Any) -> FleetView:
+        reader.reset()
+        return real_apply(**kwargs)
+
+    monkeypatch.setattr(reader._mirror, "apply", apply_while_reset)
+    reader.load()
+    monkeypatch.setattr(reader._mirror, "apply", real_apply)
+    reader.load()
+    assert reader.last_read == "full"
     clock[0] += FULL_EVERY_S - 1
     reader.load()
     assert reader.last_read == "changes"
