@@ -17,6 +17,7 @@ guess, and no clock is compared across hosts. ``updated_at`` could not serve: ``
 writes: warms, evictions, heartbeats dropping rows to cold) does not set it, and its time is taken when the row is
 written, not when it commits. A row is read again while a transaction older than its stamp is still running (a
 long write transaction makes change reads re-read what changed since it began): harmless, rows apply idempotently.
+A change read is one statement: its cursor, nodes, placements and deletions come from one snapshot.
 
 **Rows leaving the view.** A placement that goes cold is an UPDATE: read, and dropped from the view. A node going
 unhealthy is an UPDATE: read, and it and its placements leave the view; its rows are kept in the mirror so that they
@@ -71,6 +72,20 @@ _PLACEMENT_SQL = ("SELECT id, node_id, adapter_version_id, tier, served, last_er
 # id of its own; ours has one only inside a caller's transaction that wrote (a test lending its connection).
 _CURSOR_SQL = ("SELECT LEAST(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned())"
                "::text::bigint")
+# A change read is one statement, so one snapshot and one round trip: the next cursor (kind 0), the node rows (1)
+# and placement rows (2) stamped at or after this one, and the deletions recorded since (3), each row as a JSON
+# array in the order of _NODE_SQL's and _PLACEMENT_SQL's columns (a UNION needs one shape; four statements were
+# half of a change read's CPU).
+_CHANGES_SQL = (
+    "SELECT 0, json_build_array(LEAST(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned())"
+    "::text::bigint) "
+    "UNION ALL SELECT 1, json_build_array(id, name, key_generation, engine_url, base_model_id, max_lora_rank, "
+    "max_loras, state -> 'residency' -> 'gpu', num_requests_running, num_requests_waiting, kv_cache_usage_perc, "
+    f"healthy, last_heartbeat_at) FROM {Node._meta.db_table} WHERE change_xid >= %s "  # noqa: S608 (names)
+    "UNION ALL SELECT 2, json_build_array(id, node_id, adapter_version_id, tier, served, last_error, warming_since) "
+    f"FROM {Placement._meta.db_table} WHERE change_xid >= %s "  # noqa: S608 (names, not input)
+    f"UNION ALL SELECT 3, json_build_array(kind, row_id) FROM {FleetGone._meta.db_table} "  # noqa: S608 (names)
+    "WHERE change_xid >= %s")
 
 
 @dataclass(frozen=True)
@@ -225,7 +240,8 @@ def _gpu_used(value: Any) -> int:
 
 
 def _epoch_s(value: Any) -> float | None:
-    """``last_heartbeat_at`` as read raw (an aware datetime on PostgreSQL, ISO text in UTC on SQLite) → epoch s."""
+    """``last_heartbeat_at`` as read raw (an aware datetime from a PostgreSQL column, ISO 8601 text from a change
+    read's JSON or from SQLite, where it is UTC without an offset) → epoch seconds."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -274,24 +290,29 @@ class FleetReader:
         try:
             with connection.cursor() as cursor:
                 next_since = None
-                if postgres:
-                    cursor.execute(_CURSOR_SQL)
-                    next_since = cursor.fetchone()[0]
+                gone: list[tuple[str, int]] = []
                 if full:
+                    if postgres:
+                        cursor.execute(_CURSOR_SQL)
+                        next_since = cursor.fetchone()[0]
                     cursor.execute(_NODE_SQL + "WHERE healthy = %s AND base_model_id IS NOT NULL", [True])
                     node_rows = cursor.fetchall()
                     cursor.execute(_PLACEMENT_SQL + "WHERE NOT (tier = %s AND served = %s)",
                                    [Placement.Tier.COLD.value, False])
                     placement_rows = cursor.fetchall()
-                    gone: list[tuple[str, int]] = []
                 else:
-                    cursor.execute(_NODE_SQL + "WHERE change_xid >= %s", [since])
-                    node_rows = cursor.fetchall()
-                    cursor.execute(_PLACEMENT_SQL + "WHERE change_xid >= %s", [since])
-                    placement_rows = cursor.fetchall()
-                    cursor.execute(f"SELECT kind, row_id FROM {FleetGone._meta.db_table} "  # noqa: S608 (a name)
-                                   "WHERE change_xid >= %s", [since])
-                    gone = cursor.fetchall()
+                    cursor.execute(_CHANGES_SQL, [since, since, since])
+                    node_rows, placement_rows = [], []
+                    for kind, values in cursor.fetchall():
+                        row = tuple(json.loads(values) if isinstance(values, (str, bytes)) else values)
+                        if kind == 0:
+                            next_since = row[0]
+                        elif kind == 1:
+                            node_rows.append(row)
+                        elif kind == 2:
+                            placement_rows.append(row)
+                        else:
+                            gone.append((row[0], row[1]))
             fresh_after = dj_timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
             view = self._mirror.apply(
                 full=full, nodes=[self._node(row) for row in node_rows],
