@@ -28,6 +28,11 @@ from inference.node.state_report import state_report
 from inference.policy.eviction import EvictionConfig, EvictionPolicy
 
 logger = logging.getLogger(__name__)
+# A load refused as asked (an unsafe name or file, a name or id the engine already serves otherwise) is not a failed
+# load of an adapter: recording it reported an entry the control plane refuses ("not a served name", an id "listed
+# twice"), so every later heartbeat of the node was refused and it left routing until its agent restarted (attack
+# round, December 2026).
+REFUSALS = frozenset({"invalid_request", "lora_name_conflict", "lora_int_id_conflict"})
 
 
 class AgentError(Exception):
@@ -135,10 +140,17 @@ class NodeAgent:
                 `all_pinned` 409 (the CPU cache holds only pins); `engine_unavailable` 503.
         """
         async with self._locks[lora_name]:
+            on_disk = await asyncio.to_thread(self.cache.staged)
+            other = next((e.lora_name for e in on_disk if e.lora_int_id == lora_int_id and e.lora_name != lora_name),
+                         None)
+            if other is not None:  # before any download: a second folder with this id would be reported twice
+                raise AgentError(409, "lora_int_id_conflict", f"lora_int_id {lora_int_id} is already used by "
+                                 f"'{other}' on this node")
             try:
                 staged = await stage_files(self.cache, lora_name, lora_int_id, files)
             except CacheError as exc:
-                self.errored[lora_name] = (lora_int_id, exc.code)
+                if exc.code not in REFUSALS:
+                    self.errored[lora_name] = (lora_int_id, exc.code)
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
             started = time.perf_counter()
             try:
@@ -146,7 +158,9 @@ class NodeAgent:
                     evicted = await self.evictor.make_room(lora_int_id)
                     result = await add_lora_swapping(self.engine, lora_name, lora_int_id, str(staged.path), pin=pin)
             except EngineError as exc:
-                if exc.code != "engine_unavailable":
+                if exc.code in REFUSALS:  # the engine serves this name or id otherwise: keep no copy beside it
+                    await asyncio.to_thread(self.cache.remove, lora_name, lora_int_id)
+                elif exc.code != "engine_unavailable":
                     self.errored[lora_name] = (lora_int_id, exc.code)
                 raise AgentError(exc.status, exc.code, exc.detail) from exc
             load_ms = (time.perf_counter() - started) * 1000.0

@@ -343,6 +343,20 @@ def test_invalid_load_bodies(agent: TestClient, change: dict[str, Any], settings
 
     assert (response.status_code, response.json()["code"]) == (400, "invalid_request")
     assert not (settings.cache_dir.parent / "etc").exists()
+    # A refused request is not a failed load: reported as errored, "../etc" made the control plane refuse every later
+    # heartbeat of the node (attack round).
+    assert _state_adapters(agent) == []
+
+
+def test_a_load_refused_for_an_id_already_served_leaves_no_errored_entry(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path]
+) -> None:
+    files = upload(tiny_adapters["qv-r8"])  # ids of their own: the engine keeps step counts per id across tests
+    assert agent.post("/v1/adapters/load", json={"lora_name": "acme--one", "lora_int_id": 171,
+                                                 "files": files}).status_code == 200
+    clash = agent.post("/v1/adapters/load", json={"lora_name": "acme--dup", "lora_int_id": 171, "files": files})
+    assert (clash.status_code, clash.json()["code"]) == (409, "lora_int_id_conflict"), clash.text
+    assert [(a["lora_name"], a["lora_int_id"]) for a in _state_adapters(agent)] == [("acme--one", 171)]
 
 
 class _Recorder(BaseHTTPRequestHandler):
