@@ -249,11 +249,10 @@ def tenant_residency(tenant: Tenant, *, adapter_names: Collection[str] | None = 
         ``[{"adapter", "version", "tiers": {tier: count}, "pinned": int}]`` — never node names or addresses.
     """
     rows: dict[tuple[str, int], dict[str, Any]] = {}
-    placements = Placement.objects.filter(adapter_version__tenant=tenant)
+    scoped = Placement.objects.filter(adapter_version__tenant=tenant)
     if adapter_names is not None:
-        placements = placements.filter(adapter_version__adapter__name__in=list(adapter_names))
-    placements = placements.values_list(
-        "adapter_version__adapter__name", "adapter_version__number", "tier", "pinned")
+        scoped = scoped.filter(adapter_version__adapter__name__in=list(adapter_names))
+    placements = scoped.values_list("adapter_version__adapter__name", "adapter_version__number", "tier", "pinned")
     for adapter, number, tier, pinned in placements:
         row = rows.setdefault((adapter, number), {"adapter": adapter, "version": number,
                                                   "tiers": Counter({t: 0 for t in TIERS}), "pinned": 0})
