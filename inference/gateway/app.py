@@ -46,7 +46,7 @@ from inference.gateway.limits import (
     prompt_token_estimates,
 )
 from inference.gateway.limits import Scope as LimitScope
-from inference.gateway.prompt_counter import PromptCounter
+from inference.gateway.prompt_counter import INLINE_MAX_CHARS, PromptCounter
 from inference.gateway.relay import ClientGone, client_gone_response, unless_client_gone, while_client_waits
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, RuleView, TargetView, node_choose
 from inference.gateway.upstream import (
@@ -123,6 +123,7 @@ class GatewayApp:
         self.limiter = RateLimiter()
         self.admission = AdmissionGate()
         self.prompt_counter = PromptCounter()
+        self._counting: dict[int, asyncio.Lock] = {}  # tenant id -> its turn to count a long prompt
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_touch: dict[int, float] = {}
@@ -145,6 +146,7 @@ class GatewayApp:
         self.limiter = RateLimiter()  # its Redis client belongs to this loop
         self.admission = AdmissionGate()
         self.prompt_counter = PromptCounter()  # its loads are tasks of this loop
+        self._counting = {}
         if self.background:
             self._tasks = [loop.create_task(subscribe_forever(self.directory)),
                            loop.create_task(self.sink.run_forever()),
@@ -480,7 +482,15 @@ class GatewayApp:
         # tenant's own critical path only); otherwise an estimate does (admission's fair-share cost, the fallback
         # bill of a prompt cut before its first chunk).
         tpm = any(s.limits.tpm is not None for s in scopes)
-        prompt_counts = await self._prompt_counts(upstream, target) if tpm else prompt_token_estimates(upstream)
+        if not tpm:
+            prompt_counts = prompt_token_estimates(upstream)
+        elif len(raw) <= INLINE_MAX_CHARS:
+            prompt_counts = await self._prompt_counts(upstream, target)
+        else:
+            # One long count at a time per tenant in this process: eight parallel loops of 100,000-character prompts
+            # under TPM 1,000 (every one a 429, none billed) kept a tokenizer busy for every tenant (attack round).
+            async with self._counting.setdefault(key.tenant_id, asyncio.Lock()):
+                prompt_counts = await self._prompt_counts(upstream, target)
         prompt_estimate = sum(prompt_counts)
         completion_estimate = _completion_budget(upstream, endpoint)
         admission = await self.limiter.admit(

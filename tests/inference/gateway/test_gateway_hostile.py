@@ -8,13 +8,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 import httpx
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings
 
+from inference.gateway import hygiene
 from inference.gateway.app import GatewayApp
 from inference.gateway.errors import GatewayError
 from tenants.services import api_key_create, limits_set
@@ -157,3 +160,46 @@ def test_a_max_tokens_cap_names_whose_it_is(base_model: Any) -> None:
     assert by_tenant.status_code == by_key.status_code == 400
     assert "cap of 8 tokens a request set on this tenant" in by_tenant.json()["error"]["message"], by_tenant.text
     assert "cap of 4 tokens a request set on this key" in by_key.json()["error"]["message"], by_key.text
+
+
+@pytest.mark.django_db
+def test_one_tenant_counts_one_long_prompt_at_a_time(base_model: Any) -> None:
+    """Long prompts under a TPM limit are counted one at a time per tenant in a process, so one tenant's flood of
+    100,000-character prompts (each a 429, none billed) cannot keep every tokenizer busy (attack round); another
+    tenant's count runs beside it."""
+    tenants = [TenantFactory(), TenantFactory()]
+    keys = []
+    for tenant in tenants:
+        limits_set(tenant, limits={"tpm_limit": 1000})
+        keys.append(api_key_create(tenant, name="app")[1])
+    app = GatewayApp(background=False)
+    running: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    both = [0]
+
+    salts = {hygiene.cache_salt(t.pk, settings.SECRET_KEY): t.pk for t in tenants}  # the body names its tenant
+
+    async def slow_count(upstream: dict[str, Any], target: Any) -> list[int]:
+        tenant = salts[upstream["cache_salt"]]
+        running[tenant] = running.get(tenant, 0) + 1
+        peak[tenant] = max(peak.get(tenant, 0), running[tenant])
+        both[0] = max(both[0], sum(running.values()))
+        await asyncio.sleep(0.05)
+        running[tenant] -= 1
+        return [5000]  # over the limit: a 429, as in the flood
+
+    app._prompt_counts = slow_count  # type: ignore[method-assign]
+
+    async def go() -> list[int]:
+        async def one(key: str) -> int:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+                                         headers={"Authorization": f"Bearer {key}"}) as http:
+                resp = await http.post("/v1/completions", json={"model": "tiny-llama", "prompt": "~" * 5000,
+                                                                "max_tokens": 1})
+            return resp.status_code
+
+        return list(await asyncio.gather(*(one(keys[i % 2]) for i in range(6))))
+
+    statuses = async_to_sync(go)()
+    assert statuses == [429] * 6
+    assert peak == {tenants[0].pk: 1, tenants[1].pk: 1} and both[0] == 2
