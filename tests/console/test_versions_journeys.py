@@ -52,7 +52,9 @@ def test_promote_canary_slider_rollback_and_the_comparison_table_at_both_widths(
         screenshot(page, "versions-before")
 
         page.get_by_label("Version", exact=True).select_option("2")
-        page.get_by_role("button", name="Promote").click()
+        page.get_by_role("button", name="Promote", exact=True).click()
+        expect(rule).to_have_text("v1 100 %")  # asked first: nothing moves before the confirmation
+        page.get_by_role("button", name="Promote v2").click()
         expect(rule).to_have_text("v2 100 %")
         expect(page.get_by_test_id("serving-message")).to_contain_text("Serving v2 100 %")
 

@@ -1,7 +1,7 @@
 // Which versions `model = "<adapter>"` reaches, and how each did: promote, canary (slider), roll back, and the
 // versions side by side over the last hour (docs/versions.md). Changes go through the API's promote / canary /
 // rollback calls, which warm joining versions first and answer when the new rule serves.
-import { Alert, Badge, Button, Group, NativeSelect, Slider, Stack, Table, Text, Title } from '@mantine/core'
+import { Alert, Badge, Button, Group, Modal, NativeSelect, Slider, Stack, Table, Text, Title } from '@mantine/core'
 import { useMutation, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type AdapterVersion, type Schemas } from '../api/client'
@@ -41,6 +41,8 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
   const candidate = picked ?? ready.find((n) => n !== primary) ?? ready[0] ?? null
   const [percent, setPercent] = useState(10)
   const [message, setMessage] = useState<{ ok: boolean; text: string } | null>(null)
+  // Promote moves all traffic at once: asked first, as pin and evict are (a fresh user promoted by one click).
+  const [confirming, setConfirming] = useState(false)
 
   const change = useMutation({
     mutationFn: async (kind: 'promote' | 'canary' | 'rollback') => {
@@ -63,6 +65,20 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
 
   return (
     <Stack gap="sm">
+      <Modal opened={confirming} onClose={() => setConfirming(false)} title={`Send all of ${name}'s traffic to v${candidate}?`}>
+        <Stack>
+          <Text>
+            Every request for <b>{name}</b> goes to v{candidate} once it is warm (now: {ruleText(rule)}). Roll back returns
+            to the current rule at once.
+          </Text>
+          <Group>
+            <Button onClick={() => { setConfirming(false); change.mutate('promote') }}>Promote v{candidate}</Button>
+            <Button variant="default" onClick={() => setConfirming(false)}>
+              Cancel
+            </Button>
+          </Group>
+        </Stack>
+      </Modal>
       <Title order={3}>Serving</Title>
       <Group gap="xs">
         <Text>
@@ -85,7 +101,7 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
               value={candidate == null ? '' : String(candidate)}
               onChange={(e) => setPicked(Number(e.currentTarget.value))}
             />
-            <Button onClick={() => change.mutate('promote')} loading={change.isPending && change.variables === 'promote'}>
+            <Button onClick={() => setConfirming(true)} loading={change.isPending && change.variables === 'promote'}>
               Promote
             </Button>
             <Button
