@@ -107,7 +107,10 @@ def test_no_product_file_is_over_600_lines() -> None:
 def test_the_gateway_is_the_request_path_only() -> None:
     gateway = ROOT / "inference" / "gateway"
     modules = [p for p in gateway.glob("*.py")]
-    assert len(modules) <= 22, sorted(p.name for p in modules)
+    # 22 after the split (from 45), plus two request-path roles since: the fleet view read by change
+    # (fleet_reader.py) and the base model's tokenizer for TPM counts (prompt_counter.py). A module beyond these
+    # should be a role the request path lacks, not a piece of another folder's job.
+    assert len(modules) <= 24, sorted(p.name for p in modules)
     from django.apps import apps
 
     assert list(apps.get_app_config("gateway").get_models()) == []
