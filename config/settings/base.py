@@ -246,6 +246,10 @@ QUIVER_MAX_ARCHIVE_MEMBERS = env.int("QUIVER_MAX_ARCHIVE_MEMBERS", default=64)
 # QUIVER_NODE_SECRET, read per environment: every node's key and heartbeat token are derived from it
 # (inference.fleet.node_keys); nodes hold only their own.
 QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
+# A node's heartbeats closer together than this are refused (429) before any validation or write: a stolen heartbeat
+# token flooding the listener slowed every node's accepts (attack round). Agents send one every
+# QUIVER_HEARTBEAT_SECONDS (5 s by default); 0 turns the floor off.
+QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S = env.float("QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S", default=0.5)
 # Node gauges kept over time for the console's fleet charts (inference.fleet.node_samples): one row per node per
 # interval, deleted after the retention.
 QUIVER_NODE_SAMPLE_INTERVAL_S = env.float("QUIVER_NODE_SAMPLE_INTERVAL_S", default=10.0)

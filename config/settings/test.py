@@ -13,3 +13,5 @@ QUIVER_API_KEY_HMAC_KEY = read_secret("QUIVER_API_KEY_HMAC_KEY", dev_default=tok
 QUIVER_NODE_SECRET = read_secret("QUIVER_NODE_SECRET", dev_default=token_urlsafe(32))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 QUIVER_WARM_WAIT_S = 90.0
+# Tests send heartbeats back to back; the floor has its own test (tests/inference/fleet/test_heartbeat_hostile.py).
+QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S = 0.0

@@ -133,7 +133,8 @@ def node_heartbeat_accept(*, token: str, body: Any) -> Node:
         The node, updated.
 
     Raises:
-        NodeRefused: 401 ``invalid_node_token`` (unknown node or wrong token); 400 ``invalid`` (a bad figure; the
+        NodeRefused: 401 ``invalid_node_token`` (unknown node or wrong token); 429 ``heartbeat_too_soon`` (within
+            ``QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S`` of the node's last one); 400 ``invalid`` (a bad figure; the
             message names the field); 403 ``node_identity_mismatch`` (the body names another node); 409
             ``node_urls_changed`` or ``base_model_mismatch`` (URLs and base model are fixed at registration).
     """
@@ -143,6 +144,11 @@ def node_heartbeat_accept(*, token: str, body: Any) -> Node:
         if node is None or not token_matches(token, node.name, node.key_generation):
             raise NodeRefused(401, "invalid_node_token",
                               "Invalid node token; use the one quiver_node_register printed.")
+        floor = settings.QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S
+        if floor and node.last_heartbeat_at is not None and \
+                timezone.now() - node.last_heartbeat_at < timedelta(seconds=floor):
+            raise NodeRefused(429, "heartbeat_too_soon", f"Heartbeats of one node come at most every {floor} s "
+                              "(QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S); this one is not recorded.")
         state = _checked(node, body)
         if node.deregistered_at is not None:
             return node  # as node_heartbeat: a deregistered node's report is not recorded

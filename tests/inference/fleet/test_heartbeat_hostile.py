@@ -6,6 +6,7 @@ Each is a 400 naming the field (never a 500) and changes nothing.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -134,3 +135,23 @@ def test_the_answer_names_the_reported_adapters_of_tenants_at_their_gpu_quota(in
 
     assert resp.status_code == 200, resp.content
     assert resp.json()["over_quota"] == [versions["a"][1].pk, versions["a"][2].pk]
+
+
+def test_heartbeats_closer_than_the_floor_are_refused_before_any_work(internal: Client, token: str) -> None:
+    """A stolen heartbeat token flooded the listener (10,000-adapter and 3.9 MB reports in four loops), slowing
+    every node's accepts; a node's heartbeats closer together than QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S are refused
+    (429, nothing written) before validation (attack round)."""
+    def beat(**extra: Any) -> Any:
+        return internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, **extra}),
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    with override_settings(QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S=60):
+        assert beat().status_code == 200  # the first one of the node
+        seen = Node.objects.get(name="n1").last_heartbeat_at
+        flood = beat(num_requests_running=3)
+        assert (flood.status_code, flood.json()["code"]) == (429, "heartbeat_too_soon"), flood.content
+        node = Node.objects.get(name="n1")
+        assert (node.last_heartbeat_at, node.num_requests_running) == (seen, None)  # nothing recorded
+        Node.objects.filter(name="n1").update(last_heartbeat_at=timezone.now() - timedelta(seconds=61))
+        assert beat(num_requests_running=3).status_code == 200  # a beat past the floor is taken as ever
+    assert Node.objects.get(name="n1").num_requests_running == 3
