@@ -6,6 +6,8 @@ never ``hash()``: vllm-project/vllm ``vllm/lora/request.py`` requires a positive
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from django.db import models
@@ -38,12 +40,16 @@ class BaseModelTokenizer(models.Model):
     fast tokenizer loads), stored at registration so every gateway process counts prompts for tokens-per-minute
     limits with the engine's own tokenizer instead of a ``/tokenize`` round trip (``inference.gateway.prompt_counter``).
 
-    Its own table so reading base models never drags the file (Llama 3's is 9 MB). ``sha256`` is of
-    ``tokenizer_json`` (UTF-8): a gateway re-reads the text only when it changed.
+    Its own table so reading base models never drags the file (Llama 3's is 9 MB). ``sha256`` is of what a gateway
+    loads (:func:`tokenizer_files_sha256`): it re-reads the files only when it changed.
     """
 
     base_model = models.OneToOneField(BaseModel, on_delete=models.CASCADE, primary_key=True, related_name="tokenizer")
     tokenizer_json = models.TextField()
+    # The chat template vLLM renders chats with and the special tokens it hands the template
+    # (adapters_app.chat_template); blank: chats are counted by the engine.
+    chat_template = models.TextField(blank=True, default="")
+    special_tokens = models.JSONField(default=dict, blank=True)
     sha256 = models.CharField(max_length=64)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -242,3 +248,13 @@ class Upload(models.Model):
     def prefix(self) -> str:
         """The S3 prefix every key of this upload lives under."""
         return f"tenants/{self.tenant_id}/uploads/{self.public_id}/"
+
+
+def tokenizer_files_sha256(tokenizer_json: str, chat_template: str = "", special_tokens: dict[str, str] | None = None
+                           ) -> str:
+    """The digest :class:`BaseModelTokenizer` keeps of what it holds: of ``tokenizer_json`` alone when there is no
+    chat template or special token (the digest of rows stored before they existed), else of the three together."""
+    if not chat_template and not special_tokens:
+        return hashlib.sha256(tokenizer_json.encode()).hexdigest()
+    extra = json.dumps([chat_template, special_tokens or {}], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(tokenizer_json.encode() + b"\0" + extra.encode()).hexdigest()

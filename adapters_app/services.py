@@ -21,7 +21,8 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from adapters_app import storage
-from adapters_app.models import Adapter, AdapterVersion, BaseModel, BaseModelTokenizer
+from adapters_app.chat_template import compile_chat_template
+from adapters_app.models import Adapter, AdapterVersion, BaseModel, BaseModelTokenizer, tokenizer_files_sha256
 from adapters_app.purge import purge_s3_keys
 from adapters_app.signals import adapter_deleting, base_model_registered
 from adapters_app.validation import (
@@ -53,15 +54,18 @@ def base_model_register(
     max_lora_rank: int = 16,
     max_adapter_bytes: int = 512 * 1024 * 1024,
     tokenizer_json: str | None = None,
+    chat_template: str = "",
+    special_tokens: dict[str, str] | None = None,
 ) -> BaseModel:
     """Register (or update the limits of) a base model from its HF ``config.json``, and with ``tokenizer_json`` (the
     model's ``tokenizer.json`` text) store its tokenizer for the gateway's prompt counts (:class:`BaseModelTokenizer`;
-    None keeps what is stored).
+    None keeps what is stored), with ``chat_template`` (the template vLLM renders chats with; ``""`` for none) and
+    ``special_tokens`` (``adapters_app.chat_template.special_tokens_from_config``) so chats are counted too.
 
     Raises:
         ValueError: the architecture is not one the validator can describe (message names the config field), the
             name is already a tenant adapter's name, or ``tokenizer.json`` is not one the ``tokenizers`` library
-            loads or is over ``TOKENIZER_MAX_BYTES``.
+            loads or is over ``TOKENIZER_MAX_BYTES``, or the chat template does not compile.
     """
     if Adapter.objects.filter(name=base_model_name).exists():
         raise ValueError(f"base_model_name {base_model_name!r} is already an adapter's name; the gateway would route "
@@ -69,13 +73,21 @@ def base_model_register(
     facts = BaseModelFacts.from_hf_config(base_model_name, hf_config)
     if tokenizer_json is not None:
         _check_tokenizer_json(tokenizer_json)
+    if chat_template:
+        try:
+            compile_chat_template(chat_template)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; fix the model folder's chat_template.jinja (or tokenizer_config.json's "
+                             "chat_template), or register with --no-tokenizer.") from exc
     with transaction.atomic():
         base = _base_model_upsert(base_model_name, hf_config, facts, node_pool=node_pool, max_lora_rank=max_lora_rank,
                                   max_adapter_bytes=max_adapter_bytes)
         if tokenizer_json is not None:
+            tokens = dict(special_tokens or {})
             BaseModelTokenizer.objects.update_or_create(
-                base_model=base, defaults={"tokenizer_json": tokenizer_json,
-                                           "sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest()})
+                base_model=base, defaults={"tokenizer_json": tokenizer_json, "chat_template": chat_template,
+                                           "special_tokens": tokens,
+                                           "sha256": tokenizer_files_sha256(tokenizer_json, chat_template, tokens)})
     # Nodes that already heartbeat this model (registered after them) can serve it at once: the fleet links them.
     base_model_registered.send(sender=BaseModel, base_model=base)
     return base

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from adapters_app.chat_template import chat_template_from_files, special_tokens_from_config
 from adapters_app.models import BaseModel
 from adapters_app.services import base_model_register
 from tenants.models import Tenant
@@ -20,10 +21,15 @@ from tests.factories import TenantFactory
 @pytest.fixture
 def base_model(tiny_base_dir: Path) -> BaseModel:
     """The tiny Llama registered as base model ``tiny-llama`` (max_lora_rank 16, as the test engine), with its
-    tokenizer as ``quiver_base_model_register`` stores it."""
+    tokenizer and chat template as ``quiver_base_model_register`` stores them."""
     config = json.loads((tiny_base_dir / "config.json").read_text())
+    tokenizer_config = json.loads((tiny_base_dir / "tokenizer_config.json").read_text())
+    jinja = tiny_base_dir / "chat_template.jinja"
     return base_model_register(base_model_name="tiny-llama", hf_config=config, max_lora_rank=16,
-                               tokenizer_json=(tiny_base_dir / "tokenizer.json").read_text())
+                               tokenizer_json=(tiny_base_dir / "tokenizer.json").read_text(),
+                               chat_template=chat_template_from_files(
+                                   jinja.read_text() if jinja.is_file() else None, tokenizer_config),
+                               special_tokens=special_tokens_from_config(tokenizer_config))
 
 
 @pytest.fixture

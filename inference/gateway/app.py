@@ -501,34 +501,42 @@ class GatewayApp:
                     prompt_counts=tuple(prompt_counts))
 
     async def _prompt_counts(self, upstream: dict[str, Any], target: TargetView) -> list[int]:
-        """Each prompt's token count: a completion's text prompts with the base model's tokenizer in this process
-        (:class:`~inference.gateway.prompt_counter.PromptCounter`) once it is loaded; otherwise from a live engine
-        of ``target``'s base model (:func:`~inference.gateway.limits.prompt_token_counts`), or a bound never below
-        it when no engine is live."""
+        """Each prompt's token count: a completion's text prompts, or a chat of plain text messages, with the base
+        model's tokenizer and chat template in this process
+        (:class:`~inference.gateway.prompt_counter.PromptCounter`) once they are loaded; otherwise from a live
+        engine of ``target``'s base model (:func:`~inference.gateway.limits.prompt_token_counts`), or a bound never
+        below it when no engine is live."""
         texts = upstream.get("prompt")
         texts = [texts] if isinstance(texts, str) else texts
         max_chars = settings.QUIVER_GATEWAY_TOKENIZE_MAX_CHARS
+        chat = "messages" in upstream
         local = None
-        if (isinstance(texts, list) and texts and "messages" not in upstream
-                and all(isinstance(t, str) and len(t) <= max_chars for t in texts)):
+        if chat:
+            if not upstream.get("tools") and sum(len(str(m.get("content"))) for m in upstream["messages"]
+                                                 if isinstance(m, dict)) <= max_chars:
+                one = await self.prompt_counter.count_chat(target.base_model_id, upstream["messages"])
+                local = None if one is None else [one]
+        elif isinstance(texts, list) and texts and all(isinstance(t, str) and len(t) <= max_chars for t in texts):
             local = await self.prompt_counter.count(target.base_model_id, texts)
-        if local is not None and not self.prompt_counter.wants_check(target.base_model_id):
+        if local is not None and not self.prompt_counter.wants_check(target.base_model_id, chat=chat):
             return local
         nodes = self._routable(await self.directory.fleet()).nodes_for_base(target.base_model_id)
         node = min(nodes, key=lambda n: (n.num_requests_waiting, n.num_requests_running, n.name), default=None)
         if local is not None:
             if node is not None:
-                self._spawn(self._check_count(target, node, texts[0], local[0]))  # type: ignore[index]
+                asked = {"messages": upstream["messages"]} if chat else {"prompt": texts[0]}  # type: ignore[index]
+                self._spawn(self._check_count(target, node, asked, local[0]))
             return local
         return await prompt_token_counts(upstream, engine_url=node.engine_url if node else None,
                                          node_key=node.key if node else "", model=target.base_model_name,
                                          max_chars=max_chars)
 
-    async def _check_count(self, target: TargetView, node: NodeView, text: str, local: int) -> None:
-        """Compare this process's count of ``text`` with the engine's (off the request's path)."""
+    async def _check_count(self, target: TargetView, node: NodeView, asked: dict[str, Any], local: int) -> None:
+        """Compare this process's count of a prompt or chat (``asked``: ``{"prompt"}`` or ``{"messages"}``) with the
+        engine's (off the request's path)."""
         engine = await engine_token_count(node.engine_url, node_key=node.key,
-                                          body={"model": target.base_model_name, "prompt": text})
-        self.prompt_counter.checked(target.base_model_id, local=local, engine=engine)
+                                          body={"model": target.base_model_name, **asked})
+        self.prompt_counter.checked(target.base_model_id, local=local, engine=engine, chat="messages" in asked)
 
     def _policy(self) -> dict[str, Any]:
         """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY``, for round-robin this process's turn, and the

@@ -7,12 +7,15 @@ of its completions route and of ``/tokenize``): the Hugging Face ``tokenizers`` 
 (``adapters_app.models.BaseModelTokenizer``), once per base model and process. A short prompt is counted on the event
 loop (about 30 µs against about 2.8 ms for ``/tokenize``, measured in ``scripts/bench_gateway``'s TPM rows); a long
 one in a worker thread, since ``encode_batch`` releases the GIL and ``encode`` does not (100,000 characters held the
-loop 150 ms). A chat is still counted by the engine: vLLM renders its chat template.
+loop 150 ms). A chat of plain text messages is rendered with the model's chat template as vLLM renders it
+(``adapters_app.chat_template``, stored beside the tokenizer) and its text counted without special tokens added (the
+template writes them, and vLLM's chat route adds none); other chats (content parts, tools, names) and models stored
+without a template are counted by the engine.
 
 Trust, then check: the first :data:`CHECK_FIRST` counts of each stored tokenizer, and one in :data:`CHECK_EVERY`
-after, are compared in the background with the engine's ``/tokenize``. A difference retires that tokenizer for its
-base model in this process (``gateway.tokenizer_mismatch`` log and metric), so the next requests are counted by the
-engine again until the base model is registered with another ``tokenizer.json``. Until then a reservation can be off
+after, are compared in the background with the engine's ``/tokenize``, and the same for chats. A difference retires
+that tokenizer (a chat's: its chat template only) for its base model in this process (``gateway.tokenizer_mismatch``
+log), so the next requests are counted by the engine again until the base model is registered with other files. Until then a reservation can be off
 by that difference; the bill is the engine's own count either way.
 """
 
@@ -22,10 +25,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import jinja2
 from tokenizers import Tokenizer
 
+from adapters_app.chat_template import compile_chat_template, plain_chat, render_chat
 from adapters_app.models import BaseModelTokenizer
 from inference.gateway.directory import db_call
 
@@ -36,17 +41,32 @@ CHECK_EVERY = 256  # then one in this many
 RECHECK_S = 60.0  # how often a process asks the database whether a base model's tokenizer changed
 INLINE_MAX_CHARS = 2_048  # prompts up to this many characters in all are counted on the event loop
 
-Stored = tuple[str | None, str | None]  # (sha256 or None when none is stored, tokenizer.json when it is new)
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """What :class:`BaseModelTokenizer` stores: ``tokenizer.json`` text, the chat template (``""``: none) and the
+    special tokens the template sees."""
+
+    tokenizer_json: str
+    chat_template: str = ""
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+
+Stored = tuple[str | None, TokenizerFiles | None]  # (sha256 or None when none is stored, the files when new)
 
 
 def stored_tokenizer(base_model_id: int, known_sha256: str | None) -> Stored:
-    """The base model's stored tokenizer: ``(sha256, text)``; ``text`` is None when it is ``known_sha256`` (nothing
-    to reload), ``(None, None)`` when none is stored. Database reads; run on the gateway's database thread."""
+    """The base model's stored tokenizer: ``(sha256, files)``; ``files`` is None when it is ``known_sha256``
+    (nothing to reload), ``(None, None)`` when none is stored. Database reads; run on the gateway's database
+    thread."""
     sha = BaseModelTokenizer.objects.filter(pk=base_model_id).values_list("sha256", flat=True).first()
     if sha is None or sha == known_sha256:
         return sha, None
-    text = BaseModelTokenizer.objects.filter(pk=base_model_id).values_list("tokenizer_json", flat=True).first()
-    return sha, text
+    row = (BaseModelTokenizer.objects.filter(pk=base_model_id)
+           .values_list("tokenizer_json", "chat_template", "special_tokens").first())
+    if row is None:
+        return None, None
+    return sha, TokenizerFiles(row[0], row[1] or "", dict(row[2] or {}))
 
 
 def parse_tokenizer(text: str) -> Tokenizer:
@@ -69,6 +89,10 @@ class _Entry:
     looked_at: float = float("-inf")  # monotonic time of the last database look
     counted: int = 0  # counts made with this tokenizer
     retired: bool = False  # it disagreed with the engine: unused until the stored one changes
+    template: jinja2.Template | None = None  # the compiled chat template; None: chats are counted by the engine
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    chats_counted: int = 0
+    chat_retired: bool = False  # a chat count disagreed with the engine: chats go to it until the files change
     loading: asyncio.Task[None] | None = None
 
 
@@ -100,13 +124,23 @@ class PromptCounter:
 
     async def _refresh(self, base_model_id: int, entry: _Entry) -> None:
         try:
-            sha, text = await self._fetch(base_model_id, entry.sha256)
+            sha, files = await self._fetch(base_model_id, entry.sha256)
             if sha is None:
-                entry.sha256, entry.tokenizer, entry.retired = None, None, False
-            elif text is not None:
-                tokenizer = await asyncio.to_thread(parse_tokenizer, text)
+                entry.sha256, entry.tokenizer, entry.retired, entry.template = None, None, False, None
+            elif files is not None:
+                tokenizer = await asyncio.to_thread(parse_tokenizer, files.tokenizer_json)
+                template = None
+                if files.chat_template:
+                    try:
+                        template = compile_chat_template(files.chat_template)
+                    except ValueError as exc:  # registration checks it; a row written otherwise counts chats remotely
+                        logger.warning("gateway.chat_template_unusable", extra={"base_model_id": base_model_id,
+                                                                                "error": str(exc)})
                 entry.sha256, entry.tokenizer, entry.counted, entry.retired = sha, tokenizer, 0, False
-                logger.info("gateway.tokenizer_loaded", extra={"base_model_id": base_model_id, "sha256": sha})
+                entry.template, entry.special_tokens = template, files.special_tokens
+                entry.chats_counted, entry.chat_retired = 0, False
+                logger.info("gateway.tokenizer_loaded", extra={"base_model_id": base_model_id, "sha256": sha,
+                                                               "chat_template": template is not None})
         except Exception as exc:  # a failed look keeps what this process had; the next recheck tries again
             logger.warning("gateway.tokenizer_load_failed", extra={"base_model_id": base_model_id,
                                                                    "error": repr(exc)})
@@ -127,22 +161,47 @@ class PromptCounter:
         encodings = await asyncio.to_thread(tokenizer.encode_batch, list(texts), add_special_tokens=True)
         return [len(encoding) for encoding in encodings]
 
-    def wants_check(self, base_model_id: int) -> bool:
-        """Whether the count just made should be compared with the engine's: the first :data:`CHECK_FIRST` of a
-        tokenizer, then one in :data:`CHECK_EVERY`."""
-        entry = self._entries.get(base_model_id)
-        if entry is None or entry.tokenizer is None or entry.retired:
-            return False
-        return entry.counted <= CHECK_FIRST or entry.counted % CHECK_EVERY == 0
+    async def count_chat(self, base_model_id: int, messages: object) -> int | None:
+        """A chat's prompt token count as vLLM's chat route counts it (the chat template rendered, no special tokens
+        added); None when this process cannot count it (no trusted tokenizer or template, messages other than plain
+        text, a template that refuses them): the caller asks the engine."""
+        tokenizer = self.ready(base_model_id)
+        entry = self._entries[base_model_id]
+        plain = plain_chat(messages)
+        if tokenizer is None or entry.template is None or entry.chat_retired or plain is None:
+            return None
+        try:
+            text = render_chat(entry.template, plain, entry.special_tokens)
+        except jinja2.TemplateError:
+            return None  # the engine answers the template's refusal in its own words
+        entry.chats_counted += 1
+        if len(text) <= self._inline_max_chars:
+            return len(tokenizer.encode(text, add_special_tokens=False))
+        encodings = await asyncio.to_thread(tokenizer.encode_batch, [text], add_special_tokens=False)
+        return len(encodings[0])
 
-    def checked(self, base_model_id: int, *, local: int, engine: int | None) -> bool:
-        """Record the engine's count of a prompt this process counted ``local``; a difference retires the tokenizer
-        (until the stored one changes). Returns whether they agreed (True when the engine gave no count)."""
+    def wants_check(self, base_model_id: int, *, chat: bool = False) -> bool:
+        """Whether the count just made (a chat's with ``chat``) should be compared with the engine's: the first
+        :data:`CHECK_FIRST` of a tokenizer, then one in :data:`CHECK_EVERY`, prompts and chats apart."""
+        entry = self._entries.get(base_model_id)
+        if entry is None or entry.tokenizer is None or entry.retired or (chat and entry.chat_retired):
+            return False
+        counted = entry.chats_counted if chat else entry.counted
+        return counted <= CHECK_FIRST or counted % CHECK_EVERY == 0
+
+    def checked(self, base_model_id: int, *, local: int, engine: int | None, chat: bool = False) -> bool:
+        """Record the engine's count of a prompt (a chat with ``chat``) this process counted ``local``; a difference
+        retires the tokenizer, or for a chat its template only (until the stored files change). Returns whether
+        they agreed (True when the engine gave no count)."""
         entry = self._entries.get(base_model_id)
         if engine is None or entry is None or local == engine:
             return True
-        if not entry.retired:
-            entry.retired = True
+        if not (entry.chat_retired if chat else entry.retired):
+            if chat:
+                entry.chat_retired = True
+            else:
+                entry.retired = True
             logger.warning("gateway.tokenizer_mismatch", extra={
-                "base_model_id": base_model_id, "sha256": entry.sha256, "local": local, "engine": engine})
+                "base_model_id": base_model_id, "sha256": entry.sha256, "local": local, "engine": engine,
+                "chat": chat})
         return False

@@ -55,3 +55,39 @@ def test_the_folders_tokenizer_is_stored_and_a_broken_one_refused(tmp_path: Path
                  stdout=io.StringIO())  # the broken file is not read; the stored one stays
     assert BaseModel.objects.get(base_model_name="tiny-test").max_lora_rank == 32
     assert BaseModelTokenizer.objects.get(base_model__base_model_name="tiny-test").sha256 == stored.sha256
+
+
+def test_the_chat_template_and_special_tokens_are_stored_and_a_broken_template_refused(
+        tmp_path: Path, tiny_base_dir: Path) -> None:
+    """The folder's ``chat_template.jinja`` wins over ``tokenizer_config.json``'s ``chat_template`` (as transformers
+    loads them); the special tokens come from ``tokenizer_config.json``, ``AddedToken`` objects as their text. A
+    template that does not compile is refused with nothing written; a folder without one says chats go to the
+    engine."""
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    (tmp_path / "tokenizer.json").write_text((tiny_base_dir / "tokenizer.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": {"content": "<s>", "lstrip": False}, "eos_token": "</s>", "chat_template": "from config"}))
+    out = io.StringIO()
+    call_command("quiver_base_model_register", "tiny-test", str(tmp_path), stdout=out)
+    stored = BaseModelTokenizer.objects.get(base_model__base_model_name="tiny-test")
+    assert (stored.chat_template, stored.special_tokens) == ("from config", {"bos_token": "<s>", "eos_token": "</s>"})
+    assert "chat template" not in out.getvalue()
+
+    (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    call_command("quiver_base_model_register", "tiny-test", str(tmp_path), stdout=io.StringIO())
+    updated = BaseModelTokenizer.objects.get(base_model__base_model_name="tiny-test")
+    assert updated.chat_template.startswith("{{ bos_token }}") and updated.sha256 != stored.sha256
+
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }")
+    with pytest.raises(CommandError, match="chat template does not compile.*chat_template.jinja.*--no-tokenizer"):
+        call_command("quiver_base_model_register", "tiny-test", str(tmp_path), "--max-lora-rank", "64",
+                     stdout=io.StringIO())
+    assert BaseModel.objects.get(base_model_name="tiny-test").max_lora_rank == 16
+    assert BaseModelTokenizer.objects.get(base_model__base_model_name="tiny-test").sha256 == updated.sha256
+
+    (tmp_path / "chat_template.jinja").unlink()
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    out = io.StringIO()
+    call_command("quiver_base_model_register", "tiny-test", str(tmp_path), stdout=out)
+    assert "no chat template" in out.getvalue() and "count chats" in out.getvalue()
+    assert BaseModelTokenizer.objects.get(base_model__base_model_name="tiny-test").chat_template == ""

@@ -194,3 +194,38 @@ def test_the_gateway_counts_a_prompt_with_the_base_models_tokenizer_as_the_engin
                             json={"model": "tiny-llama", "prompt": prompt}).json()["count"]
         assert counted(prompt) == engine, prompt
     assert "gateway.tokenizer_mismatch" not in gw.child.log.read_text(errors="replace")
+
+
+def test_the_gateway_counts_a_chat_with_the_base_models_template_as_the_engine_does(
+        live_node, vllm_engine, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    """A chat of plain text messages is rendered with the chat template stored at registration and counted in the
+    gateway: its 429 under a 2-token limit names the same count as the engine's ``/tokenize`` of the messages, no
+    mismatch is logged, and a chat the gateway leaves to the engine (content parts) is still counted exactly."""
+    gw = gateway_processes[0]
+    tenant = TenantFactory()
+    _, key = api_key_create(tenant, name="app")
+    limits_set(tenant, limits={"tpm_limit": 2})
+
+    def counted(messages: list[dict[str, object]]) -> int | None:
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": "tiny-llama", "messages": messages, "max_tokens": 1})
+        found = re.search(r"the prompt, about (\d+),", resp.text) if resp.status_code == 429 else None
+        return int(found.group(1)) if found else None
+
+    loaded = f"gateway.tokenizer_loaded base_model_id={live_node.base_model_id}"
+    deadline = time.monotonic() + 30
+    while counted([{"role": "user", "content": "x"}]) is None or loaded not in gw.child.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, gw.child.tail()
+        time.sleep(0.2)
+    assert "chat_template=True" in gw.child.log.read_text(errors="replace")
+    chats: list[list[dict[str, object]]] = [
+        [{"role": "user", "content": "~" * 300}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "東京は😀"},
+         {"role": "assistant", "content": "<s></s> ok"}, {"role": "user", "content": " \t\n again"}],
+        [{"role": "user", "content": [{"type": "text", "text": "parts"}, {"type": "text", "text": "~~~~"}]}],
+    ]
+    for messages in chats:
+        engine = httpx.post(f"{vllm_engine.url}/tokenize", headers=vllm_engine.headers, timeout=30,
+                            json={"model": "tiny-llama", "messages": messages}).json()["count"]
+        assert counted(messages) == engine, messages
+    assert "gateway.tokenizer_mismatch" not in gw.child.log.read_text(errors="replace")

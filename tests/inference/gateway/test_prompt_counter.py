@@ -13,8 +13,15 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from adapters_app.models import tokenizer_files_sha256
 from inference.gateway import prompt_counter
-from inference.gateway.prompt_counter import CHECK_EVERY, CHECK_FIRST, PromptCounter, parse_tokenizer
+from inference.gateway.prompt_counter import (
+    CHECK_EVERY,
+    CHECK_FIRST,
+    PromptCounter,
+    TokenizerFiles,
+    parse_tokenizer,
+)
 
 DENSE_ALPHABET = "abc ~~é中😀\n\t<s></s>  xyz123!?"
 
@@ -27,19 +34,21 @@ def tokenizer_json(tiny_base_dir: Path) -> str:
 class Store:
     """What the database holds for base model 1, and how often it was asked."""
 
-    def __init__(self, text: str | None) -> None:
+    def __init__(self, text: str | None, template: str = "", tokens: dict[str, str] | None = None) -> None:
         self.text = text
+        self.template = template
+        self.tokens = tokens or {}
         self.asked: list[str | None] = []
         self.fail = False
 
-    async def fetch(self, pk: int, known: str | None) -> tuple[str | None, str | None]:
+    async def fetch(self, pk: int, known: str | None) -> tuple[str | None, TokenizerFiles | None]:
         self.asked.append(known)
         if self.fail:
             raise ConnectionError("database down")
         if self.text is None:
             return None, None
-        sha = hashlib.sha256(self.text.encode()).hexdigest()
-        return sha, (None if sha == known else self.text)
+        sha = tokenizer_files_sha256(self.text, self.template, self.tokens)
+        return sha, (None if sha == known else TokenizerFiles(self.text, self.template, dict(self.tokens)))
 
 
 class Clock:
