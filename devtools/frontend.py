@@ -6,6 +6,7 @@ and npm come from the machine (Debian packages or nodesource); packages come fro
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -27,15 +28,20 @@ def _newest(root: Path) -> float:
 
 
 def ensure_node_modules(root: Path = FRONTEND) -> None:
-    """``npm ci`` when ``node_modules`` is missing or older than the lockfile.
+    """``npm ci`` unless ``node_modules`` was installed from this very lockfile (its sha256 in a stamp file).
+
+    By content, not date: a fresh clone's or a checkout's lockfile is always newer than ``node_modules`` and made
+    every run reinstall (a fresh user's finding).
 
     Raises:
         RuntimeError: npm is not installed, or ``npm ci`` failed (its output is in the message).
     """
-    stamp = root / "node_modules" / ".package-lock.json"
-    if stamp.exists() and stamp.stat().st_mtime >= (root / "package-lock.json").stat().st_mtime:
+    stamp = root / "node_modules" / ".quiver-lock-sha256"
+    want = hashlib.sha256((root / "package-lock.json").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text().strip() == want:
         return
     _npm(root, "ci", "--no-audit", "--no-fund")
+    stamp.write_text(want + "\n")
 
 
 def ensure_console_built(root: Path = FRONTEND) -> Path:
