@@ -44,7 +44,12 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
     try {
       const { status, body } = await handle.promise
       if (status < 300) {
-        setResult({ ok: true, text: `Uploaded ${versionLabel(body.adapter, body.number)}: ${body.status}.` })
+        // The upload is done; validation runs on: say so rather than the transient status `uploaded`.
+        const label = versionLabel(body.adapter, body.number)
+        setResult({
+          ok: true,
+          text: body.status === 'uploaded' ? `Uploaded ${label}; it is being validated (status and report in the versions list).` : `Uploaded ${label}: ${body.status}.`,
+        })
         onUploaded?.(body)
       } else {
         setResult({ ok: false, text: body?.detail ?? `Upload failed (HTTP ${status}).` })
@@ -60,8 +65,9 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
 
   const overall = progress ? Math.round((progress.loaded / Math.max(progress.total, 1)) * 100) : 0
   const totalBytes = files.reduce((a, f) => a + f.size, 0)
-  const phaseText =
-    progress?.phase === 'hashing'
+  const phaseText = result
+    ? null
+    : progress?.phase === 'hashing'
       ? `Computing sha256 · ${Math.round(((progress.hashed ?? 0) / Math.max(totalBytes, 1)) * 100)} %`
       : progress?.phase === 'verifying'
         ? 'Uploaded; the server is checking sizes and sha256…'
