@@ -98,6 +98,13 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         if extra:
             raise serializers.ValidationError({clip(extra[0]): f"Only limits can be changed: {list(LIMIT_FIELDS)}."})
         access = self.principal
+        if access.api_key is not None and access.api_key.pk != key.pk:
+            # As for revoking: a limited keys:manage key set rpm_limit 1 on the owner's unlimited key (attack round).
+            stronger = _stronger(key, access.api_key)
+            if stronger:
+                raise QuiverError(f"This key cannot change the limits of a key stronger than itself ({stronger}); use "
+                                  "an owner's console session or a key at least as strong.", code="key_stronger",
+                                  status_code=403)
         if access.api_key is not None:
             # A key never sets a limit looser than its own, on itself or another key (attack round: a limited
             # keys:manage key cleared its own limits and its children's).

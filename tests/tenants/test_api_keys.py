@@ -232,3 +232,21 @@ def test_limits_can_be_set_when_a_key_is_made_and_unknown_fields_are_named(make_
     looser = child.post("/api/v1/api-keys", {"name": "y", "scopes": ["inference"], "tpm_limit": 5000}, format="json")
     assert looser.status_code == 201 and looser.json()["tpm_limit"] == 100  # never looser than its parent's
     assert minted.tpm_limit == 1000
+
+
+def test_a_limited_keys_manage_key_cannot_tighten_a_stronger_key(make_client) -> None:  # type: ignore[no-untyped-def]
+    """As for revoking: a ``keys:manage`` key under TPM 1,000 set ``rpm_limit`` 1 and ``max_tokens_limit`` 1 on the
+    owner's unlimited, full-scope key (cutting its application off as surely as a revoke; attack round)."""
+    _, tenant, owner_key = make_client()
+    owner_id = owner_key.split("_", 1)[1].split(".")[0]
+    _, limited_plain = api_key_create(tenant, name="lim", scopes=["keys:manage", "inference"],
+                                      limits={"tpm_limit": 1000})
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {limited_plain}")
+    refused = client.patch(f"/api/v1/api-keys/{owner_id}", {"rpm_limit": 1, "max_tokens_limit": 1}, format="json")
+    assert (refused.status_code, refused.json()["code"]) == (403, "key_stronger"), refused.content
+    owner = ApiKey.objects.get(key_id=owner_id)
+    assert (owner.rpm_limit, owner.max_tokens_limit) == (None, None)
+    weaker, _ = api_key_create(tenant, name="weak", scopes=["inference"], limits={"tpm_limit": 500})
+    ok = client.patch(f"/api/v1/api-keys/{weaker.key_id}", {"rpm_limit": 5}, format="json")
+    assert ok.status_code == 200 and ok.json()["rpm_limit"] == 5
