@@ -39,15 +39,22 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     ``node_identity_mismatch``, 409 ``node_urls_changed``/``base_model_mismatch``; a refused heartbeat changes nothing.
     """
     token = bearer_token(request.headers.get("Authorization", "")) or ""
-    try:
-        body = json.loads(request.body)
-    except (ValueError, RecursionError):  # RecursionError: JSON nested past the parser's depth
-        body = None  # refused as 400 once the token is checked
+    parsed: list[Any] = []
+
+    def body() -> Any:
+        # Parsed only once the token and the heartbeat floor pass: a 4 MB body under a bogus token (or within the
+        # floor) cost the internal listener over a second of JSON parsing before its 401/429 (attack round).
+        try:
+            parsed.append(json.loads(request.body))
+        except (ValueError, RecursionError):  # RecursionError: JSON nested past the parser's depth
+            parsed.append(None)  # refused as 400
+        return parsed[0]
+
     try:
         node = node_heartbeat_accept(token=token, body=body)
     except NodeRefused as exc:
         return JsonResponse({"detail": exc.detail, "code": exc.code}, status=exc.status)
-    adapters = body.get("adapters", [])
+    adapters = parsed[0].get("adapters", [])
     return JsonResponse({"node": node.name, "healthy": node.healthy,
                          "elsewhere": planned_elsewhere(node.name, adapters),
                          "over_quota": over_quota(adapters)})

@@ -127,7 +127,8 @@ def node_heartbeat_accept(*, token: str, body: Any) -> Node:
 
     Args:
         token: the bearer token sent (the node's heartbeat token).
-        body: the decoded JSON body (the agent's state report).
+        body: the decoded JSON body (the agent's state report), or a function returning it, called only once the
+            token and the heartbeat floor passed.
 
     Returns:
         The node, updated.
@@ -149,7 +150,7 @@ def node_heartbeat_accept(*, token: str, body: Any) -> Node:
                 timezone.now() - node.last_heartbeat_at < timedelta(seconds=floor):
             raise NodeRefused(429, "heartbeat_too_soon", f"Heartbeats of one node come at most every {floor} s "
                               "(QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S); this one is not recorded.")
-        state = _checked(node, body)
+        state = _checked(node, body() if callable(body) else body)
         if node.deregistered_at is not None:
             return node  # as node_heartbeat: a deregistered node's report is not recorded
         return _record(node, state, last_sample)

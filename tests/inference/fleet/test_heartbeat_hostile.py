@@ -155,3 +155,30 @@ def test_heartbeats_closer_than_the_floor_are_refused_before_any_work(internal: 
         Node.objects.filter(name="n1").update(last_heartbeat_at=timezone.now() - timedelta(seconds=61))
         assert beat(num_requests_running=3).status_code == 200  # a beat past the floor is taken as ever
     assert Node.objects.get(name="n1").num_requests_running == 3
+
+
+@pytest.mark.parametrize("case", ["bogus token", "too soon"])
+def test_a_refused_heartbeat_body_is_never_parsed(internal: Client, token: str, case: str) -> None:
+    """The view parsed up to 4 MB of JSON before checking the token or the floor: over a second of the internal
+    listener's CPU per refused request (attack round)."""
+    from unittest import mock
+
+    from inference.fleet import internal_views
+
+    if case == "too soon":
+        ok = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True}), content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {token}")
+        assert ok.status_code == 200, ok.content
+    body = json.dumps({"node": "n1", "healthy": True, "marker": "parse-me-not"}).encode()
+    real_loads, parsed = json.loads, []
+
+    def loads(text: Any, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(text == body)  # the database's JSON fields are decoded with json.loads too
+        return real_loads(text, *args, **kwargs)
+
+    with mock.patch.object(internal_views.json, "loads", side_effect=loads), \
+            override_settings(QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S=60):
+        resp = internal.post(URL, data=body, content_type="application/json",
+                             HTTP_AUTHORIZATION=f"Bearer {'qvn_n1.bogus' if case == 'bogus token' else token}")
+    assert resp.status_code == (401 if case == "bogus token" else 429), resp.content
+    assert not any(parsed)
