@@ -38,7 +38,7 @@ from inference.gateway.admission import AdmissionGate
 from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
-from inference.gateway.exchange import Call, Exchange, route_log
+from inference.gateway.exchange import Call, Exchange, meter_refusal, route_log
 from inference.gateway.limits import (
     RateLimiter,
     limits_mode_log,
@@ -420,6 +420,7 @@ class GatewayApp:
         except GatewayError as exc:
             if exc.status == 429:
                 metrics.RATE_LIMITED.labels(exc.type).inc()
+            meter_refusal(self.sink, exc, endpoint=endpoint, started=started, arrived=arrived)
             return error_response(exc)
         key, target = call.key, call.target
         acquired: list[tuple[NodeView, Any]] = []
@@ -440,6 +441,8 @@ class GatewayApp:
             node, slot = await while_client_waits(request.receive, acquire())
         except GatewayError as exc:
             await self.limiter.settle(call.admission, actual_tokens=0)
+            exc.metered = (key, target.requested, target)
+            meter_refusal(self.sink, exc, endpoint=endpoint, started=started, arrived=arrived)
             return error_response(exc)
         except ClientGone:
             if acquired:
@@ -464,11 +467,20 @@ class GatewayApp:
         # word of any Authorization header, so junk credentials must not get a byte read (the cap still
         # answers 413 for a good key's oversized body).
         key = await self.authenticate(request)
+        seen: list[Any] = [key, "", None]  # what a refusal's usage row names (meter_refusal): key, model, target
+        try:
+            return await self._prepare_body(request, endpoint, key, seen)
+        except GatewayError as exc:
+            exc.metered = tuple(seen)
+            raise
+
+    async def _prepare_body(self, request: Request, endpoint: str, key: KeyView, seen: list[Any]) -> Call:
         raw = await self._read_raw(request)
         body = self._parse(raw)
+        seen[1] = body["model"]
         upstream = hygiene.upstream_body(body, endpoint=endpoint, caps=_caps(key),
                                          salt=hygiene.cache_salt(key.tenant_id, settings.SECRET_KEY))
-        target = await self.resolve(key, body["model"], body.get("user"))
+        target = seen[2] = await self.resolve(key, body["model"], body.get("user"))
         scopes = _scopes(key, target)
         if hygiene.requested_tokens(upstream) is None and any(s.limits.tpm is not None for s in scopes):
             # Under a TPM limit the reservation must bound what the engine generates: without max_tokens vLLM

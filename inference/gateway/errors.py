@@ -33,6 +33,9 @@ class GatewayError(Exception):
         self.type = type_
         # A field name can be a caller's JSON key: never echo one whole.
         self.param = None if param is None else clip(param)
+        # (key, model as sent, target or None) once the caller's tenant is known: the refusal is metered
+        # (inference.gateway.exchange.meter_refusal).
+        self.metered: tuple[Any, str, Any] | None = None
 
     def body(self) -> dict[str, dict[str, str | None]]:
         """``{"error": {"message", "type", "param", "code"}}``."""

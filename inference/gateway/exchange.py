@@ -307,3 +307,19 @@ class Exchange:
         strip_engine_fields(data)
         app.admission.release(self.slot)
         return RecordedResponse(data, headers=self.limit_headers, record=lambda: self.record(200, usage))
+
+
+def meter_refusal(sink: UsageSink, exc: GatewayError, *, endpoint: str, started: float, arrived: float) -> None:
+    """Meter a request the gateway refused before any engine (a 400, 404, 429, 503...) when its tenant is known
+    (``exc.metered``: the key, the model as sent, the target or None), so a throttled tenant sees its 429s among its
+    errors; bounded per tenant (``UsageSink.emit_refusal``). ``started`` is monotonic, ``arrived`` Unix seconds."""
+    if exc.metered is None:
+        return
+    key, model, target = exc.metered
+    now = time.monotonic()
+    sink.emit_refusal(usage_row(
+        tenant_id=key.tenant_id, api_key_id=key.pk, adapter_version_id=target.version_id if target else None,
+        base_model_id=target.base_model_id if target else None, node_id=None,
+        model_name=model if isinstance(model, str) else "", version_number=target.version_number if target else None,
+        endpoint=endpoint, stream=False, status_code=exc.status, usage=None, latency_ms=(now - started) * 1000,
+        ttft_ms=None, created_at=arrived), now)

@@ -27,6 +27,10 @@ from inference.metering.usage import usage_records_write
 logger = logging.getLogger(__name__)
 MAX_BUFFER = 100_000
 BATCH_WINDOW_S = 0.1
+# Rows for requests the gateway refused itself (400, 404, 429, 503...), per tenant and process: a client hammering
+# past its limit must not turn each refusal into a database row. Past the budget they are only counted.
+REFUSAL_ROWS_PER_S = 20.0
+REFUSAL_ROWS_BURST = 200.0
 
 
 class UsageSink:
@@ -38,6 +42,8 @@ class UsageSink:
         self._idle = asyncio.Event()
         self._idle.set()
         self._redis: aioredis.Redis | None = None
+        self._refusal_budget: dict[int, tuple[float, float]] = {}  # tenant id -> (rows left, monotonic time)
+        self.refusals_unrecorded = 0
 
     def emit(self, row: dict[str, Any]) -> None:
         """Queue one record (``metering.usage_row``); never blocks or raises."""
@@ -47,6 +53,23 @@ class UsageSink:
         self._buffer.append(row)
         self._idle.clear()
         self._wake.set()
+
+    def emit_refusal(self, row: dict[str, Any], now: float) -> bool:
+        """Queue the row of a request the gateway refused itself, within its tenant's budget
+        (:data:`REFUSAL_ROWS_PER_S`, bursts of :data:`REFUSAL_ROWS_BURST`; ``now``: monotonic seconds); past it the
+        refusal is only counted in ``refusals_unrecorded``. Returns whether the row was queued."""
+        tenant = int(row["tenant_id"])
+        left, at = self._refusal_budget.get(tenant, (REFUSAL_ROWS_BURST, now))
+        left = min(REFUSAL_ROWS_BURST, left + (now - at) * REFUSAL_ROWS_PER_S)
+        if left < 1.0:
+            self._refusal_budget[tenant] = (left, now)
+            self.refusals_unrecorded += 1
+            return False
+        if len(self._refusal_budget) >= MAX_BUFFER:
+            self._refusal_budget.clear()
+        self._refusal_budget[tenant] = (left - 1.0, now)
+        self.emit(row)
+        return True
 
     async def flushed(self, timeout: float = 5.0) -> bool:
         """Wait until every emitted record has been handed on; False on timeout."""

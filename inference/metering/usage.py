@@ -1,4 +1,5 @@
-"""Usage metering: one row per proxied request, written in batches off the request path.
+"""Usage metering: one row per proxied request, written in batches off the request path (and one, with no tokens, per
+request the gateway refused for a known key, within a per-tenant budget: ``inference.gateway.usage_sink``).
 
 The gateway emits one dict per request (:func:`usage_row`) to ``inference.gateway.usage_sink``; with Redis it lands
 in the stream ``QUIVER_USAGE_STREAM`` at once and :func:`usage_drain` (Celery beat, every second; also run before the

@@ -1,0 +1,66 @@
+"""Requests the gateway refuses itself are metered once the caller's tenant is known (a fresh user's finding: a
+throttled tenant saw 0 errors, since only requests that reached an engine were recorded), within a per-tenant
+budget so a flood of refusals cannot flood the usage table; an unknown key's 401 is not (no tenant to bill)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import async_to_sync
+
+from inference.gateway import usage_sink
+from inference.gateway.app import GatewayApp
+from inference.metering.models import UsageRecord
+from inference.metering.usage import usage_records_write
+from tenants.services import api_key_create, limits_set
+from tests.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _post(app: GatewayApp, calls: list[tuple[str, dict[str, Any]]]) -> list[int]:
+    """Each ``(key, body)`` posted in order, in one event loop (the app keeps one usage sink per loop)."""
+    async def go() -> list[int]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as http:
+            return [(await http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+                     ).status_code for key, body in calls]
+    return async_to_sync(go)()
+
+
+def test_refusals_of_a_known_tenant_are_metered_with_their_status_and_no_tokens(base_model: Any) -> None:
+    tenant = TenantFactory()
+    limits_set(tenant, limits={"tpm_limit": 50})
+    _, key = api_key_create(tenant, name="app")
+    app = GatewayApp(background=False)
+    statuses = _post(app, [
+        (key, {"model": "nope", "prompt": "x"}),  # 404
+        (key, {"model": "tiny-llama", "prompt": "x", "temperature": -1}),  # 400
+        (key, {"model": "tiny-llama", "prompt": "x", "max_tokens": 1000}),  # 429: larger than the TPM limit
+        (key, {"model": "tiny-llama", "prompt": "x", "max_tokens": 1}),  # admitted, no node: 503
+        ("qv_nokey.secret", {"model": "tiny-llama", "prompt": "x"}),  # 401: no tenant to meter
+    ])
+    assert statuses == [404, 400, 429, 503, 401]
+    rows = list(app.sink._buffer)
+    assert [(r["status_code"], r["model_name"], r["tenant_id"]) for r in rows] == [
+        (404, "nope", tenant.pk), (400, "tiny-llama", tenant.pk), (429, "tiny-llama", tenant.pk),
+        (503, "tiny-llama", tenant.pk)]
+    assert all(r["prompt_tokens"] == r["completion_tokens"] == 0 and r["node_id"] is None for r in rows)
+    assert [r["base_model_id"] for r in rows] == [None, None, base_model.pk, base_model.pk]
+    usage_records_write(rows)  # the rows the drain writes: they count among the tenant's errors
+    assert sorted(UsageRecord.objects.filter(tenant=tenant).values_list("status_code", flat=True)) == [
+        400, 404, 429, 503]
+
+
+def test_a_flood_of_refusals_is_metered_up_to_the_tenants_budget(base_model: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usage_sink, "REFUSAL_ROWS_BURST", 5.0)
+    monkeypatch.setattr(usage_sink, "REFUSAL_ROWS_PER_S", 0.001)
+    first, second = TenantFactory(), TenantFactory()
+    app = GatewayApp(background=False)
+    keys = [api_key_create(tenant, name="app")[1] for tenant in (first, second)]
+    assert _post(app, [(key, {"model": "nope", "prompt": "x"}) for key in keys for _ in range(12)]) == [404] * 24
+    rows = list(app.sink._buffer)
+    assert [r["tenant_id"] for r in rows] == [first.pk] * 5 + [second.pk] * 5  # one tenant's flood spends its own
+    assert app.sink.refusals_unrecorded == 14
