@@ -12,7 +12,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from adapters_app.models import AdapterVersion
+from adapters_app.models import AdapterVersion, served_name
 from inference.fleet.nodes import NodeRefused, node_heartbeat_accept
 from inference.fleet.plan import plan_all
 from inference.fleet.reconcile import tenants_at_gpu_quota
@@ -55,20 +55,26 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     except NodeRefused as exc:
         return JsonResponse({"detail": exc.detail, "code": exc.code}, status=exc.status)
     adapters = parsed[0].get("adapters", [])
-    return JsonResponse({"node": node.name, "healthy": node.healthy,
-                         "elsewhere": planned_elsewhere(node.name, adapters),
-                         "over_quota": over_quota(adapters)})
-
-
-def over_quota(adapters: list[dict[str, Any]]) -> list[int]:
-    """The ``lora_int_id`` of the entries in ``adapters`` (a validated heartbeat's list) whose tenant's GPU-resident
-    bytes reach its ``max_gpu_bytes`` quota, sorted; ``[]`` when no tenant is there."""
+    elsewhere = planned_elsewhere(node.name, adapters)
     tenants = tenants_at_gpu_quota()
-    if not tenants:
-        return []
-    ids = {entry["lora_int_id"] for entry in adapters}
-    return sorted(AdapterVersion.objects.filter(pk__in=ids, adapter__tenant_id__in=tenants)
-                  .values_list("pk", flat=True))
+    named = named_versions(adapters, set(elsewhere) | ({e["lora_int_id"] for e in adapters} if tenants else set()))
+    return JsonResponse({"node": node.name, "healthy": node.healthy,
+                         "elsewhere": [pk for pk in elsewhere if pk in named],
+                         "over_quota": sorted(pk for pk, tenant_id in named.items() if tenant_id in tenants)})
+
+
+def named_versions(adapters: list[dict[str, Any]], wanted: set[int]) -> dict[int, int]:
+    """``{lora_int_id: tenant id}`` of the entries of ``adapters`` (a validated heartbeat's list) among ``wanted``
+    whose ``lora_name`` is their version's served name: the answer's hints (``over_quota``: the node evicts those
+    first, so a tenant over its residency quota loses its own adapters before anyone else does; ``elsewhere``) name
+    only versions the node was sent. A stolen node token listing bare version ids learned where the plan put each
+    and whether its tenant was at its GPU quota (attack round). One query, none when nothing is wanted."""
+    if not wanted:
+        return {}
+    names = {pk: (served_name(slug, name, pk), tenant_id) for pk, slug, name, tenant_id in AdapterVersion.objects
+             .filter(pk__in=wanted).values_list("pk", "adapter__tenant__slug", "adapter__name", "adapter__tenant_id")}
+    return {e["lora_int_id"]: names[e["lora_int_id"]][1] for e in adapters
+            if e["lora_int_id"] in names and names[e["lora_int_id"]][0] == e["lora_name"]}
 
 
 def planned_elsewhere(node_name: str, adapters: list[dict[str, Any]]) -> list[int]:

@@ -87,21 +87,33 @@ def test_deeply_nested_json_is_a_400(internal: Client, token: str, auth: str) ->
 
 def test_the_answer_names_the_reported_adapters_the_plan_puts_on_other_nodes_only(internal: Client,
                                                                                   token: str) -> None:
+    """Only versions reported under their served name (the node was sent them): a stolen node token listing bare
+    version ids, or a version under another name, learns nothing of the plan (attack round)."""
+    from adapters_app.models import AdapterVersion
+    from adapters_app.services import adapter_create
     from common.redis import sync_client
     from inference.fleet.plan import plan_key, plan_publish
+    from tests.factories import TenantFactory
     from tests.fixtures.fleet_plan import plan_forget
 
-    adapters = [{"lora_name": f"acme--a{i}", "lora_int_id": i, "tier": "warm", "pinned": False, "served": True}
-                for i in (1, 2, 3, 4)]
+    tenant = TenantFactory(slug="acme")
+    adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    v = [AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=n, sha256=f"{n}" * 64, size_bytes=10,
+                                       s3_prefix=f"p{n}/", files=[], status="ready", r=8) for n in range(1, 6)]
+    adapters = [{"lora_name": x.served_name, "lora_int_id": x.pk, "tier": "warm", "pinned": False, "served": True}
+                for x in v[:4]]
+    adapters.append({"lora_name": "acme--guess--1", "lora_int_id": v[4].pk, "tier": "warm", "pinned": False,
+                     "served": True})  # planned elsewhere, but not under its name: the node was never sent it
     try:
-        plan_publish({1: ("n2",), 2: ("n1",), 3: ("n2", "n1")})  # 4: not planned (new, or the plan is older)
+        # v[3]: not planned (new, or the plan is older)
+        plan_publish({v[0].pk: ("n2",), v[1].pk: ("n1",), v[2].pk: ("n2", "n1"), v[4].pk: ("n2",)})
         resp = internal.post(URL, data=json.dumps({"node": "n1", "healthy": True, "adapters": adapters}),
                              content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
     finally:
         sync_client().delete(plan_key())  # type: ignore[union-attr]
         plan_forget()
     assert resp.status_code == 200, resp.content
-    assert resp.json() == {"node": "n1", "healthy": True, "elsewhere": [1], "over_quota": []}
+    assert resp.json() == {"node": "n1", "healthy": True, "elsewhere": [v[0].pk], "over_quota": []}
 
 
 def test_the_answer_names_the_reported_adapters_of_tenants_at_their_gpu_quota(internal: Client, token: str) -> None:
@@ -128,6 +140,9 @@ def test_the_answer_names_the_reported_adapters_of_tenants_at_their_gpu_quota(in
     reported = [v for slug in ("a", "b") for v in versions[slug][1:]]
     adapters = [{"lora_name": v.served_name, "lora_int_id": v.pk, "tier": "hot", "pinned": False, "served": True}
                 for v in reported]
+    # A's first version by a bare id under another name: not named (the node was never sent it).
+    adapters.append({"lora_name": "a--guess--1", "lora_int_id": versions["a"][0].pk, "tier": "hot", "pinned": False,
+                     "served": True})
 
     body = {"node": "n1", "healthy": True, "adapters": adapters, "residency": {"gpu_slot_bytes": 1000}}
     resp = internal.post(URL, data=json.dumps(body), content_type="application/json",
