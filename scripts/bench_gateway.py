@@ -11,7 +11,9 @@ competes for the cores.
 
 Targets (issue 7): added ≤ 2 ms p50 and ≤ 10 ms p99 on 1-token completions; throughput at concurrency 16 ≥ 0.6×.
 The rows marked TPM call the gateway with a key of a tenant under a tokens-per-minute limit: each prompt is then
-counted by the engine's ``/tokenize`` before admission, and issue 30 keeps the same ≤ 2 ms goal for them.
+counted before admission (in the gateway with the base model's tokenizer, a chat with its chat template too, once
+loaded; by the engine's ``/tokenize`` before), and issue 30 keeps the same ≤ 2 ms goal for them. The chat rows are
+1-token chat completions of one user message.
 
 Then, with a client we did not write (vLLM's own ``vllm bench serve``, random dataset 32 tokens in / 16 out,
 ``--ignore-eos``, the three demo adapters assigned round-robin, 240 prompts), the same comparison with mixed
@@ -48,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from demo.assets import ensure_demo_assets  # noqa: E402
-from demo.run import Processes, node_process_env  # noqa: E402
+from demo.run import Processes, node_process_env, web_argv  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
 
@@ -125,6 +127,7 @@ async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, 
                  gateway_pids: list[int], gateway_tpm: tuple[str, str]) -> dict:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
     stream_body = {**body, "max_tokens": 4}
+    chat_body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1, "temperature": 0}
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
     # aiohttp (C parser) rather than httpx: on 2 cores the client's own CPU competes with both paths' servers.
     # Keep-alive below the servers' 5 s (uvicorn's default), so no request reuses a connection being closed.
@@ -135,9 +138,11 @@ async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, 
         for name, (base, key) in {"direct": direct, "gateway": gateway, "gateway_tpm": gateway_tpm}.items()
     }
     # (kind, concurrency, the gateway path's client): "gateway_tpm" is a key of a tenant under a TPM limit, so
-    # each request's prompt is counted by the engine's /tokenize before it is admitted (issue 30).
+    # each request's prompt is counted before it is admitted (issue 30): in the gateway with the base model's
+    # tokenizer and chat template once loaded, else by the engine's /tokenize.
     scenarios = ([("completion", c, "gateway") for c in (1, 16, 64)] + [("completion", 1, "gateway_tpm")]
-                 + [("ttft", c, "gateway") for c in (1, 16, 64)] + [("ttft", 1, "gateway_tpm")])
+                 + [("ttft", c, "gateway") for c in (1, 16, 64)] + [("ttft", 1, "gateway_tpm")]
+                 + [("chat", 1, "gateway"), ("chat", 1, "gateway_tpm")])
     try:
         for client in clients.values():  # warm connections and both code paths
             await _run(lambda c=client: _completion(c, "/v1/completions", body), 50, 8)
@@ -150,7 +155,8 @@ async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, 
             if conc == 1:
                 # Sequential: the two paths take turns request by request (who goes first alternating), so drift
                 # of the machine's speed between blocks of requests cannot open or close the gap between them.
-                calls = {path: _call_for(kind, client, body, stream_body) for path, client in paths.items()}
+                calls = {path: _call_for(kind, client, chat_body if kind == "chat" else body, stream_body)
+                         for path, client in paths.items()}
                 for _ in range(args.rounds):
                     cpu0 = _cpu_s(gateway_pids)  # over the round: its background work during direct turns too
                     for i in range(n):
@@ -183,6 +189,8 @@ async def _bench(direct: tuple[str, str], gateway: tuple[str, str], model: str, 
 
 def _call_for(kind: str, client: aiohttp.ClientSession, body: dict[str, object],
               stream_body: dict[str, object]) -> Callable[[], Awaitable[float]]:
+    if kind == "chat":
+        return lambda: _completion(client, "/v1/chat/completions", body)
     if kind == "completion":
         return lambda: _completion(client, "/v1/completions", body)
     return lambda: _ttft(client, "/v1/completions", stream_body)
@@ -345,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.engine_threads:
             engine_vars["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(max((os.cpu_count() or 1) - args.engine_threads, 0))
         procs.start("vllm", engine_argv(engine, python=PY), engine_vars)
-        web = [PY, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(web_port),
-               "--log-level", "warning", "--no-access-log", "--workers", str(args.gateway_workers)]
+        # As the demo serves it (header/body read deadlines, no proxy headers), plus workers and no access log.
+        web = [*web_argv("config.asgi:application", web_port), "--no-access-log", "--workers",
+               str(args.gateway_workers)]
         if args.profile:
             spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
             web = [spy, "record", "-o", str(args.profile), "-f", "raw", "--subprocesses", "--", *web]
