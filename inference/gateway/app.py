@@ -150,7 +150,8 @@ class GatewayApp:
         if self.background:
             self._tasks = [loop.create_task(subscribe_forever(self.directory)),
                            loop.create_task(self.sink.run_forever()),
-                           loop.create_task(self.admission.run_forever())]
+                           loop.create_task(self.admission.run_forever()),
+                           loop.create_task(self.limiter.keep_alive_forever())]
 
     async def shutdown(self) -> None:
         """Flush usage, stop background tasks, close the upstream pool."""

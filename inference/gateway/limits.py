@@ -40,15 +40,24 @@ logger = logging.getLogger(__name__)
 WINDOW_S = 60
 UNLIMITED = -1
 
+ALIVE_PREFIX = "quiver:gw:alive:"  # + a gateway process's id: set while it runs (its leases are live)
+ALIVE_TTL_S = 10
+ALIVE_EVERY_S = 3.0  # the keep-alive's period (RateLimiter.keep_alive_forever), well inside the TTL
+
 # KEYS: per scope (rpm window, tpm window, concurrency set, rpm pace TAT). ARGV: now_ms, reserve, lease id, lease
 # expiry ms, key ttl s, then per scope (rpm limit, tpm limit, concurrency limit, pace interval ms, pace tolerance ms),
 # -1 = unlimited. The pace is GCRA: a request conforms while its theoretical arrival time (TAT) is at most
 # `tolerance` ahead of now; admitting moves the TAT on by one interval.
 # Returns {1, used_rpm_1, used_tpm_1, ...} after admitting, or {0, scope index, kind, used, limit, wait ms}.
+# A lease is "<process>:<id>"; each admit marks its process alive (ALIVE_PREFIX, ALIVE_TTL_S), and a concurrency set at
+# its limit first drops the leases of processes no longer marked: a gateway killed mid-request locked a key with
+# concurrency 1 out for its leases' whole life, 6 minutes (attack round), and now for at most ALIVE_TTL_S.
 ADMIT_LUA = """
 local n = #KEYS / 4
 local now, reserve, lease, lease_exp, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]),
   tonumber(ARGV[5])
+local alive_prefix, alive_ttl = '@ALIVE_PREFIX@', @ALIVE_TTL_S@
+redis.call('SET', alive_prefix .. string.match(lease, '^[^:]+'), 1, 'EX', alive_ttl)
 local tats = {}
 for i = 1, n do
   local rl, tl, cl = tonumber(ARGV[5*i+1]), tonumber(ARGV[5*i+2]), tonumber(ARGV[5*i+3])
@@ -65,6 +74,13 @@ for i = 1, n do
   if cl >= 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[4*i-1], '-inf', now)
     local c = redis.call('ZCARD', KEYS[4*i-1])
+    if c + 1 > cl then
+      for _, held in ipairs(redis.call('ZRANGE', KEYS[4*i-1], 0, -1)) do
+        local owner = string.match(held, '^([^:]+):')
+        if owner and redis.call('EXISTS', alive_prefix .. owner) == 0 then redis.call('ZREM', KEYS[4*i-1], held) end
+      end
+      c = redis.call('ZCARD', KEYS[4*i-1])
+    end
     if c + 1 > cl then return {0, i, 'concurrency', c, cl, -1} end
   end
 end
@@ -80,6 +96,7 @@ for i = 1, n do
 end
 return out
 """
+ADMIT_LUA = ADMIT_LUA.replace("@ALIVE_PREFIX@", ALIVE_PREFIX).replace("@ALIVE_TTL_S@", str(ALIVE_TTL_S))
 
 
 # Settle: the delta onto each token window that still exists (INCRBY keeps its expiry; on a window that expired
@@ -102,6 +119,7 @@ return 0
 # expiry ms, lease. Returns how many sets held the lease.
 RENEW_LUA = """
 local now, exp, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+redis.call('SET', '@ALIVE_PREFIX@' .. string.match(lease, '^[^:]+'), 1, 'EX', @ALIVE_TTL_S@)
 local renewed = 0
 for i = 1, #KEYS do
   local score = redis.call('ZSCORE', KEYS[i], lease)
@@ -113,6 +131,7 @@ for i = 1, #KEYS do
 end
 return renewed
 """
+RENEW_LUA = RENEW_LUA.replace("@ALIVE_PREFIX@", ALIVE_PREFIX).replace("@ALIVE_TTL_S@", str(ALIVE_TTL_S))
 
 # Without Redis, the same scripts run in this process on fakeredis's in-memory server (with lupa, a real Lua
 # interpreter): one source of truth for the limits whichever store holds them. One server per process, so a new
@@ -287,6 +306,7 @@ class RateLimiter:
     this process's in-memory Redis without ``QUIVER_GATEWAY_REDIS_URL`` (the same scripts either way)."""
 
     def __init__(self) -> None:
+        self.process = uuid.uuid4().hex[:16]  # the owner part of this process's leases ("<process>:<id>")
         self._redis: aioredis.Redis | None = None
         self._script: Any = None
         self._settle_script: Any = None
@@ -340,7 +360,7 @@ class RateLimiter:
         now = time.time()
         window = int(now // WINDOW_S)
         reset = WINDOW_S - (now % WINDOW_S)
-        lease = uuid.uuid4().hex
+        lease = f"{self.process}:{uuid.uuid4().hex}"
         lease_s = settings.QUIVER_PROXY_TIMEOUT_S + settings.QUIVER_WARM_WAIT_S
         keys: list[str] = []
         args: list[Any] = [int(now * 1000), reserve, lease, int((now + lease_s) * 1000), WINDOW_S * 2]
@@ -440,6 +460,21 @@ class RateLimiter:
             await self._renew_script(keys=conc_keys, args=[int(now * 1000), expiry, admission.lease])
         except Exception as exc:  # noqa: BLE001 - Redis away: the next renewal tries again; the lease may lapse
             logger.warning("gateway.limit_renew_failed", extra={"error": repr(exc)})
+
+
+    async def keep_alive_forever(self) -> None:
+        """Mark this process alive every :data:`ALIVE_EVERY_S` until cancelled, so its leases outlive a quiet spell
+        (a long non-streamed request, a warm wait); once it dies they are dropped within :data:`ALIVE_TTL_S` by the
+        next admit that finds their set at its limit. Never raises but cancellation."""
+        while True:
+            try:
+                await self._client().set(ALIVE_PREFIX + self.process, 1, ex=ALIVE_TTL_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: admits fail open meanwhile; retried next period
+                logger.debug("gateway.limits_keep_alive_failed", extra={"error": repr(exc)})
+                self._redis = None
+            await asyncio.sleep(ALIVE_EVERY_S)
 
 
 def _lim(value: int | None) -> int:

@@ -45,9 +45,10 @@ def _settled(engine_url: str, since: float) -> float:
 
 
 def _billed(tenant: Any, count: int) -> list[UsageRecord]:
-    """The tenant's usage rows of the test's requests (after ``tenant.since``), once ``count`` of them are in."""
+    """The tenant's usage rows of the test's requests that reached the engine (after ``tenant.since``; the gateway's
+    own refusals, metered with no node, are not), once ``count`` of them are in."""
     deadline = time.monotonic() + 30
-    while len(rows := list(UsageRecord.objects.filter(tenant=tenant, created_at__gte=tenant.since)
+    while len(rows := list(UsageRecord.objects.filter(tenant=tenant, created_at__gte=tenant.since, node__isnull=False)
                            .order_by("created_at"))) < count:
         assert time.monotonic() < deadline, f"{len(rows)} of {count} requests metered"
         usage_drain()
@@ -163,6 +164,14 @@ def test_a_tpm_limit_holds_against_dense_prompts_in_parallel_and_cut_streams(
     total = sum(r.prompt_tokens + r.completion_tokens for r in served)
     assert all(r.prompt_tokens >= 501 for r in served), [r.prompt_tokens for r in served]
     assert total <= 1000 + 517, total  # one request's overshoot at most
+    # The 429s are metered too (no node, no tokens): the tenant sees them among its errors.
+    refused = UsageRecord.objects.filter(tenant=tenant, created_at__gte=tenant.since, node__isnull=True)
+    deadline = time.monotonic() + 30
+    while refused.count() < statuses.count(429):
+        assert time.monotonic() < deadline, f"{refused.count()} of {statuses.count(429)} refusals metered"
+        usage_drain()
+        time.sleep(0.1)
+    assert {(r.status_code, r.prompt_tokens, r.completion_tokens) for r in refused} == {(429, 0, 0)}
 
 
 

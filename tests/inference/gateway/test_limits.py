@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inference.gateway.errors import GatewayError
-from inference.gateway.limits import RateLimiter, Scope, _duration, estimate_prompt_tokens
+from inference.gateway.limits import ALIVE_PREFIX, RateLimiter, Scope, _duration, estimate_prompt_tokens
 from inference.gateway.snapshot import Limits
 from inference.policy.admission import rpm_pace
 
@@ -404,3 +404,29 @@ def test_a_text_past_the_tokenize_bound_counts_its_bytes_without_asking_the_engi
     chat = counts({"messages": [{"role": "user", "content": big}]})[0]
     assert asked == [] and chat >= 5000 + 64
     assert counts({"messages": [{"role": "user", "content": small}]}) == [7] and len(asked) == 1
+
+
+def test_a_dead_gateway_processs_leases_are_dropped_when_the_set_is_full() -> None:
+    """A gateway killed mid-request never settles its lease: with concurrency 1 its key was locked out for the
+    lease's whole life, 6 minutes (attack round). Each process marks itself alive (on every admit and renewal, and
+    every few seconds while it runs); a full set drops the leases of processes no longer marked. A live process's
+    lease still holds."""
+    async def run() -> None:
+        scope = _scope(concurrency=1)
+        dead, other = RateLimiter(), RateLimiter()
+        await dead.admit([scope], reserve=1)  # never settled
+        with pytest.raises(GatewayError) as err:
+            await other.admit([scope], reserve=1)
+        assert "Concurrency limit" in err.value.message  # alive: its lease holds
+        await dead._client().delete(ALIVE_PREFIX + dead.process)  # its mark lapses (ALIVE_TTL_S after death)
+        assert await other.admit([scope], reserve=1) is not None
+        with pytest.raises(GatewayError):  # the new lease is live: the limit holds again
+            await dead.admit([scope], reserve=1)
+
+        keeper = RateLimiter()
+        task = asyncio.get_running_loop().create_task(keeper.keep_alive_forever())
+        await asyncio.sleep(0.05)
+        assert await keeper._client().ttl(ALIVE_PREFIX + keeper.process) > 0
+        task.cancel()
+
+    asyncio.run(run())
