@@ -76,7 +76,8 @@ def _ready_numbers(adapter: Adapter) -> set[int]:
 
 
 def _invalid(exc: RuleInvalid) -> QuiverError:
-    return QuiverError(str(exc), code="serving_rule_invalid", status_code=400)
+    fields = {exc.field: [str(exc)]} if exc.field else None
+    return QuiverError(str(exc), code="serving_rule_invalid", status_code=400, fields=fields)
 
 
 def _warm_first(adapter: Adapter, numbers: Sequence[int]) -> dict[int, str]:
@@ -175,7 +176,8 @@ def serving_canary(tenant: Tenant, *, adapter: Adapter, number: int, percent: in
     (:func:`inference.policy.versions.canary_rule`; 0 drops the canary, 100 promotes).
 
     Raises:
-        QuiverError: 400 ``serving_rule_invalid``, 409 ``serving_rule_changed``.
+        QuiverError: 400 ``serving_rule_invalid`` (also: ``number`` is not a ready version, serves alone, or is the
+            heaviest version of the rule; ``fields.version`` names the fix), 409 ``serving_rule_changed``.
     """
     try:
         rule = canary_rule(effective_rule(adapter), version=number, percent=percent)
@@ -249,9 +251,12 @@ def serving_on_ready(version: AdapterVersion) -> ServingResult | None:
                                 actor=SYSTEM_ACTOR)
     percent = asked.get("canary")
     if isinstance(percent, int) and 0 < percent <= 100:
-        return serving_rule_set(tenant, adapter=adapter, rule=canary_rule(current, version=version.number,
-                                                                          percent=percent),
-                                action="upload_canary", actor=SYSTEM_ACTOR)
+        try:
+            rule = canary_rule(current, version=version.number, percent=percent)
+        except RuleInvalid:
+            # A redelivery after the version was promoted meanwhile: it is the primary now, so nothing to canary.
+            return None
+        return serving_rule_set(tenant, adapter=adapter, rule=rule, action="upload_canary", actor=SYSTEM_ACTOR)
     return None
 
 

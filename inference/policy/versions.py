@@ -22,7 +22,11 @@ MAX_VERSIONS_IN_RULE = 4
 
 
 class RuleInvalid(ValueError):
-    """A serving rule that cannot stand; the message names the fix."""
+    """A serving rule that cannot stand; the message names the fix, ``field`` the input it is about (or None)."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def sticky_point(salt: str, user: str) -> float:
@@ -99,16 +103,30 @@ def canary_rule(current: Sequence[tuple[int, int]], *, version: int, percent: in
     """The rule that sends ``percent`` % to ``version`` and the rest to the current rule's heaviest version.
 
     ``percent`` 0 drops the canary (the primary alone); 100 is a promotion. The primary is the current rule's
-    heaviest version other than ``version``; with none (``version`` serves alone, or no rule) it is a promotion.
+    heaviest version other than ``version``; with no rule at all it is a promotion (which ``rule_check`` then judges).
+    A canary gives a small share to a version that is not the primary, so two calls are refused rather than
+    carried out: a canary of the version that serves alone (before, a 200 that changed nothing), and a canary of
+    the version heavier than every other (before, ``[(1, 90), (2, 10)]`` + canary v1 10 % swapped the split and
+    moved 80 % of the traffic). Both stay possible at 100 % (a promotion).
 
     Raises:
-        RuleInvalid: ``percent`` outside 0..100.
+        RuleInvalid: ``percent`` outside 0..100; ``version`` serves alone or is the heaviest version of ``current``
+            (``field`` ``"version"``; the message names promote or another version as the fix).
     """
     if not 0 <= percent <= WEIGHT_TOTAL:
-        raise RuleInvalid(f"A canary takes 0..{WEIGHT_TOTAL} percent (got {percent}).")
+        raise RuleInvalid(f"A canary takes 0..{WEIGHT_TOTAL} percent (got {percent}).", field="percent")
     others = sorted((p for p in current if p[0] != version), key=lambda p: (-p[1], p[0]))
-    if not others or percent == WEIGHT_TOTAL:
+    if percent == WEIGHT_TOTAL or not current:
         return [(version, WEIGHT_TOTAL)]
+    if not others:
+        raise RuleInvalid(f"Version {version} already takes all traffic, so there is nothing to canary it against: "
+                          "upload a new version and canary that one (or canary another ready version).",
+                          field="version")
+    share = dict(current).get(version, 0)
+    if share > others[0][1]:
+        raise RuleInvalid(f"Version {version} takes {share} % now, the largest share; a canary gives a small share "
+                          f"to a version beside the primary and never shrinks the primary: use promote to send all "
+                          f"traffic to v{version}, or canary v{others[0][0]} instead.", field="version")
     primary = others[0][0]
     if percent == 0:
         return [(primary, WEIGHT_TOTAL)]

@@ -111,6 +111,25 @@ def test_bad_rules_are_400_naming_the_fix(make_client, base_model) -> None:  # t
     assert client.post("/api/v1/adapters/nope/promote", {"version": 1}, format="json").status_code == 404
 
 
+def test_a_canary_that_would_change_nothing_or_move_the_majority_is_400_naming_the_fix(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    client, tenant, _ = make_client()
+    bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    _ready(tenant, bot, 1)
+    answer = client.post("/api/v1/adapters/bot/canary", {"version": 1, "percent": 10}, format="json")
+    assert answer.status_code == 400, answer.content
+    body = answer.json()
+    assert body["code"] == "serving_rule_invalid" and "already takes all traffic" in body["detail"]
+    assert "upload a new version" in body["fields"]["version"][0]
+    _ready(tenant, bot, 2)
+    assert client.post("/api/v1/adapters/bot/canary", {"version": 2, "percent": 10}, format="json").status_code == 200
+    answer = client.post("/api/v1/adapters/bot/canary", {"version": 1, "percent": 10}, format="json")
+    assert answer.status_code == 400 and "takes 90 % now" in answer.json()["detail"]
+    assert "promote" in answer.json()["fields"]["version"][0]
+    assert _rule(bot) == [[1, 90], [2, 10]]
+    assert list(ServingChange.objects.filter(adapter=bot).values_list("action", flat=True)) == ["first_ready",
+                                                                                                "canary"]
+
+
 def test_serving_settings_are_audited_and_reach_the_gateway_limits(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
     client, tenant, plaintext = make_client()
     bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")

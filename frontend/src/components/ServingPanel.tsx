@@ -6,7 +6,7 @@ import { useMutation, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type AdapterVersion, type Schemas } from '../api/client'
 import { formatDateTime, formatTime } from '../format'
-import { ruleText, toEntries } from './serving'
+import { canaryBlocked, ruleText, toEntries } from './serving'
 
 type Serving = Schemas['ServingOutput']
 type Figures = Schemas['VersionFigures']
@@ -40,6 +40,8 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
   const [picked, setPicked] = useState<number | null>(null)
   const candidate = picked ?? ready.find((n) => n !== primary) ?? ready[0] ?? null
   const [percent, setPercent] = useState(10)
+  // The only version, or the primary, cannot be canaried (the API answers 400): say why instead of the slider.
+  const blocked = canaryBlocked(rule, candidate)
   const [message, setMessage] = useState<{ ok: boolean; text: string } | null>(null)
   // Promote moves all traffic at once: asked first, as pin and evict are (a fresh user promoted by one click).
   const [confirming, setConfirming] = useState(false)
@@ -114,24 +116,32 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
               Roll back
             </Button>
           </Group>
-          <Text size="sm" id="canary-label">
-            Canary share for v{candidate}: <b data-testid="canary-percent">{percent} %</b>
-          </Text>
-          <Slider
-            aria-labelledby="canary-label"
-            thumbLabel="Canary share"
-            min={0}
-            max={50}
-            step={1}
-            value={percent}
-            onChange={setPercent}
-            marks={[{ value: 0 }, { value: 10 }, { value: 25 }, { value: 50 }]}
-          />
-          <Group>
-            <Button variant="default" onClick={() => change.mutate('canary')} loading={change.isPending && change.variables === 'canary'}>
-              Apply canary
-            </Button>
-          </Group>
+          {blocked ? (
+            <Text size="sm" c="dimmed" data-testid="canary-blocked">
+              No canary for v{candidate}: {blocked}
+            </Text>
+          ) : (
+            <>
+              <Text size="sm" id="canary-label">
+                Canary share for v{candidate}: <b data-testid="canary-percent">{percent} %</b>
+              </Text>
+              <Slider
+                aria-labelledby="canary-label"
+                thumbLabel="Canary share"
+                min={0}
+                max={50}
+                step={1}
+                value={percent}
+                onChange={setPercent}
+                marks={[{ value: 0 }, { value: 10 }, { value: 25 }, { value: 50 }]}
+              />
+              <Group>
+                <Button variant="default" onClick={() => change.mutate('canary')} loading={change.isPending && change.variables === 'canary'}>
+                  Apply canary
+                </Button>
+              </Group>
+            </>
+          )}
         </Stack>
       )}
       {message && (

@@ -17,3 +17,21 @@ export function toEntries(raw: unknown): RuleEntry[] {
         .map(([version, weight]) => ({ version, weight }))
     : []
 }
+
+/**
+ * Why a canary of `version` makes no sense under `rule`, in the API's words (inference/policy/versions.py
+ * `canary_rule`), or null when it does. A canary gives a small share to a version beside the primary: the version
+ * that serves alone has nothing to canary against, and a canary of the heaviest version would shrink the primary
+ * (the API refuses both with a 400; the panel offers neither, rather than a button that fails).
+ */
+export function canaryBlocked(rule: RuleEntry[], version: number | null): string | null {
+  if (version == null || rule.length === 0) return null
+  const share = rule.find((e) => e.version === version)?.weight ?? 0
+  const others = rule.filter((e) => e.version !== version)
+  if (others.length === 0)
+    return `v${version} already takes all traffic: upload a new version (or pick another ready one) to canary it.`
+  const heaviest = others.reduce((a, b) => (b.weight > a.weight ? b : a))
+  if (share > heaviest.weight)
+    return `v${version} takes ${share} % now, the largest share: a canary never shrinks the primary. Promote v${version} to send it all traffic, or pick v${heaviest.version} to change the canary.`
+  return null
+}

@@ -62,3 +62,20 @@ def test_canary_rule_keeps_the_primary_and_handles_the_edges() -> None:
     assert canary_rule([], version=1, percent=10) == [(1, 100)]
     with pytest.raises(RuleInvalid):
         canary_rule([(3, 100)], version=4, percent=120)
+
+
+def test_a_canary_of_the_version_serving_alone_or_of_the_primary_is_refused_naming_the_fix() -> None:
+    """Before: canary v1 10 % on ``[(1, 100)]`` answered ``[(1, 100)]`` (nothing changed), and on
+    ``[(1, 90), (2, 10)]`` it answered ``[(2, 90), (1, 10)]`` (80 % of the traffic moved by a "canary")."""
+    with pytest.raises(RuleInvalid, match="already takes all traffic.*upload a new version") as alone:
+        canary_rule([(1, 100)], version=1, percent=10)
+    assert alone.value.field == "version"
+    with pytest.raises(RuleInvalid, match="already takes all traffic"):
+        canary_rule([(1, 100)], version=1, percent=0)
+    with pytest.raises(RuleInvalid, match=r"takes 90 % now.*use promote.*or canary v2 instead") as primary:
+        canary_rule([(1, 90), (2, 10)], version=1, percent=10)
+    assert primary.value.field == "version"
+    # 100 % stays a promotion, and the canary itself may still widen, narrow or end.
+    assert canary_rule([(1, 100)], version=1, percent=100) == [(1, 100)]
+    assert canary_rule([(1, 90), (2, 10)], version=1, percent=100) == [(1, 100)]
+    assert canary_rule([(1, 50), (2, 50)], version=2, percent=10) == [(1, 90), (2, 10)]

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { ruleText, toEntries } from '../serving'
+import { canaryBlocked, ruleText, toEntries } from '../serving'
 
 describe('serving rule words', () => {
   it('names each version and its share, heaviest first', () => {
@@ -10,5 +10,14 @@ describe('serving rule words', () => {
   it('reads stored rules from the audit trail', () => {
     expect(toEntries([[1, 100]])).toEqual([{ version: 1, weight: 100 }])
     expect(toEntries('junk')).toEqual([])
+  })
+  it('offers no canary for the version serving alone or for the primary, as the API refuses both', () => {
+    expect(canaryBlocked([{ version: 1, weight: 100 }], 1)).toMatch(/already takes all traffic: upload a new version/)
+    const split = [{ version: 1, weight: 90 }, { version: 2, weight: 10 }]
+    expect(canaryBlocked(split, 1)).toMatch(/takes 90 % now.*Promote v1.*pick v2/)
+    expect(canaryBlocked(split, 2)).toBeNull()
+    expect(canaryBlocked([{ version: 1, weight: 100 }], 2)).toBeNull()
+    expect(canaryBlocked([{ version: 1, weight: 50 }, { version: 2, weight: 50 }], 1)).toBeNull()
+    expect(canaryBlocked([], 1)).toBeNull()
   })
 })
