@@ -80,6 +80,28 @@ def _invalid(exc: RuleInvalid) -> QuiverError:
     return QuiverError(str(exc), code="serving_rule_invalid", status_code=400, fields=fields)
 
 
+def _versions_exist(adapter: Adapter, numbers: Sequence[int]) -> None:
+    """Refuse a rule naming a version the adapter never had, or one that is not ready, saying which.
+
+    ``rule_check`` only knows the ready numbers, so ``promote {"version": 7}`` on a two-version adapter used to
+    read "Version 7 is not ready", as if v7 were on its way (a fresh user's finding).
+
+    Raises:
+        QuiverError: 400 ``serving_rule_invalid`` with ``fields.version``.
+    """
+    status = dict(AdapterVersion.objects.filter(adapter=adapter).values_list("number", "status"))
+    for number in numbers:
+        if number not in status:
+            have = ", ".join(f"v{n} ({status[n]})" for n in sorted(status)) or "none yet"
+            message = (f"Adapter '{adapter.name}' has no version {number}; its versions: {have} "
+                       f"(GET /api/v1/adapters/{adapter.name}/versions lists them).")
+        elif status[number] != AdapterVersion.Status.READY:
+            message = f"Version {number} is {status[number]}, not ready; only ready versions can take traffic."
+        else:
+            continue
+        raise QuiverError(message, code="serving_rule_invalid", status_code=400, fields={"version": [message]})
+
+
 def _warm_first(adapter: Adapter, numbers: Sequence[int]) -> dict[int, str]:
     """Ask the fleet to warm each version and wait (bounded by ``QUIVER_PROMOTE_WARM_WAIT_S``) until each is
     resident on a live node; returns each number's state (see :class:`ServingResult`)."""
@@ -143,8 +165,10 @@ def serving_rule_set(tenant: Tenant, *, adapter: Adapter, rule: Sequence[tuple[i
         previous: what a rollback returns to afterwards (default: the rule being replaced).
 
     Raises:
-        QuiverError: 400 ``serving_rule_invalid`` (the message names the fix), 409 ``serving_rule_changed``.
+        QuiverError: 400 ``serving_rule_invalid`` (the message names the fix; a version the adapter does not have
+            or that is not ready names the adapter's versions or its status), 409 ``serving_rule_changed``.
     """
+    _versions_exist(adapter, [v for v, w in rule if w > 0])
     try:
         canonical = rule_check(rule, ready=_ready_numbers(adapter))
     except RuleInvalid as exc:
@@ -179,6 +203,7 @@ def serving_canary(tenant: Tenant, *, adapter: Adapter, number: int, percent: in
         QuiverError: 400 ``serving_rule_invalid`` (also: ``number`` is not a ready version, serves alone, or is the
             heaviest version of the rule; ``fields.version`` names the fix), 409 ``serving_rule_changed``.
     """
+    _versions_exist(adapter, [number])
     try:
         rule = canary_rule(effective_rule(adapter), version=number, percent=percent)
     except RuleInvalid as exc:

@@ -130,6 +130,22 @@ def test_a_canary_that_would_change_nothing_or_move_the_majority_is_400_naming_t
                                                                                                 "canary"]
 
 
+def test_a_version_that_does_not_exist_is_named_so_with_the_adapters_versions(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    """Before: ``promote {"version": 7}`` on a two-version adapter read "Version 7 is not ready"."""
+    client, tenant, _ = make_client()
+    bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    _ready(tenant, bot, 1)
+    _ready(tenant, bot, 2)
+    for path, payload in [("promote", {"version": 7}), ("canary", {"version": 7, "percent": 10}),
+                          ("canary", {"split": [{"version": 1, "weight": 90}, {"version": 7, "weight": 10}]})]:
+        answer = client.post(f"/api/v1/adapters/bot/{path}", payload, format="json")
+        assert answer.status_code == 400, (path, answer.content)
+        detail = answer.json()["detail"]
+        assert "has no version 7" in detail and "v1 (ready), v2 (ready)" in detail, detail
+        assert "/api/v1/adapters/bot/versions" in detail and "not ready" not in detail
+        assert answer.json()["fields"]["version"] == [detail]
+
+
 def test_serving_settings_are_audited_and_reach_the_gateway_limits(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
     client, tenant, plaintext = make_client()
     bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
