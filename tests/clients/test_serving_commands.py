@@ -64,3 +64,17 @@ def test_keys_create_scoped_to_adapters(quiver, tenancy: Tenancy) -> None:  # ty
                      "--json")
     assert created.rc == 0, created.stderr
     assert created.json()["adapters"] == ["bot", "side@2"]
+
+
+def test_push_says_a_first_version_serves_the_name_at_once(quiver, tenancy: Tenancy, base_model, tiny_adapters) -> None:  # type: ignore[no-untyped-def]
+    """Before: the first push said model="solo" "reaches what `quiver promote` / `quiver canary` set", though v1
+    served it already (first_ready); and ``--canary`` on it now skips the canary the API refuses."""
+    first = quiver("push", str(tiny_adapters["qv-r8"]), "--name", "solo", "--base-model", "tiny-llama", "--canary", "10")
+    assert first.rc == 0, first.stderr
+    out = " ".join(first.stdout.split())
+    assert 'model="solo" or model="solo@1" now: the first ready version serves the name at once' in out
+    assert "--canary skipped" in out and "reaches what" not in out
+    second = quiver("push", str(tiny_adapters["all-r16"]), "--name", "solo")
+    assert second.rc == 0, second.stderr
+    assert 'keeps reaching the versions it served until `quiver promote` / `quiver canary`' in " ".join(
+        second.stdout.split())

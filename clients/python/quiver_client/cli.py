@@ -160,9 +160,12 @@ def cmd_push(args: argparse.Namespace) -> int:
                 render.problems(exc.report, to_err=True)
             raise
         serving = None
+        share = _share(client, args.name, result.version) if result.version is not None and \
+            result.status == "ready" and not args.promote else None
         if result.version is not None and result.status == "ready" and args.promote:
             serving = client.promote(args.name, result.version)
-        elif result.version is not None and result.status == "ready" and args.canary is not None:
+        elif result.version is not None and result.status == "ready" and args.canary is not None and share != 100:
+            # A first version already serves the name alone; the API refuses a canary of it (nothing to canary against).
             serving = client.canary(args.name, result.version, args.canary)
     if args.json:
         render.print_json({**result.to_dict(), **({"serving": serving} if serving is not None else {})})
@@ -181,10 +184,32 @@ def cmd_push(args: argparse.Namespace) -> int:
         render.problems(result.version_body.get("validation_report"))
     if serving is not None:
         render.out.print(_serving_line(args.name, serving))
-    if result.status == "ready":
-        render.out.print(f"Call it with model=\"{escape(args.name)}@{result.version}\" now; model=\"{escape(args.name)}"
-                         f"\" reaches what `quiver promote` / `quiver canary` set.")
+    if result.status == "ready" and serving is None:
+        render.out.print(_reach_line(args.name, result.version, share, canary_skipped=args.canary is not None))
     return EXIT_OK
+
+
+def _share(client: Client, name: str, number: int) -> int | None:
+    """Version ``number``'s share (0..100) of ``model = name`` now, or None when the serving rule cannot be read."""
+    try:
+        rule = client.serving(name).get("rule") or []
+    except ApiError:
+        return None
+    return next((int(e["weight"]) for e in rule if e.get("version") == number), 0)
+
+
+def _reach_line(name: str, number: int, share: int | None, *, canary_skipped: bool) -> str:
+    """What ``model = name`` reaches after a push that changed no rule: a first version serves it at once (the
+    server's ``first_ready``), so the old "reaches what `quiver promote` / `quiver canary` set" misled there."""
+    ref = f"model=\"{escape(name)}@{number}\""
+    if share == 100:
+        skipped = " (--canary skipped: there is no other version to canary it against)" if canary_skipped else ""
+        return (f"Call it with model=\"{escape(name)}\" or {ref} now: the first ready version serves the name at "
+                f"once{skipped}. Later versions take its traffic through `quiver promote` / `quiver canary`.")
+    if share:
+        return f"Call it with {ref} now; model=\"{escape(name)}\" sends it {share} % of its traffic."
+    return (f"Call it with {ref} now; model=\"{escape(name)}\" keeps reaching the versions it served until "
+            f"`quiver promote` / `quiver canary` sends it traffic.")
 
 
 def cmd_adapters_ls(args: argparse.Namespace) -> int:
