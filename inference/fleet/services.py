@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from adapters_app.models import AdapterVersion
 from inference.fleet.models import (
@@ -95,6 +95,23 @@ def node_pin_room(node: Node, version_id: int) -> bool:
     return pin_allowed(len(node_pins(locked) - {version_id}), locked.max_loras)
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _pin_quota_message(version: AdapterVersion, max_pinned: int, pinned: QuerySet[VersionIntent]) -> str:
+    """The ``residency_quota_exceeded`` sentence: the tenant, its quota (plural right), what it pins now (the first
+    five by name) and both fixes. It was "tenant may pin 1 versions; unpin one or raise the quota", which named
+    neither the tenant nor the pins (a fresh user's finding)."""
+    slug = version.adapter.tenant.slug
+    rows = list(pinned.select_related("adapter_version__adapter__tenant").order_by("adapter_version_id"))
+    names = [_target(row.adapter_version) for row in rows[:5]] + ([f"{len(rows) - 5} more"] if len(rows) > 5 else [])
+    now = f"already pins {len(rows)} ({', '.join(names)})" if rows else "pins none now"
+    return (f"Tenant '{slug}' may pin {_plural(max_pinned, 'version')} and {now}, so {_target(version)} cannot be "
+            f"pinned too: unpin one of them, or raise the tenant's max_pinned (PUT "
+            f"/api/v1/operator/residency-quotas/{slug}).")
+
+
 def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> VersionIntent:
     """Pin ``version`` on ``node`` (or on every live node holding it when None) and have the agents pin it now.
 
@@ -116,11 +133,11 @@ def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> Ve
         before = _intent_json(intent)
         # The tenant's own quota first: it names the fix the tenant's operator can make.
         if quota is not None and quota.max_pinned is not None:
-            others = VersionIntent.objects.filter(adapter_version__tenant=version.tenant).exclude(
-                adapter_version=version).filter(Q(pinned_fleet=True) | ~Q(pinned_nodes=[])).count()
-            if others + 1 > quota.max_pinned:
-                raise FleetActionError(409, "residency_quota_exceeded",
-                                       f"tenant may pin {quota.max_pinned} versions; unpin one or raise the quota")
+            pinning = VersionIntent.objects.filter(adapter_version__tenant=version.tenant).exclude(
+                adapter_version=version).filter(Q(pinned_fleet=True) | ~Q(pinned_nodes=[]))
+            if pinning.count() + 1 > quota.max_pinned:
+                raise FleetActionError(409, "residency_quota_exceeded", _pin_quota_message(version, quota.max_pinned,
+                                                                                           pinning))
         for n in nodes:
             pinned = len(node_pins(n) - {version.pk})
             try:

@@ -70,8 +70,22 @@ def test_tenant_pin_quota_is_enforced(op: APIClient, fleet: dict[str, Any]) -> N
     assert op.post(f"/api/v1/operator/versions/{a.pk}/pin", {"node": "gpu-1"}, format="json").status_code == 200
     over = op.post(f"/api/v1/operator/versions/{b.pk}/pin", {"node": "gpu-1"}, format="json")
     assert (over.status_code, over.json()["code"]) == (409, "residency_quota_exceeded")
+    # A sentence naming the tenant, the quota (singular), what is pinned now and both fixes; it was "tenant may pin
+    # 1 versions; unpin one or raise the quota".
+    assert over.json()["detail"] == (
+        "Tenant 'acme' may pin 1 version and already pins 1 (acme/alpha@1), so acme/beta@1 cannot be pinned too: "
+        "unpin one of them, or raise the tenant's max_pinned (PUT /api/v1/operator/residency-quotas/acme).")
     actions = list(FleetAuditRecord.objects.order_by("id").values_list("action", flat=True))
     assert actions == ["set_residency_quota", "pin"]
+
+
+def test_a_zero_pin_quota_says_versions_in_the_plural_and_that_nothing_is_pinned(op: APIClient,
+                                                                                 fleet: dict[str, Any]) -> None:
+    a = fleet["versions"][0]
+    assert op.put("/api/v1/operator/residency-quotas/acme", {"max_pinned": 0}, format="json").status_code == 200
+    over = op.post(f"/api/v1/operator/versions/{a.pk}/pin", {"node": "gpu-1"}, format="json")
+    assert over.status_code == 409
+    assert over.json()["detail"].startswith("Tenant 'acme' may pin 0 versions and pins none now, so acme/alpha@1")
 
 
 def test_unpin_evicts_and_replicas_validate(op: APIClient, fleet: dict[str, Any],
