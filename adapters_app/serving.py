@@ -238,13 +238,18 @@ def serving_rollback(tenant: Tenant, *, adapter: Adapter, actor: str) -> Serving
 
 def serving_settings_set(tenant: Tenant, *, adapter: Adapter, changes: dict[str, Any], actor: str) -> Adapter:
     """Set ``auto_promote``, ``rpm_limit`` or ``tpm_limit`` (null = unlimited) on the adapter; audited as
-    ``settings``. Saving tells the gateways (the adapter's targets are re-read)."""
+    ``settings``. Saving tells the gateways (the adapter's targets are re-read). Values equal to the stored ones
+    are no change: no save and no ``ServingChange`` row (a row whose before equals its after only buries the real
+    changes)."""
     allowed = {"auto_promote", "rpm_limit", "tpm_limit"}
     fields = [k for k in changes if k in allowed]
     if not fields:
         return adapter
     with transaction.atomic():
         locked = Adapter.objects.select_for_update().get(pk=adapter.pk, tenant=tenant)
+        fields = [k for k in fields if getattr(locked, k) != changes[k]]
+        if not fields:
+            return locked
         before = {k: getattr(locked, k) for k in fields}
         for k in fields:
             setattr(locked, k, changes[k])

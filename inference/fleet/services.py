@@ -54,6 +54,13 @@ def _audit(actor: str, action: str, target: str, before: dict[str, Any], after: 
     return FleetAuditRecord.objects.create(actor=actor, action=action, target=target, before=before, after=after)
 
 
+def _audit_change(actor: str, action: str, target: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    """Record a setting's change, and nothing when it changed nothing: saving a form with the same values wrote rows
+    whose before equalled their after, which bury the real changes in the log (a fresh user's finding)."""
+    if before != after:
+        _audit(actor, action, target, before, after)
+
+
 def _target(version: AdapterVersion) -> str:
     return f"{version.adapter.tenant.slug}/{version.adapter.name}@{version.number}"
 
@@ -149,7 +156,7 @@ def version_pin(version: AdapterVersion, *, node: Node | None, actor: str) -> Ve
         else:
             intent.pinned_nodes = sorted({*intent.pinned_nodes, node.name})
         intent.save()
-        _audit(actor, "pin", _target(version), before, _intent_json(intent))
+        _audit_change(actor, "pin", _target(version), before, _intent_json(intent))
         for n in nodes:
             placement, _ = Placement.objects.get_or_create(node=n, adapter_version=version)
             Placement.objects.filter(pk=placement.pk).update(pinned=True)
@@ -168,7 +175,7 @@ def version_unpin(version: AdapterVersion, *, node: Node | None, actor: str) -> 
         else:
             intent.pinned_nodes = [n for n in intent.pinned_nodes if n != node.name]
         intent.save()
-        _audit(actor, "unpin", _target(version), before, _intent_json(intent))
+        _audit_change(actor, "unpin", _target(version), before, _intent_json(intent))
         pinned = Placement.objects.filter(adapter_version=version, pinned=True)
         if node is not None:
             pinned = pinned.filter(node=node)
@@ -241,7 +248,7 @@ def version_replicas_set(version: AdapterVersion, *, min_replicas: int, max_repl
         before = _intent_json(intent)
         intent.min_replicas, intent.max_replicas = min_replicas, max_replicas
         intent.save()
-        _audit(actor, "set_replicas", _target(version), before, _intent_json(intent))
+        _audit_change(actor, "set_replicas", _target(version), before, _intent_json(intent))
     return intent
 
 
@@ -253,7 +260,7 @@ def tenant_residency_quota_set(tenant: Tenant, *, max_pinned: int | None, max_gp
         before = {"max_pinned": quota.max_pinned, "max_gpu_bytes": quota.max_gpu_bytes}
         quota.max_pinned, quota.max_gpu_bytes = max_pinned, max_gpu_bytes
         quota.save()
-        _audit(actor, "set_residency_quota", tenant.slug, before,
+        _audit_change(actor, "set_residency_quota", tenant.slug, before,
                {"max_pinned": max_pinned, "max_gpu_bytes": max_gpu_bytes})
     return quota
 
@@ -293,5 +300,5 @@ def tenant_limits_set(tenant: Tenant, *, limits: dict[str, int | None], actor: s
         locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
         before = {name: getattr(locked, name) for name in LIMIT_FIELDS}
         limits_set(locked, limits=limits)
-        _audit(actor, "set_limits", locked.slug, before, {name: getattr(locked, name) for name in LIMIT_FIELDS})
+        _audit_change(actor, "set_limits", locked.slug, before, {name: getattr(locked, name) for name in LIMIT_FIELDS})
     return locked

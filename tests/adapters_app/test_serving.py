@@ -154,6 +154,14 @@ def test_serving_settings_are_audited_and_reach_the_gateway_limits(make_client, 
     assert body["auto_promote"] is True and body["rpm_limit"] == 7 and body["history"][0]["action"] == "settings"
     target = async_to_sync(GatewayApp(background=False).resolve)(_key(plaintext), "bot")
     assert target.adapter_limits.rpm == 7 and target.adapter_id == bot.pk
+    # Saving the same values again changes nothing, so no row (before, each save wrote one with before == after);
+    # a partly changed save records only the field that changed.
+    client.patch("/api/v1/adapters/bot/serving", {"auto_promote": True, "rpm_limit": 7}, format="json")
+    client.patch("/api/v1/adapters/bot/serving", {"auto_promote": True, "rpm_limit": 8}, format="json")
+    rows = list(ServingChange.objects.filter(adapter=bot, action="settings").order_by("pk").values_list("before",
+                                                                                                       "after"))
+    assert rows == [([{"auto_promote": False, "rpm_limit": None}], [{"auto_promote": True, "rpm_limit": 7}]),
+                    ([{"rpm_limit": 7}], [{"rpm_limit": 8}])]
 
 
 def test_a_90_10_split_over_1000_requests_on_the_resolve_path_and_sticky_users(make_client, base_model) -> None:  # type: ignore[no-untyped-def]

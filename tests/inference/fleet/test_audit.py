@@ -63,6 +63,22 @@ def test_intent_actions_record_the_saved_state(fleet: dict[str, Any],
     assert rows[4][3]["rpm_limit"] is None and rows[4][4]["rpm_limit"] == 60
 
 
+def test_saving_unchanged_values_writes_no_audit_row(fleet: dict[str, Any],
+                                                   django_capture_on_commit_callbacks: Any) -> None:
+    """Before: each save wrote a row, so saving a quota or limits form untouched left rows whose before == after."""
+    v, node, tenant = fleet["version"], fleet["node"], fleet["tenant"]
+    with django_capture_on_commit_callbacks():
+        for _ in range(2):
+            version_pin(v, node=node, actor="ops")
+            version_replicas_set(v, min_replicas=2, max_replicas=3, actor="ops")
+            tenant_residency_quota_set(tenant, max_pinned=1, max_gpu_bytes=4096, actor="ops")
+            tenant_limits_set(tenant, limits={"rpm_limit": 60}, actor="ops")
+        tenant_limits_set(tenant, limits={"rpm_limit": 60, "tpm_limit": None}, actor="ops")
+    rows = _rows()
+    assert [r[1] for r in rows] == ["pin", "set_replicas", "set_residency_quota", "set_limits"]
+    assert all(r[3] != r[4] for r in rows)
+
+
 @pytest.mark.parametrize("node_answer", ["ok", "refused"])
 def test_evict_is_pending_until_the_node_answers_then_records_its_outcome(
         fleet: dict[str, Any], django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch,
