@@ -18,8 +18,11 @@ class LimitsSerializer(serializers.Serializer):
     tpm_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
     concurrency_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
     max_tokens_limit = serializers.IntegerField(min_value=1, max_value=PG_INT_MAX, allow_null=True, required=False)
-    priority_class = serializers.ChoiceField(choices=list(PRIORITY_CLASSES), allow_null=True, required=False,
-                                             help_text="high, normal or low: the order under saturation.")
+    priority_class = serializers.ChoiceField(
+        choices=list(PRIORITY_CLASSES), allow_null=True, required=False,
+        help_text="high, normal or low: the order under saturation.",
+        error_messages={"invalid_choice": f'"{{input}}" is not a priority class; use one of: '
+                                          f'{", ".join(PRIORITY_CLASSES)}.'})
 
 
 class ApiKeyInputSerializer(LimitsSerializer):
@@ -28,8 +31,11 @@ class ApiKeyInputSerializer(LimitsSerializer):
     ``name@N``; empty = all), and the key's gateway limits (:class:`LimitsSerializer`'s fields; never looser than
     what binds the caller)."""
     name = serializers.CharField(max_length=100)
+    # DRF's default, '"admin" is not a valid choice.', left the caller guessing what a valid one is.
     scopes = serializers.ListField(
-        child=serializers.ChoiceField(choices=ALL_SCOPES), required=False, allow_empty=False,
+        child=serializers.ChoiceField(choices=ALL_SCOPES, error_messages={
+            "invalid_choice": f'"{{input}}" is not a scope; the scopes are: {", ".join(ALL_SCOPES)}.'}),
+        required=False, allow_empty=False,
         help_text=f"Any of {list(ALL_SCOPES)}; absent: every scope the caller may grant (all yours).")
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     adapters = serializers.ListField(child=serializers.RegexField(r"^[a-z0-9-]{1,40}(@[1-9][0-9]{0,8})?$"),

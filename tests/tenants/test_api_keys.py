@@ -92,7 +92,12 @@ def test_unknown_scope_is_a_field_error(make_client) -> None:  # type: ignore[no
     resp = client.post("/api/v1/api-keys", {"name": "x", "scopes": ["root"]}, format="json")
     assert resp.status_code == 400
     assert "scopes" in resp.json()["fields"]
-    assert resp.json()["detail"] == "Invalid input for 'scopes': \"root\" is not a valid choice."
+    # The valid scopes are listed (it was '"root" is not a valid choice.').
+    assert resp.json()["detail"] == ("Invalid input for 'scopes': \"root\" is not a scope; the scopes are: "
+                                     "adapters:read, adapters:write, keys:manage, inference.")
+    resp = client.post("/api/v1/api-keys", {"name": "x", "priority_class": "urgent"}, format="json")
+    assert resp.status_code == 400
+    assert resp.json()["fields"]["priority_class"] == ["\"urgent\" is not a priority class; use one of: high, normal, low."]
 
 
 @pytest.mark.parametrize(("body", "field"), [
