@@ -90,7 +90,9 @@ def engine_error(status: int, data: Any, target: TargetView, *, node_name: str |
 
     A 401/403 from the engine means it refused the gateway's node key (a platform misconfiguration: a rotated
     ``VLLM_API_KEY``, a stale node key), never the caller's key, which the gateway already checked: it is a 502
-    ``upstream_auth_failed`` (passing it on made a good key look revoked), logged at error for operators.
+    ``upstream_auth_failed`` (passing it on made a good key look revoked), logged at error for operators. An engine
+    launched without tool calling refuses ``tools`` naming its own launch flags: that keeps its status and becomes
+    ``tools_not_supported`` with ``param`` ``tools`` and the fix the caller can make.
     """
     if status in ENGINE_AUTH_STATUSES:
         logger.error("gateway.engine_auth_refused", extra={
@@ -103,6 +105,10 @@ def engine_error(status: int, data: Any, target: TargetView, *, node_name: str |
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         engine_message = str(data["error"].get("message") or "")
         engine_param = str(data["error"].get("param") or "")
+    if 400 <= status < 500 and _NO_TOOL_CALLING.search(engine_message):
+        # vLLM names its own launch flags here, which the caller can neither see nor set (param null, too).
+        return GatewayError(status, f"The model `{target.requested}` is served without tool calling; remove 'tools' "
+                            "and 'tool_choice' from the request.", code="tools_not_supported", param="tools")
     try:
         limit = _context_error(engine_message, engine_param, target, endpoint) if status == 400 else None
     except ValueError:  # a figure past int()'s 4,300 digits (sys.get_int_max_str_digits): no engine's, and no 500
@@ -132,6 +138,11 @@ def engine_error(status: int, data: Any, target: TargetView, *, node_name: str |
     return GatewayError(502, "The inference node failed to answer; retry.", code="upstream_error",
                         type_="server_error")
 
+
+# vLLM launched without tool parsing (vllm/entrypoints/openai/chat_completion/serving.py): '"auto" tool choice requires
+# --enable-auto-tool-choice and --tool-call-parser to be set', and for "required" or a named tool
+# 'tool_choice="required" requires --tool-call-parser to be set'.
+_NO_TOOL_CALLING = re.compile(r"--enable-auto-tool-choice|--tool-call-parser")
 
 # What may not appear in an engine message passed on: adapters' and nodes' names, paths, code, multi-line text.
 _INTERNAL = re.compile(r"lora|adapter|node|quiver|[/\\\n`{}]|traceback|file ", re.IGNORECASE)

@@ -75,6 +75,15 @@ def test_engine_errors_are_mapped_and_prefix_cache_is_per_tenant(gateway_server:
     assert (error["code"], error["param"]) == ("context_length_exceeded", "max_tokens")
     assert "Invalid 'max_tokens': 5000 exceeds the context of model `tiny-llama`, 512 tokens" in error["message"]
     assert "lower 'max_tokens' to at most 512" in error["message"]
+    # The session engine runs without tool calling: a chat with `tools` names the caller's fix, not vLLM's flags.
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+    with_tools = _post(gateway_server, alice, {"model": "tiny-llama", "max_tokens": 4, "tools": tools,
+                                               "tool_choice": "auto", "messages": [{"role": "user", "content": "hi"}]},
+                       "/v1/chat/completions")
+    assert with_tools.status_code == 400, with_tools.text
+    error = with_tools.json()["error"]
+    assert (error["code"], error["param"]) == ("tools_not_supported", "tools")
+    assert "remove 'tools'" in error["message"] and "--" not in error["message"]
 
     body = {"model": "tiny-llama", "prompt": LONG_PROMPT, "max_tokens": 1, "temperature": 0}
     assert _post(gateway_server, alice, body).status_code == 200

@@ -80,6 +80,19 @@ def test_a_figure_past_ints_digit_limit_is_no_500(message: str) -> None:
     assert error.status == 400 and "acme--" not in error.message
 
 
+@pytest.mark.parametrize("message", [
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+    'tool_choice="required" requires --tool-call-parser to be set',
+])
+def test_tools_on_an_engine_without_tool_calling_name_the_callers_fix_not_the_engines_flags(message: str) -> None:
+    """Before: the engine's message passed on, asking the caller for launch flags they cannot set, with param null."""
+    error = _engine_error(400, _vllm(message, None), TARGET, endpoint="chat/completions")
+    assert (error.status, error.code, error.param) == (400, "tools_not_supported", "tools")
+    assert error.message == ("The model `support-bot` is served without tool calling; remove 'tools' and "
+                             "'tool_choice' from the request.")
+    assert "--" not in error.message
+
+
 def test_other_refusals_pass_on_the_engines_reason_when_it_tells_nothing_internal() -> None:
     """vLLM's sampling-parameter refusals are the caller's to read (fresh-user finding: n=2 at temperature 0 got only
     "check the request's parameters"); any that names a served model, an adapter, a node or a path stays generic."""
