@@ -88,6 +88,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
 
+    # The request is the limits alone (the schema said the key's output fields, so typed clients could not send them).
+    @extend_schema(request=LimitsSerializer, responses=ApiKeyOutputSerializer)
     def partial_update(self, request: Request, key_id: str | None = None) -> Response:
         """``PATCH /api/v1/api-keys/{key_id}``: set the key's gateway limits (``rpm_limit``, ``tpm_limit``,
         ``concurrency_limit``, ``max_tokens_limit``; null = unlimited); the tenant's limits still apply."""

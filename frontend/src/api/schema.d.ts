@@ -1347,30 +1347,6 @@ export interface components {
             readonly limits: components["schemas"]["LimitsOutput"];
             readonly residency_quota: components["schemas"]["Quota"];
         };
-        /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */
-        PatchedApiKeyOutput: {
-            key_id?: string;
-            key?: string;
-            name?: string;
-            scopes?: components["schemas"]["ScopesEnum"][];
-            /** @description models this key may call (names or name@N); empty = all */
-            adapters?: string[];
-            enabled?: boolean;
-            /** Format: date-time */
-            expires_at?: string | null;
-            /** Format: date-time */
-            last_used_at?: string | null;
-            /** Format: date-time */
-            revoked_at?: string | null;
-            /** Format: date-time */
-            readonly created_at?: string;
-            console_playground?: boolean;
-            rpm_limit?: number | null;
-            tpm_limit?: number | null;
-            concurrency_limit?: number | null;
-            max_tokens_limit?: number | null;
-            priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["BlankEnum"] | components["schemas"]["NullEnum"]) | null;
-        };
         /**
          * @description Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
          *     the cap on one request's ``max_tokens``.
@@ -2289,9 +2265,9 @@ export interface operations {
         };
         requestBody?: {
             content: {
-                "application/json": components["schemas"]["PatchedApiKeyOutput"];
-                "multipart/form-data": components["schemas"]["PatchedApiKeyOutput"];
-                "application/x-www-form-urlencoded": components["schemas"]["PatchedApiKeyOutput"];
+                "application/json": components["schemas"]["PatchedLimits"];
+                "multipart/form-data": components["schemas"]["PatchedLimits"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedLimits"];
             };
         };
         responses: {

@@ -1,8 +1,11 @@
-import { Alert, Badge, Button, Checkbox, CopyButton, Code, Group, Modal, Stack, Table, Text, TextInput, Title } from '@mantine/core'
+// API keys of the tenant: create (scopes, expiry, adapters, per-key limits), see, edit a key's limits, revoke.
+import { Alert, Badge, Button, Checkbox, CopyButton, Code, Fieldset, Group, Modal, Stack, Table, Text, TextInput, Title } from '@mantine/core'
 import { useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
-import { api, unwrap, type ApiKeyCreated } from '../api/client'
+import { api, unwrap, type ApiKey, type ApiKeyCreated } from '../api/client'
 import { useMe, useRole } from '../auth'
+import { KeyLimitsFields } from '../components/KeyLimitsFields'
+import { changedLimits, createLimits, draftOf, emptyDraft, limitError, limitsText, type LimitsDraft } from '../components/keyLimits'
 import { formatDateTime } from '../format'
 
 const SCOPES = ['adapters:read', 'adapters:write', 'inference', 'keys:manage']
@@ -17,26 +20,37 @@ export function ApiKeys() {
   const [adapters, setAdapters] = useState('')
   const [created, setCreated] = useState<ApiKeyCreated | null>(null)
   const [error, setError] = useState<string | null>(null)
+  const [limits, setLimits] = useState<LimitsDraft>(emptyDraft)
+  const [limitErrors, setLimitErrors] = useState<Record<string, string>>({})
   const [revoking, setRevoking] = useState<string | null>(null)
+  const [editing, setEditing] = useState<ApiKey | null>(null)
   const keys = useQuery({ queryKey: ['api-keys'], queryFn: async () => unwrap(await api.GET('/api/v1/api-keys')), enabled: role !== 'viewer' })
   if (role === 'viewer') return <Text>Viewers cannot manage API keys; ask a member or owner of this tenant.</Text>
   const create = async (e: React.FormEvent) => {
     e.preventDefault()
     setError(null)
-    const res = await api.POST('/api/v1/api-keys', {
-      body: {
-        name,
-        scopes: scopes as never,
-        expires_at: expires ? new Date(expires).toISOString() : null,
-        adapters: adapters.split(/[\s,]+/).filter(Boolean),
-      },
-    })
-    if (!res.response.ok) {
-      setError((res.error as { detail?: string })?.detail ?? 'Could not create the key.')
+    setLimitErrors({})
+    try {
+      const body = unwrap(
+        await api.POST('/api/v1/api-keys', {
+          body: {
+            name,
+            scopes: scopes as never,
+            expires_at: expires ? new Date(expires).toISOString() : null,
+            adapters: adapters.split(/[\s,]+/).filter(Boolean),
+            ...createLimits(limits),
+          },
+        }),
+      )
+      setCreated(body as ApiKeyCreated)
+    } catch (err) {
+      const refused = limitError(err)
+      setError(refused.text)
+      setLimitErrors(refused.fields)
       return
     }
-    setCreated(res.data as ApiKeyCreated)
     setName('')
+    setLimits(emptyDraft())
     void qc.invalidateQueries({ queryKey: ['api-keys'] })
   }
   const revoke = async (keyId: string) => {
@@ -65,6 +79,13 @@ export function ApiKeys() {
             value={adapters}
             onChange={(e) => setAdapters(e.currentTarget.value)}
           />
+          <Fieldset legend="Limits of this key (optional)">
+            <Text size="xs" c="dimmed" mb="xs">
+              The tenant's limits still apply beside these; the tighter one binds.
+              {role !== 'owner' && " Owners' limits on your keys bind the keys you create."}
+            </Text>
+            <KeyLimitsFields draft={limits} onChange={setLimits} errors={limitErrors} />
+          </Fieldset>
           {error && <Alert color="red">{error}</Alert>}
           <Group>
             <Button type="submit" disabled={!name || scopes.length === 0}>
@@ -100,6 +121,7 @@ export function ApiKeys() {
               <Table.Th>Name</Table.Th>
               <Table.Th>Key</Table.Th>
               <Table.Th>Scopes</Table.Th>
+              <Table.Th>Limits</Table.Th>
               <Table.Th>Expires</Table.Th>
               <Table.Th>Last used</Table.Th>
               <Table.Th>State</Table.Th>
@@ -115,6 +137,14 @@ export function ApiKeys() {
                 <Table.Td>
                   {k.scopes.join(', ')}
                   {k.adapters.length > 0 && <Text size="xs">only {k.adapters.join(', ')}</Text>}
+                </Table.Td>
+                <Table.Td>
+                  <Text size="sm">{limitsText(k)}</Text>
+                  {k.enabled && (
+                    <Button size="compact-xs" variant="subtle" onClick={() => setEditing(k)} aria-label={`Edit limits of ${k.name}`}>
+                      Edit limits
+                    </Button>
+                  )}
                 </Table.Td>
                 <Table.Td>{k.expires_at ? formatDateTime(k.expires_at) : 'never'}</Table.Td>
                 <Table.Td>{k.last_used_at ? formatDateTime(k.last_used_at) : 'never'}</Table.Td>
@@ -132,6 +162,17 @@ export function ApiKeys() {
           </Table.Tbody>
         </Table>
       </Table.ScrollContainer>
+      {editing && (
+        <EditLimits
+          apiKey={editing}
+          owner={role === 'owner'}
+          onClose={() => setEditing(null)}
+          onSaved={() => {
+            setEditing(null)
+            void qc.invalidateQueries({ queryKey: ['api-keys'] })
+          }}
+        />
+      )}
       <Modal opened={!!revoking} onClose={() => setRevoking(null)} title="Revoke this key?">
         <Stack>
           <Text>Applications using it stop working at once. This cannot be undone.</Text>
@@ -146,5 +187,59 @@ export function ApiKeys() {
         </Stack>
       </Modal>
     </Stack>
+  )
+}
+
+/** The dialog that edits one key's limits: sends only what changed (`PATCH`), and shows the API's refusal (a
+ *  member raising or clearing a limit is a 403 naming the field; a bad value a 400 with `fields`). */
+export function EditLimits({ apiKey, owner, onClose, onSaved }: {
+  apiKey: ApiKey
+  owner: boolean
+  onClose: () => void
+  onSaved: () => void
+}) {
+  const [draft, setDraft] = useState<LimitsDraft>(() => draftOf(apiKey))
+  const [refused, setRefused] = useState<{ text: string; fields: Record<string, string> } | null>(null)
+  const [saving, setSaving] = useState(false)
+  const save = async (e: React.FormEvent) => {
+    e.preventDefault()
+    const body = changedLimits(apiKey, draft)
+    if (Object.keys(body).length === 0) return onClose()
+    setSaving(true)
+    setRefused(null)
+    try {
+      unwrap(await api.PATCH('/api/v1/api-keys/{key_id}', { params: { path: { key_id: apiKey.key_id } }, body }))
+      onSaved()
+    } catch (err) {
+      setRefused(limitError(err))
+    } finally {
+      setSaving(false)
+    }
+  }
+  return (
+    <Modal opened onClose={onClose} title={`Limits of ${apiKey.name}`} size="lg">
+      <form onSubmit={save} aria-label={`Limits of ${apiKey.name}`}>
+        <Stack gap="sm">
+          <Text size="sm" c="dimmed">
+            The tenant's limits still apply; the tighter one binds. The gateway applies a change within a second.
+            {!owner && ' Members may tighten a limit; only an owner can raise or clear one.'}
+          </Text>
+          <KeyLimitsFields draft={draft} onChange={setDraft} errors={refused?.fields} />
+          {refused && (
+            <Alert color="red" role="alert">
+              {refused.text}
+            </Alert>
+          )}
+          <Group>
+            <Button type="submit" loading={saving}>
+              Save limits
+            </Button>
+            <Button variant="default" onClick={onClose}>
+              Cancel
+            </Button>
+          </Group>
+        </Stack>
+      </form>
+    </Modal>
   )
 }

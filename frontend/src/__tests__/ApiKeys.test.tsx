@@ -1,0 +1,88 @@
+import { QueryClient, QueryClientProvider } from '@tanstack/react-query'
+import { screen, waitFor, within } from '@testing-library/react'
+import userEvent from '@testing-library/user-event'
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
+import { api, setCurrentTenant, type ApiKey } from '../api/client'
+import { renderWithMantine } from '../components/__tests__/render'
+import { changedLimits, createLimits, draftOf, emptyDraft, limitError, limitsText } from '../components/keyLimits'
+import { ApiKeys } from '../pages/ApiKeys'
+
+const key = (over: Partial<ApiKey> = {}): ApiKey => ({
+  key_id: 'k1', key: 'qv_k1.****', name: 'ci', scopes: ['inference'], adapters: [], enabled: true,
+  created_at: '2026-01-01T00:00:00Z', rpm_limit: 60, tpm_limit: null, concurrency_limit: null, max_tokens_limit: null,
+  priority_class: null, ...over,
+})
+const ok = (data: unknown, status = 200) => ({ data, error: undefined, response: new Response('{}', { status }) })
+const refused = (error: unknown, status: number) => ({ data: undefined, error, response: new Response('{}', { status }) })
+
+function mockGets(role: string, keys: ApiKey[]) {
+  vi.spyOn(api, 'GET').mockImplementation((async (path: string) => {
+    if (path === '/api/v1/auth/session')
+      return ok({ authenticated: true, me: { username: 'ann', email: '', is_staff: false, tenant: 'acme', tenants: [{ slug: 'acme', name: 'Acme', role }] } })
+    if (path === '/api/v1/api-keys') return ok(keys)
+    throw new Error(`unexpected GET ${path}`)
+  }) as never)
+}
+
+function renderPage() {
+  const qc = new QueryClient({ defaultOptions: { queries: { retry: false } } })
+  renderWithMantine(<QueryClientProvider client={qc}><ApiKeys /></QueryClientProvider>)
+}
+
+describe('per-key limits: the values sent', () => {
+  it('creation sends only the limits set; an edit only what changed', () => {
+    const draft = { ...emptyDraft(), numbers: { ...emptyDraft().numbers, rpm_limit: 30 }, priority: 'low' as const }
+    expect(createLimits(draft)).toEqual({ rpm_limit: 30, priority_class: 'low' })
+    expect(createLimits(emptyDraft())).toEqual({})
+    const k = key()
+    expect(changedLimits(k, draftOf(k))).toEqual({})
+    expect(changedLimits(k, { ...draftOf(k), numbers: { ...draftOf(k).numbers, rpm_limit: '', tpm_limit: 1000 } }))
+      .toEqual({ rpm_limit: null, tpm_limit: 1000 })
+  })
+  it('words the key list and the API refusals, naming the field', () => {
+    expect(limitsText(key({ concurrency_limit: 4, priority_class: 'high' }))).toBe('60 RPM · 4 concurrent · high priority')
+    expect(limitsText(key({ rpm_limit: null }))).toBe("tenant's limits only")
+    const owner = limitError(Object.assign(new Error("Only an owner can raise or clear 'rpm_limit' on a key; you may only tighten it."), { fields: undefined }))
+    expect(owner.fields).toEqual({ rpm_limit: "Only an owner can raise or clear 'rpm_limit' on a key; you may only tighten it." })
+    const bad = limitError(Object.assign(new Error('Invalid input.'), { fields: { tpm_limit: ['Ensure this value is greater than or equal to 1.'] } }))
+    expect(bad.text).toBe('Tokens per minute (TPM): Invalid input.')
+    expect(bad.fields).toEqual({ tpm_limit: 'Ensure this value is greater than or equal to 1.' })
+  })
+})
+
+describe('API keys page: limits at creation and on an existing key', () => {
+  beforeEach(() => setCurrentTenant('acme'))
+  afterEach(() => vi.restoreAllMocks())
+
+  it('creates a key with its limits', async () => {
+    mockGets('owner', [])
+    const post = vi.spyOn(api, 'POST').mockResolvedValue(ok({ ...key(), secret: 'qv_k1.s3cret' }, 201) as never)
+    renderPage()
+    await userEvent.type(await screen.findByRole('textbox', { name: 'Name' }), 'ci')
+    await userEvent.type(screen.getByRole('textbox', { name: 'Requests per minute (RPM)' }), '60')
+    await userEvent.click(screen.getByRole('button', { name: 'Create key' }))
+    await waitFor(() => expect(post).toHaveBeenCalled())
+    expect(post.mock.calls[0][0]).toBe('/api/v1/api-keys')
+    expect((post.mock.calls[0][1] as { body: Record<string, unknown> }).body).toMatchObject({ name: 'ci', rpm_limit: 60 })
+    expect((post.mock.calls[0][1] as { body: Record<string, unknown> }).body).not.toHaveProperty('tpm_limit')
+  })
+
+  it("edits a key's limits and shows the API's 403 with the field named", async () => {
+    mockGets('member', [key()])
+    const patch = vi.spyOn(api, 'PATCH').mockResolvedValue(refused(
+      { detail: "Only an owner can raise or clear 'rpm_limit' on a key; you may only tighten it.", code: 'limit_owner_only' }, 403) as never)
+    renderPage()
+    expect(await screen.findByText('60 RPM')).toBeInTheDocument()
+    await userEvent.click(screen.getByRole('button', { name: 'Edit limits of ci' }))
+    const form = await screen.findByRole('form', { name: 'Limits of ci' })
+    expect(form).toHaveTextContent('only an owner can raise or clear one')
+    const rpm = within(form).getByRole('textbox', { name: 'Requests per minute (RPM)' })
+    expect(rpm).toHaveValue('60')
+    await userEvent.clear(rpm)
+    await userEvent.click(within(form).getByRole('button', { name: 'Save limits' }))
+    await waitFor(() => expect(patch).toHaveBeenCalled())
+    expect(patch.mock.calls[0][1]).toMatchObject({ params: { path: { key_id: 'k1' } }, body: { rpm_limit: null } })
+    expect(await screen.findByRole('alert')).toHaveTextContent("Only an owner can raise or clear 'rpm_limit'")
+    expect(rpm).toHaveAttribute('aria-invalid', 'true')
+  })
+})
