@@ -46,7 +46,7 @@ from demo.assets import ensure_demo_assets  # noqa: E402
 from devtools.hollow import figures  # noqa: E402
 from devtools.hollow.adapters import adapter_name, make_adapters, tenant_slug  # noqa: E402
 from devtools.hollow.costs import calibration  # noqa: E402
-from devtools.hollow.replay import PageTimer, Sampler, replay, tree_rss_bytes  # noqa: E402
+from devtools.hollow.replay import PageTimer, Sampler, operator_client, replay, tree_rss_bytes  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
 from devtools.simulate.workload import WorkloadSpec, generate  # noqa: E402
@@ -161,19 +161,6 @@ def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace,
         procs.start(f"host-{h // args.nodes_per_host}", [PY, "-m", "devtools.hollow.host", str(spec_path)],
                     {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")})
     return nodes
-
-
-def operator_client(web: str, password: str) -> httpx.Client:
-    """A staff console session (the operator pages need one; tenant keys get 403)."""
-    client = httpx.Client(base_url=web, timeout=60)
-    client.get("/api/v1/auth/session")
-    csrf = client.cookies.get("csrftoken", "")
-    answer = client.post("/api/v1/auth/login", json={"username": "operator", "password": password},
-                         headers={"X-CSRFToken": csrf} if csrf else {})
-    answer.raise_for_status()
-    if client.cookies.get("csrftoken"):
-        client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
-    return client
 
 
 def upload_all(web: str, keys: list[str], folders: list[Path], tenant_of: list[int], served: str) -> None:

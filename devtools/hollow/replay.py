@@ -128,6 +128,24 @@ def tree_rss_bytes(root_pid: int) -> int:
     return total
 
 
+def operator_client(web: str, password: str, username: str = "operator") -> httpx.Client:
+    """A staff console session on ``web`` (the operator pages need one; tenant keys get 403): the session cookie
+    and the CSRF header set.
+
+    Raises:
+        httpx.HTTPStatusError: the login was refused (wrong password, or not a user).
+    """
+    client = httpx.Client(base_url=web, timeout=60)
+    client.get("/api/v1/auth/session")
+    csrf = client.cookies.get("csrftoken", "")
+    answer = client.post("/api/v1/auth/login", json={"username": username, "password": password},
+                         headers={"X-CSRFToken": csrf} if csrf else {})
+    answer.raise_for_status()
+    if client.cookies.get("csrftoken"):
+        client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
+    return client
+
+
 class PageTimer:
     """Times the console's API pages: a tenant's adapter list, the operator's node/residency map, and the traffic
     over the run's usage (``/api/v1/usage/traffic`` for a tenant, ``/api/v1/operator/traffic`` for staff).

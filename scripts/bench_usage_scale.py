@@ -1,0 +1,258 @@
+"""The console's API pages at a year of a busy tenant's traffic: issue 31's ``api_ms_p99`` at 10 million usage rows.
+
+``scripts/fleet_scale`` times four pages (``devtools.hollow.replay.PageTimer``: a tenant's adapter list, its
+``/api/v1/usage/traffic``, the operator's nodes and residency map, ``/api/v1/operator/traffic``) over the run's own
+usage. This benchmark times those and every other call the console makes to read usage (``frontend/src/pages``:
+Usage, Adapters, Traffic, the serving panel), plus the CSV export (``GET /api/v1/usage?export=csv``: to its first
+byte and to its last), against a usage table seeded at scale:
+
+- tenant ``bench-usage`` with ``--rows`` records (default 10,000,000) over 365 days ending now, Zipf over
+  ``--adapters`` adapters (``manage.py quiver_seed_usage``); ``--other-tenants`` tenants ``bench-other-<i>`` with
+  ``--other-rows`` each. Only missing rows are seeded (point ``DATABASE_URL`` at a kept database to reuse a
+  seeding); when the newest record is older than a minute, the gap up to now is seeded at the rate of the week
+  before it, so "the last hour" holds a last hour's records however long ago the year was seeded;
+- ``--nodes`` registered nodes (no heartbeats: the nodes page reads their rows and the usage subquery of each);
+- a staff user ``bench-operator`` for the operator pages (a console session, as the console calls them).
+
+It starts the web process the way the demo does (uvicorn serving ``config.asgi``) and calls it over real HTTP: each
+round calls every page once, ``--reps`` rounds. With ``--before-tree DIR`` (an older checkout, e.g. ``git archive
+<commit> | tar -x -C DIR``) a second web process serves that code from the same database and every call alternates
+between the two, so both columns share the machine's load. Printed: ms p50 / p99 per page to the last byte (the
+export also to its first byte), and ``api_ms_p99`` as fleet_scale computes it (over its four pages).
+
+Usage:
+    ./scripts/bench_usage_scale [--rows 10000000] [--reps 20] [--before-tree DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+from bench_usage import BASE_CONFIG, TENANT, _manage, _percentile, _sql  # noqa: E402
+
+from demo.run import Processes, web_argv  # noqa: E402
+from devtools.hollow.replay import operator_client  # noqa: E402
+from devtools.proc import free_port  # noqa: E402
+
+OPERATOR = "bench-operator"
+TARGET_MS = 300.0
+# (name, who calls it, path); fleet_scale's PageTimer pages are marked with FLEET_PAGES below.
+PAGES: list[tuple[str, str, str]] = [
+    ("adapters", "tenant", "/api/v1/adapters"),
+    ("residency", "tenant", "/api/v1/residency"),
+    ("usage totals (all time)", "tenant", "/api/v1/usage"),
+    ("usage series 1h", "tenant", "/api/v1/usage/series?since=1h&bucket=minute"),
+    ("usage series 24h", "tenant", "/api/v1/usage/series?since=24h&bucket=hour"),
+    ("usage traffic 1h", "tenant", "/api/v1/usage/traffic"),
+    ("usage traffic 24h", "tenant", "/api/v1/usage/traffic?since=24h"),
+    ("versions seed-0 1h", "tenant", "/api/v1/usage/versions?adapter=seed-0"),
+    ("operator nodes", "operator", "/api/v1/operator/nodes"),
+    ("operator traffic 1h", "operator", "/api/v1/operator/traffic"),
+    ("operator traffic 6h", "operator", "/api/v1/operator/traffic?since=6h"),
+    ("operator traffic 24h", "operator", "/api/v1/operator/traffic?since=24h"),
+    ("operator traffic 24h busy", "operator", f"/api/v1/operator/traffic?since=24h&tenant={TENANT}"),
+    ("export 1h", "tenant", "/api/v1/usage?export=csv&since=1h"),
+    ("export 24h", "tenant", "/api/v1/usage?export=csv&since=24h"),
+]
+FLEET_PAGES = ("adapters", "usage traffic 1h", "operator nodes", "operator traffic 1h")
+
+
+def say(msg: str) -> None:
+    """One timestamped progress line on stderr (stdout is the table or the JSON)."""
+    print(f"[bench_usage_scale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def seed_tenant(env: dict[str, str], slug: str, rows: int, *, adapters: int, seed: int) -> dict[str, Any]:
+    """Create ``slug`` (a new key each run; its last line is the key) and seed it up to ``rows`` records over 365
+    days ending now, then the gap from its newest record to now at the rate of the week before that record.
+
+    Returns:
+        ``{"key", "rows" (records now), "seeded" (added this run), "seed_s"}``.
+    """
+    key = _manage(env, "quiver_tenant_create", slug).splitlines()[-1]
+    count = f"SELECT count(*) FROM gateway_usagerecord r JOIN tenants_tenant t ON t.id = r.tenant_id WHERE t.slug = '{slug}'"
+    have = _sql(env, count)[0][0]
+    t0, added = time.monotonic(), 0
+    if have < rows:
+        say(f"seeding {rows - have:,} records for {slug} (has {have:,})")
+        _manage(env, "quiver_seed_usage", "--tenant", slug, "--rows", str(rows - have), "--days", "365",
+                "--seed", str(seed), "--adapters", str(adapters))
+        added += rows - have
+    newest, week = _sql(env, f"SELECT max(created_at), count(*) FILTER (WHERE created_at >= (SELECT max(created_at) "
+                             f"FROM ({count.replace('count(*)', 'r.created_at')}) x) - interval '7 days') "
+                             f"FROM ({count.replace('count(*)', 'r.created_at')}) y")[0]
+    gap_s = time.time() - newest.timestamp() if newest else 0.0
+    if newest and gap_s > 60 and week:
+        fill = max(1, round(week / (7 * 86400) * gap_s))
+        say(f"seeding the {gap_s / 3600:.1f} h since {slug}'s newest record: {fill:,} records")
+        _manage(env, "quiver_seed_usage", "--tenant", slug, "--rows", str(fill), "--days", f"{gap_s / 86400:.6f}",
+                "--seed", str(seed + int(gap_s)), "--adapters", str(adapters))
+        added += fill
+    return {"key": key, "rows": _sql(env, count)[0][0], "seeded": added, "seed_s": round(time.monotonic() - t0, 1)}
+
+
+def timed_get(http: httpx.Client, path: str) -> tuple[float, float, int]:
+    """(ms to the first body byte, ms to the last, HTTP status) of one GET, the body read as it streams."""
+    t0 = time.perf_counter()
+    first = None
+    with http.stream("GET", path) as resp:
+        for _ in resp.iter_bytes(1 << 16):
+            if first is None:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return ((first or end) - t0) * 1000, (end - t0) * 1000, resp.status_code
+
+
+def measure(clients: dict[str, dict[str, httpx.Client]], reps: int) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{side: {page: {"p50_ms", "p99_ms", "first_byte_p50_ms", "first_byte_p99_ms", "n", "failures"}}}``; each
+    round calls every page once, on every side in turn."""
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {side: {p[0]: [] for p in PAGES} for side in clients}
+    failures: dict[str, dict[str, int]] = {side: {p[0]: 0 for p in PAGES} for side in clients}
+    for rep in range(reps):
+        for name, who, path in PAGES:
+            for side, http in clients.items():
+                first, last, status = timed_get(http[who], path)
+                if status == 200:
+                    samples[side][name].append((first, last))
+                else:
+                    failures[side][name] += 1
+        say(f"round {rep + 1}/{reps} done")
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for side, pages in samples.items():
+        out[side] = {}
+        for name, values in pages.items():
+            lasts, firsts = [v[1] for v in values], [v[0] for v in values]
+            out[side][name] = {"n": len(values), "failures": failures[side][name], "samples_ms": lasts,
+                               **({"p50_ms": round(_percentile(lasts, 0.5), 1),
+                                   "p99_ms": round(_percentile(lasts, 0.99), 1),
+                                   "first_byte_p50_ms": round(_percentile(firsts, 0.5), 1),
+                                   "first_byte_p99_ms": round(_percentile(firsts, 0.99), 1)} if values else {})}
+    return out
+
+
+def fleet_api_p99(pages: dict[str, dict[str, Any]]) -> float | None:
+    """``api_ms_p99`` as fleet_scale computes it: the p99 (ms) over every sample of its four pages together."""
+    values = [v for name in FLEET_PAGES for v in pages[name]["samples_ms"]]
+    return round(_percentile(values, 0.99), 1) if values else None
+
+
+def table(report: dict[str, Any]) -> list[str]:
+    """Markdown rows: ms p50 / p99 per page and side (export: first byte, then last byte)."""
+    sides = list(report["results"])
+    lines = ["| page | " + " | ".join(f"{s} p50 / p99 ms" for s in sides) + " |", "|---|" + "---|" * len(sides)]
+    for name, _, _ in PAGES:
+        cells = []
+        for side in sides:
+            c = report["results"][side][name]
+            if not c["n"]:
+                cells.append(f"failed ({c['failures']})")
+                continue
+            text = f"{c['p50_ms']:,.1f} / {c['p99_ms']:,.1f}"
+            if name.startswith("export"):
+                text = f"first byte {c['first_byte_p50_ms']:,.1f} / {c['first_byte_p99_ms']:,.1f}; last " + text
+            cells.append(text + (f" ({c['failures']} failed)" if c["failures"] else ""))
+        lines.append(f"| {name}{' *' if name in FLEET_PAGES else ''} | " + " | ".join(cells) + " |")
+    lines.append("| api_ms_p99 (the * pages together, as fleet_scale) | "
+                 + " | ".join(f"{report['api_ms_p99'][s] or 0:,.1f}" for s in sides) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scenario
+    """Seed, start the web process(es), time every page, print the table (or one JSON object)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=10_000_000, help="usage records of the busy tenant (seeded if fewer)")
+    p.add_argument("--adapters", type=int, default=10, help="the busy tenant's adapters (Zipf over them)")
+    p.add_argument("--other-tenants", type=int, default=4)
+    p.add_argument("--other-rows", type=int, default=100_000, help="usage records of each other tenant")
+    p.add_argument("--nodes", type=int, default=16, help="registered nodes (the operator's nodes page)")
+    p.add_argument("--reps", type=int, default=20, help="rounds of every page")
+    p.add_argument("--before-tree", type=Path, default=None, help="older checkout to measure beside this one")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = p.parse_args(argv)
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        raise SystemExit("run through ./scripts/bench_usage_scale (it starts PostgreSQL, Redis and SeaweedFS)")
+    workdir = Path(tempfile.mkdtemp(prefix="quiver-bench-usage-scale-"))
+    (workdir / "logs").mkdir()
+    procs = Processes(workdir / "logs")
+    password = secrets.token_urlsafe(18)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
+           "DJANGO_LOG_LEVEL": "WARNING", "QUIVER_NODE_SECRET": os.urandom(32).hex(),
+           "DJANGO_SECRET_KEY": os.urandom(32).hex(), "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex()}
+    report: dict[str, Any] = {"reps": args.reps, "cores": os.cpu_count()}
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, True)
+        stack.callback(procs.stop_all)
+        _manage(env, "migrate", "--noinput")
+        if not _sql(env, "SELECT 1 FROM adapters_basemodel LIMIT 1"):
+            (workdir / "base").mkdir()
+            (workdir / "base" / "config.json").write_text(json.dumps(BASE_CONFIG))
+            _manage(env, "quiver_base_model_register", "bench-base", str(workdir / "base"))
+        base = _sql(env, "SELECT base_model_name FROM adapters_basemodel ORDER BY id LIMIT 1")[0][0]
+        busy = seed_tenant(env, TENANT, args.rows, adapters=args.adapters, seed=args.seed)
+        others = [seed_tenant(env, f"bench-other-{i}", args.other_rows, adapters=3, seed=args.seed + 1 + i)
+                  for i in range(args.other_tenants)]
+        report["tenant_rows"] = busy["rows"]
+        report["seeded"] = busy["seeded"] + sum(o["seeded"] for o in others)
+        report["all_rows"] = _sql(env, "SELECT count(*) FROM gateway_usagerecord")[0][0]
+        named = {r[0] for r in _sql(env, "SELECT name FROM gateway_node")}
+        for i in range(1, args.nodes + 1):
+            if f"bench-node-{i:03d}" not in named:
+                _manage(env, "quiver_node_register", f"bench-node-{i:03d}", "--agent-url", f"http://127.0.0.1:{i}",
+                        "--engine-url", f"http://127.0.0.1:{i}", "--base-model", base)
+        _manage({**env, "QUIVER_USER_PASSWORD": password}, "quiver_user_create", OPERATOR, "--staff")
+        webs = {"after": REPO, **({"before": args.before_tree.resolve()} if args.before_tree else {})}
+        clients: dict[str, dict[str, httpx.Client]] = {}
+        for side, tree in webs.items():
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            with (workdir / "logs" / f"web-{side}.log").open("wb") as log:  # the older tree's code, from its folder
+                proc = subprocess.Popen(web_argv("config.asgi:application", port), cwd=tree, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT)
+            procs.procs.append((f"web-{side}", proc))
+            procs.wait_http(f"web-{side}", f"{url}/healthz", 300)
+            tenant = stack.enter_context(httpx.Client(base_url=url, timeout=900,
+                                                      headers={"Authorization": f"Bearer {busy['key']}"}))
+            operator = operator_client(url, password, username=OPERATOR)
+            stack.callback(operator.close)
+            operator.timeout = httpx.Timeout(900)
+            clients[side] = {"tenant": tenant, "operator": operator}
+            for _, who, path in PAGES:  # imports, first connections, first plans: untimed
+                timed_get(clients[side][who], path)
+        clients = dict(sorted(clients.items(), reverse=True))  # before, then after, in every round
+        report["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                          text=True).stdout.strip()
+        report["results"] = measure(clients, args.reps)
+    report["api_ms_p99"] = {side: fleet_api_p99(pages) for side, pages in report["results"].items()}
+    report["load_avg"] = round(os.getloadavg()[0], 2)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"\nconsole pages at {report['tenant_rows']:,} usage records of {TENANT} ({report['all_rows']:,} in the table),"
+          f" {args.nodes} nodes, {args.reps} rounds, {os.cpu_count()} cores, load avg {report['load_avg']}")
+    print(f"after = this tree ({report['commit']})" + (f", before = {args.before_tree}" if args.before_tree else ""))
+    print("\n".join(table(report)))
+    slow = [n for n, c in report["results"]["after"].items()
+            if not n.startswith("export") and (not c["n"] or c["p99_ms"] > TARGET_MS)]
+    print(f"pages over {TARGET_MS:.0f} ms p99 (or failed): {', '.join(slow) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
