@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 
 import pytest
 from django.core.management import call_command
@@ -42,7 +44,21 @@ def test_refuses_without_rows_or_an_existing_tenant(make_client, base_model) -> 
         call_command("quiver_seed_usage", "--tenant", tenant.slug)
     with pytest.raises(CommandError, match="No tenant"):
         call_command("quiver_seed_usage", "--tenant", "nobody-here", "--rows", "10")
+    with pytest.raises(CommandError, match="--rows"):
+        call_command("quiver_seed_usage", "--tenant", tenant.slug, "--rows", "0")
+    with pytest.raises(CommandError, match="--days"):
+        call_command("quiver_seed_usage", "--tenant", tenant.slug, "--rows", "10", "--days", "0")
+    with pytest.raises(CommandError, match="--adapters"):
+        call_command("quiver_seed_usage", "--tenant", tenant.slug, "--rows", "10", "--adapters", "0")
     assert not UsageRecord.objects.exists()
+
+
+def test_prints_its_rate(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    _, tenant, _ = make_client()
+    err = StringIO()
+    call_command("quiver_seed_usage", "--tenant", tenant.slug, "--rows", "500", "--days", "2", stderr=err)
+    assert UsageRecord.objects.filter(tenant=tenant).count() == 500
+    assert re.search(r"seeded 500 usage records .*\([\d,]+ rows/s copied, [\d,]+ rows/s with the rollups", err.getvalue())
 
 
 def test_seeds_the_tenant_over_the_period_with_its_shape(make_client, base_model) -> None:  # type: ignore[no-untyped-def]

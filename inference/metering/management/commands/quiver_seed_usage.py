@@ -26,8 +26,12 @@ Shape of the rows (all seeded by ``--seed``, so two runs with the same arguments
 Idempotent-safe: a second run adds ``N`` more rows (fresh request ids) and recomputes the rollups of the minutes it
 covers from every record in them, so totals stay equal to the records'. All of it is one transaction.
 
-Errors: ``CommandError`` when ``--rows`` is missing or < 1, the tenant does not exist, the database is not
-PostgreSQL, or adapters must be created and no base model is registered.
+Prints (stderr) the rows written, the rollup rows, the seconds taken and the rate in rows/s, of the ``COPY`` alone
+and of the whole run (rollups, ``ANALYZE`` and the deferred foreign-key checks at commit included).
+
+Errors: ``CommandError`` naming the flag when ``--rows`` is missing or < 1, ``--days`` is not > 0, or ``--adapters``
+or ``--versions`` is < 1; when the tenant does not exist, the database is not PostgreSQL, or adapters must be
+created and no base model is registered.
 """
 
 from __future__ import annotations
@@ -96,6 +100,10 @@ class Command(BaseCommand):
                adapters: int, versions: int, **options: Any) -> None:
         if rows is None or rows < 1:
             raise CommandError("--rows N is required (N >= 1): say how many usage records to add.")
+        if not days > 0:  # the period's length divides every offset: 0 has no instant to put a record at
+            raise CommandError(f"--days must be more than 0 (got {days:g}).")
+        if adapters < 1 or versions < 1:
+            raise CommandError(f"--adapters and --versions must be 1 or more (got {adapters} and {versions}).")
         if connection.vendor != "postgresql":
             raise CommandError("quiver_seed_usage writes with PostgreSQL COPY; DATABASE_URL must be PostgreSQL.")
         owner = Tenant.objects.filter(slug=tenant).first()
@@ -110,6 +118,7 @@ class Command(BaseCommand):
             models = _models(owner, adapters, versions)
             keys: list[int | None] = [*ApiKey.objects.filter(tenant=owner).values_list("pk", flat=True)] or [None]
             written = _copy_records(owner.pk, models, keys, rows=rows, start=start, end=end, seed=seed)
+            copied_s = time.monotonic() - t0
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])  # not beside a beat rollup run
                 lo = start.replace(second=0, microsecond=0)
@@ -126,8 +135,11 @@ class Command(BaseCommand):
             cursor.execute("ANALYZE gateway_usagerecord")
             cursor.execute("ANALYZE gateway_usagerollup")
             cursor.execute("ANALYZE metering_usagehour")
+        total_s = time.monotonic() - t0
         self.stderr.write(f"seeded {written} usage records for {owner.slug} over {days:g} days ending "
-                          f"{end.isoformat()}; {rollups} rollup rows; {time.monotonic() - t0:.1f} s", style_func=str)
+                          f"{end.isoformat()}; {rollups} rollup rows; {total_s:.1f} s ({written / copied_s:,.0f} "
+                          f"rows/s copied, {written / total_s:,.0f} rows/s with the rollups and checks)",
+                          style_func=str)
 
 
 def _models(tenant: Tenant, adapters: int, versions: int) -> list[tuple[str, int | None, int | None, int | None]]:
