@@ -20,7 +20,7 @@ def test_a_small_fleet_runs_and_reports_every_key(tmp_path: Path) -> None:
     # database, Redis db and bucket on them.
     argv = [sys.executable, "-m", "devtools.services", "run", "--", sys.executable, "scripts/fleet_scale.py",
             "--nodes", "3", "--adapters", "12", "--tenants", "3", "--rate", "4", "--duration", "8", "--seed", "2",
-            "--gateways", "2", "--evict-every-s", "3", "--heartbeat-s", "1", "--json", "--workdir", str(tmp_path)]
+            "--gateways", "2", "--evict-every-s", "3", "--heartbeat-s", "1", "--usage-rows", "3000", "--json", "--workdir", str(tmp_path)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ},
                           check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -30,5 +30,7 @@ def test_a_small_fleet_runs_and_reports_every_key(tmp_path: Path) -> None:
     assert figures["heartbeats"] > 0 and figures["heartbeat_ms_p99"] >= figures["heartbeat_ms_p50"] > 0
     assert figures["fleet_view_ms_p99"] > 0 and 0 <= figures["fleet_view_cpu_share"] < 1
     assert figures["api_ms_p99"] > 0
+    # The pages were timed over the seeded records too (the first tenant's, beside the run's own).
+    assert figures["usage_rows"] >= 3000 + figures["ok"] and figures["api_ms_p99_usage_traffic"] > 0
     assert 0 <= figures["served_resident_share"] <= 1 and 0 <= figures["sim_served_resident_share"] <= 1
     assert figures["peak_rss_mib"] > 0
