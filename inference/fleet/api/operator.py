@@ -30,7 +30,7 @@ from inference.metering.api import (
     drain_quietly,
     traffic_response,
 )
-from inference.metering.models import UsageRecord
+from inference.metering.models import UsageHour, UsageRecord
 from tenants.authentication import ApiKeyAuthentication, TenantPrincipal
 
 # A tenant's key is recognised here (not ignored), so it gets 403 ``staff_required`` rather than a misleading
@@ -167,6 +167,7 @@ class OperatorTrafficViewSet(viewsets.GenericViewSet):
 
     @extend_schema(parameters=[TrafficQuerySerializer], responses=TrafficRowSerializer(many=True))
     def list(self, request: Request) -> Response:
-        """Rows sorted by requests, most first."""
+        """Rows sorted by requests, most first. Hourly sparklines (periods over 6 h) read the whole final hours from
+        the hourly sums, as the tenant's table does: a day of every tenant is otherwise every record of the day."""
         drain_quietly()
-        return traffic_response(self.get_queryset(), request)
+        return traffic_response(self.get_queryset(), request, hours=UsageHour.objects.all())

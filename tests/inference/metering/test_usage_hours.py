@@ -7,8 +7,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from adapters_app.models import Adapter
 from inference.metering.hours import split
@@ -81,3 +85,20 @@ def test_percentiles_read_only_the_latest_records(seeded) -> None:  # type: igno
     newest = list(records.order_by("-created_at").values_list("created_at", flat=True)[:100])
     assert set(latest(records, 100).values_list("created_at", flat=True)) == set(newest)
     assert latest(records, 10_000).count() == records.count()  # fewer records than the bound: all of them
+
+
+def test_operator_traffic_from_hours_equals_traffic_from_records(seeded) -> None:  # type: ignore[no-untyped-def]
+    """The operator's table over every tenant (and filtered to one) reads whole final hours from the sums when its
+    sparkline is hourly: the same rows, to the JSON, as every record of the period read raw."""
+    op = APIClient()
+    op.force_login(User.objects.create_user(username="ops-hours", password="x", is_staff=True))
+    until = timezone.now().replace(microsecond=0) + timedelta(seconds=1)
+    since = until - timedelta(days=2, minutes=21)
+    query = {"since": since.isoformat(), "until": until.isoformat()}
+    expected = traffic_table(UsageRecord.objects.all(), since=since, until=until, bucket="hour")
+    assert {r["tenant"] for r in expected} == {seeded.slug, UsageRecord.objects.exclude(tenant=seeded)[0].tenant.slug}
+    with CaptureQueriesContext(connection) as read:
+        assert op.get("/api/v1/operator/traffic", query).json() == expected
+    assert any("metering_usagehour" in q["sql"] for q in read.captured_queries)  # not a day of every record
+    mine = traffic_table(UsageRecord.objects.filter(tenant=seeded), since=since, until=until, bucket="hour")
+    assert op.get("/api/v1/operator/traffic", {**query, "tenant": seeded.slug}).json() == mine
