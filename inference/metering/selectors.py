@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, QuerySet, Sum
+from django.db.models.expressions import RawSQL
 
 from inference.metering.hours import add_up, split
 from inference.metering.models import UsageHour, UsageRecord
@@ -65,11 +67,56 @@ def _summary_split(records: QuerySet[UsageRecord], hours: QuerySet[UsageHour], *
 
 CSV_FIELDS = ("created_at", "model", "version", "endpoint", "stream", "status_code", "prompt_tokens",
               "completion_tokens", "latency_ms", "ttft_ms")
+_TABLE = UsageRecord._meta.db_table
+
+
+def _csv_text(column: str) -> str:
+    """A text column as ``csv.writer`` writes it (QUOTE_MINIMAL: quoted when it holds ``,``, ``"``, CR or LF)."""
+    col = f'"{_TABLE}"."{column}"'
+    return rf"""CASE WHEN {col} ~ '[",\r\n]' THEN '"' || replace({col}, '"', '""') || '"' ELSE {col} END"""
+
+
+# The record's first eight CSV fields as one text, formatted in PostgreSQL exactly as ``usage_csv_python`` formats
+# them (``datetime.isoformat()`` in UTC, with microseconds only when there are some; ``None`` as nothing; ``True``/
+# ``False``): the export's cost was Python building a datetime and a tuple per row and formatting them (~47,000 rows
+# a second). The two floats stay Python's ``repr``: PostgreSQL's float text differs (``100`` for ``100.0``, ``1e+15``).
+CSV_HEAD_SQL = " || ',' || ".join([
+    f"""to_char("{_TABLE}"."created_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')"""
+    f""" || CASE WHEN date_trunc('second', "{_TABLE}"."created_at") = "{_TABLE}"."created_at" THEN ''"""
+    f""" ELSE to_char("{_TABLE}"."created_at" AT TIME ZONE 'UTC', '.US') END || '+00:00'""",
+    _csv_text("model_name"),
+    f"""coalesce("{_TABLE}"."version_number"::text, '')""",
+    _csv_text("endpoint"),
+    f"""CASE WHEN "{_TABLE}"."stream" THEN 'True' ELSE 'False' END""",
+    *(f"""coalesce("{_TABLE}"."{c}"::text, '')""" for c in ("status_code", "prompt_tokens", "completion_tokens")),
+])
 
 
 def usage_csv(records: QuerySet[UsageRecord], *, since: datetime | None, until: datetime | None) -> Iterator[str]:
-    """Raw usage records of an already tenant-scoped queryset in ``[since, until)`` as CSV lines (header first),
-    oldest first; ``status_code`` 499 = client went away, 502 = the engine's stream was cut."""
+    """Raw usage records of an already tenant-scoped queryset in ``[since, until)`` as CSV lines (header first,
+    ``\\r\\n`` line ends as ``csv.writer``), oldest first; ``status_code`` 499 = client went away, 502 = the engine's
+    stream was cut. Read through a server-side cursor (``iterator``), so memory stays flat whatever the range.
+
+    On PostgreSQL each line but its two floats is formatted by the server (:data:`CSV_HEAD_SQL`); the bytes are
+    those of :func:`usage_csv_python`, which SQLite (the embedded demo) still runs.
+    """
+    if connection.vendor != "postgresql":
+        yield from usage_csv_python(records, since=since, until=until)
+        return
+    if since is not None:
+        records = records.filter(created_at__gte=since)
+    if until is not None:
+        records = records.filter(created_at__lt=until)
+    yield ",".join(CSV_FIELDS) + "\r\n"
+    rows = records.order_by("created_at", "pk").annotate(csv_head=RawSQL(CSV_HEAD_SQL, ())).values_list(
+        "csv_head", "latency_ms", "ttft_ms")
+    for head, latency, ttft in rows.iterator(chunk_size=2000):
+        yield f"{head},{latency!r},{'' if ttft is None else repr(ttft)}\r\n"
+
+
+def usage_csv_python(records: QuerySet[UsageRecord], *, since: datetime | None,
+                     until: datetime | None) -> Iterator[str]:
+    """:func:`usage_csv` formatted in Python, row by row (any database; the reference for the PostgreSQL path)."""
     if since is not None:
         records = records.filter(created_at__gte=since)
     if until is not None:
