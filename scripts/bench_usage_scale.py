@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
@@ -119,17 +120,50 @@ def timed_get(http: httpx.Client, path: str) -> tuple[float, float, int]:
     return ((first or end) - t0) * 1000, (end - t0) * 1000, resp.status_code
 
 
-def measure(clients: dict[str, dict[str, httpx.Client]], reps: int) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{side: {page: {"p50_ms", "p99_ms", "first_byte_p50_ms", "first_byte_p99_ms", "n", "failures"}}}``; each
-    round calls every page once, on every side in turn."""
-    samples: dict[str, dict[str, list[tuple[float, float]]]] = {side: {p[0]: [] for p in PAGES} for side in clients}
+def postmaster(env: dict[str, str]) -> psutil.Process | None:
+    """The PostgreSQL server's postmaster when it runs on this machine and its data folder is readable, else None
+    (a remote ``DATABASE_URL``): its CPU and its children's are the database's side of a call's cost."""
+    import psycopg
+
+    try:
+        with psycopg.connect(env["DATABASE_URL"]) as conn:  # a backend's parent is the postmaster
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            return psutil.Process(int(row[0])).parent() if row else None
+    except (psycopg.Error, psutil.Error):
+        return None
+
+
+def cpu_s(proc: psutil.Process, *, with_children: bool) -> float:
+    """CPU seconds (user + system) of ``proc``, with its reaped children's and, ``with_children``, its live
+    children's (PostgreSQL backends and parallel workers are the postmaster's children)."""
+    t = proc.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in proc.children() if with_children else ():
+        try:
+            c = child.cpu_times()
+        except psutil.Error:  # exited between the listing and the read: counted as reaped next time
+            continue
+        total += c.user + c.system
+    return total
+
+
+def measure(clients: dict[str, dict[str, httpx.Client]], reps: int, webs: dict[str, psutil.Process],
+            db: psutil.Process | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{side: {page: {"p50_ms", "p99_ms", "first_byte_p50_ms", "first_byte_p99_ms", "cpu_p50_ms",
+    "cpu_p99_ms", "n", "failures"}}}``; each round calls every page once, on every side in turn. ``cpu_*``: the
+    web process's CPU plus the database server's (all its processes; None without ``db``) during the call, ms: what
+    the call costs whatever the machine's load, which on a shared box makes the wall-time p99 mostly queueing."""
+    samples: dict[str, dict[str, list[tuple[float, float, float]]]] = {
+        side: {p[0]: [] for p in PAGES} for side in clients}
     failures: dict[str, dict[str, int]] = {side: {p[0]: 0 for p in PAGES} for side in clients}
     for rep in range(reps):
         for name, who, path in PAGES:
             for side, http in clients.items():
+                cpu0 = cpu_s(webs[side], with_children=False) + (cpu_s(db, with_children=True) if db else 0.0)
                 first, last, status = timed_get(http[who], path)
+                cpu1 = cpu_s(webs[side], with_children=False) + (cpu_s(db, with_children=True) if db else 0.0)
                 if status == 200:
-                    samples[side][name].append((first, last))
+                    samples[side][name].append((first, last, (cpu1 - cpu0) * 1000))
                 else:
                     failures[side][name] += 1
         say(f"round {rep + 1}/{reps} done")
@@ -137,12 +171,15 @@ def measure(clients: dict[str, dict[str, httpx.Client]], reps: int) -> dict[str,
     for side, pages in samples.items():
         out[side] = {}
         for name, values in pages.items():
-            lasts, firsts = [v[1] for v in values], [v[0] for v in values]
+            firsts, lasts, cpus = ([v[i] for v in values] for i in range(3))
             out[side][name] = {"n": len(values), "failures": failures[side][name], "samples_ms": lasts,
                                **({"p50_ms": round(_percentile(lasts, 0.5), 1),
                                    "p99_ms": round(_percentile(lasts, 0.99), 1),
                                    "first_byte_p50_ms": round(_percentile(firsts, 0.5), 1),
-                                   "first_byte_p99_ms": round(_percentile(firsts, 0.99), 1)} if values else {})}
+                                   "first_byte_p99_ms": round(_percentile(firsts, 0.99), 1),
+                                   "cpu_p50_ms": round(_percentile(cpus, 0.5), 1) if db else None,
+                                   "cpu_p99_ms": round(_percentile(cpus, 0.99), 1) if db else None}
+                                  if values else {})}
     return out
 
 
@@ -153,9 +190,11 @@ def fleet_api_p99(pages: dict[str, dict[str, Any]]) -> float | None:
 
 
 def table(report: dict[str, Any]) -> list[str]:
-    """Markdown rows: ms p50 / p99 per page and side (export: first byte, then last byte)."""
+    """Markdown rows per page: wall ms p50 / p99 per side (export: first byte, then last byte), then CPU ms p50 /
+    p99 per side (web process + database server)."""
     sides = list(report["results"])
-    lines = ["| page | " + " | ".join(f"{s} p50 / p99 ms" for s in sides) + " |", "|---|" + "---|" * len(sides)]
+    lines = ["| page | " + " | ".join(f"{s}: wall ms p50 / p99" for s in sides) + " | "
+             + " | ".join(f"{s}: CPU ms p50 / p99" for s in sides) + " |", "|---|" + "---|" * 2 * len(sides)]
     for name, _, _ in PAGES:
         cells = []
         for side in sides:
@@ -167,9 +206,12 @@ def table(report: dict[str, Any]) -> list[str]:
             if name.startswith("export"):
                 text = f"first byte {c['first_byte_p50_ms']:,.1f} / {c['first_byte_p99_ms']:,.1f}; last " + text
             cells.append(text + (f" ({c['failures']} failed)" if c["failures"] else ""))
+        for side in sides:
+            c = report["results"][side][name]
+            cells.append(f"{c['cpu_p50_ms']:,.1f} / {c['cpu_p99_ms']:,.1f}" if c.get("cpu_p50_ms") is not None else "—")
         lines.append(f"| {name}{' *' if name in FLEET_PAGES else ''} | " + " | ".join(cells) + " |")
     lines.append("| api_ms_p99 (the * pages together, as fleet_scale) | "
-                 + " | ".join(f"{report['api_ms_p99'][s] or 0:,.1f}" for s in sides) + " |")
+                 + " | ".join(f"{report['api_ms_p99'][s] or 0:,.1f}" for s in sides) + " |" + " |" * len(sides))
     return lines
 
 
@@ -219,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         _manage({**env, "QUIVER_USER_PASSWORD": password}, "quiver_user_create", OPERATOR, "--staff")
         webs = {"after": REPO, **({"before": args.before_tree.resolve()} if args.before_tree else {})}
         clients: dict[str, dict[str, httpx.Client]] = {}
+        webs_cpu: dict[str, psutil.Process] = {}
         for side, tree in webs.items():
             port = free_port()
             url = f"http://127.0.0.1:{port}"
@@ -233,12 +276,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
             stack.callback(operator.close)
             operator.timeout = httpx.Timeout(900)
             clients[side] = {"tenant": tenant, "operator": operator}
+            webs_cpu[side] = psutil.Process(proc.pid)
             for _, who, path in PAGES:  # imports, first connections, first plans: untimed
                 timed_get(clients[side][who], path)
         clients = dict(sorted(clients.items(), reverse=True))  # before, then after, in every round
         report["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                           text=True).stdout.strip()
-        report["results"] = measure(clients, args.reps)
+        report["results"] = measure(clients, args.reps, webs_cpu, postmaster(env))
     report["api_ms_p99"] = {side: fleet_api_p99(pages) for side, pages in report["results"].items()}
     report["load_avg"] = round(os.getloadavg()[0], 2)
     if args.json:
