@@ -17,8 +17,10 @@ byte and to its last), against a usage table seeded at scale:
 It starts the web process the way the demo does (uvicorn serving ``config.asgi``) and calls it over real HTTP: each
 round calls every page once, ``--reps`` rounds. With ``--before-tree DIR`` (an older checkout, e.g. ``git archive
 <commit> | tar -x -C DIR``) a second web process serves that code from the same database and every call alternates
-between the two, so both columns share the machine's load. Printed: ms p50 / p99 per page to the last byte (the
-export also to its first byte), and ``api_ms_p99`` as fleet_scale computes it (over its four pages).
+between the two, so both columns share the machine's load. Printed: wall ms p50 / p99 per page to the last byte
+(the export also to its first byte), the CPU ms each call cost (the web process's and every PostgreSQL process's,
+in 10 ms clock ticks; a database on another machine leaves them out), and ``api_ms_p99`` as fleet_scale computes it
+(over its four pages together).
 
 Usage:
     ./scripts/bench_usage_scale [--rows 10000000] [--reps 20] [--before-tree DIR] [--json]
