@@ -408,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         "errors": {str(k): v for k, v in result.errors.items()}, "total_s": round(time.monotonic() - started),
     }
     print(json.dumps(out, indent=2) if args.json else "\n".join(figures.table(out)), flush=True)
+    if not args.json:  # the table leaves out nested values; the codes behind gateway_errors_5xx are among them
+        say(f"statuses {out['statuses']}; errors {out['errors']}")
     return 0
 
 
