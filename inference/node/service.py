@@ -144,8 +144,7 @@ class NodeAgent:
             other = next((e.lora_name for e in on_disk if e.lora_int_id == lora_int_id and e.lora_name != lora_name),
                          None)
             if other is not None:  # before any download: a second folder with this id would be reported twice
-                raise AgentError(409, "lora_int_id_conflict", f"lora_int_id {lora_int_id} is already used by "
-                                 f"'{other}' on this node")
+                await self._drop_stale_copy(other, lora_int_id)
             try:
                 staged = await stage_files(self.cache, lora_name, lora_int_id, files)
             except CacheError as exc:
@@ -192,6 +191,21 @@ class NodeAgent:
         )
         return LoadResult(lora_name, lora_int_id, bool(result["pinned"]), staged.download_ms, load_ms, tier=tier,
                           effect=effect, evicted=evicted)
+
+    async def _drop_stale_copy(self, other: str, lora_int_id: int) -> None:
+        """``lora_int_id`` is staged here as ``other``: refuse (409 ``lora_int_id_conflict``) while the engine serves
+        it under that name or a load of ``other`` runs; otherwise the copy is stale (left by an earlier control plane
+        whose ids meant other versions: a fleet_scale rerun over the same node disks failed every such load) and is
+        deleted so the load goes on."""
+        try:
+            served = {(e.get("lora_name"), e.get("lora_int_id")) for e in await self.engine.list_loras()}
+        except EngineError as exc:
+            raise AgentError(exc.status, exc.code, exc.detail) from exc
+        if (other, lora_int_id) in served or self._busy(other):
+            raise AgentError(409, "lora_int_id_conflict", f"lora_int_id {lora_int_id} is already used by "
+                             f"'{other}' on this node")
+        await asyncio.to_thread(self.cache.remove, other, lora_int_id)
+        logger.warning("agent.stale_copy_removed", extra={"lora_name": other, "lora_int_id": lora_int_id})
 
     def _forget_effect(self, lora_name: str) -> None:
         self.effects.pop(lora_name, None)

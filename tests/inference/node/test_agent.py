@@ -359,6 +359,23 @@ def test_a_load_refused_for_an_id_already_served_leaves_no_errored_entry(
     assert [(a["lora_name"], a["lora_int_id"]) for a in _state_adapters(agent)] == [("acme--one", 171)]
 
 
+def test_a_stale_copy_of_an_id_the_engine_does_not_serve_gives_way_to_the_load(
+    agent: TestClient, upload: Upload, tiny_adapters: dict[str, Path], settings: NodeSettings
+) -> None:
+    """A node disk that outlived its control plane's database holds an id under a name that meant another version;
+    the engine does not serve it, so it is deleted and the load goes on (every such load failed 409 in a fleet_scale
+    rerun over the same node disks)."""
+    stale = settings.cache_dir / "old--gone" / "172"
+    stale.mkdir(parents=True)
+    (stale / "adapter_config.json").write_text("{}")
+    (stale / ".complete").write_text("")
+    files = upload(tiny_adapters["qv-r8"])
+    load = agent.post("/v1/adapters/load", json={"lora_name": "acme--new", "lora_int_id": 172, "files": files})
+    assert load.status_code == 200, load.text
+    assert not stale.exists()
+    assert [(a["lora_name"], a["lora_int_id"]) for a in _state_adapters(agent)] == [("acme--new", 172)]
+
+
 class _Recorder(BaseHTTPRequestHandler):
     received: list[tuple[str, str, dict[str, Any]]] = []
 
