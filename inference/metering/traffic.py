@@ -1,6 +1,6 @@
 """Per-adapter traffic over a period, for the console's traffic tables and sparklines.
 
-One row per (tenant, model as requested, version): requests, tokens, errors, latency and TTFT percentiles, and a
+One row per (tenant, model as requested without a ``@N`` pin, version): requests, tokens, errors, latency and TTFT percentiles, and a
 request-count sparkline per bucket. Read from ``UsageRecord`` (Quiver's own records; whole past hours from their
 ``UsageHour`` sums), so the console needs no Prometheus server. Percentiles run in PostgreSQL (``percentile_cont``);
 on SQLite (the embedded demo) they are computed in Python over the period's rows.
@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Aggregate, Count, F, FloatField, Q, QuerySet, Sum
-from django.db.models.functions import TruncHour, TruncMinute
+from django.db.models import Aggregate, Case, CharField, Count, F, FloatField, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import Left, StrIndex, TruncHour, TruncMinute
 
 from inference.metering.hours import add_up, split
 from inference.metering.models import UsageHour, UsageRecord
@@ -27,7 +27,15 @@ MAX_BUCKETS = 1440
 # Percentiles read at most this many of a period's records, its latest (a bounded sort: a month of a busy tenant is
 # a million records, over a second of percentile work on 2 cores). Counts and tokens always cover the whole period.
 PERCENTILE_ROWS = 50_000
-GROUP = ("tenant__slug", "model_name", "version_number")
+GROUP = ("tenant__slug", "adapter", "version_number")
+# The model as requested, without a ``@N`` pin: ``bot`` and ``bot@1`` reaching version 1 are one row, as the console
+# says a version reads the same whichever way the application named it (two "bot v1" rows: a fresh user's finding).
+ADAPTER = Case(When(model_name__contains="@", then=Left("model_name", StrIndex("model_name", Value("@")) - 1)),
+               default=F("model_name"), output_field=CharField())
+
+
+def _named(qs: QuerySet[Any]) -> QuerySet[Any]:
+    return qs.annotate(adapter=ADAPTER)
 
 
 class Percentile(Aggregate):
@@ -101,7 +109,7 @@ def traffic_table(records: QuerySet[UsageRecord], *, since: datetime, until: dat
         part = split(records, hours, since=since, until=until)
         counted = [(part.records, Count("id"), Count("id", filter=Q(status_code__gte=400))),
                    (part.hours.annotate(created_at=F("hour")), Sum("requests"), Sum("errors"))]  # type: ignore[list-item]
-    totals = list(add_up((r for qs, requests, failures in counted for r in qs.values(*GROUP).annotate(
+    totals = list(add_up((r for qs, requests, failures in counted for r in _named(qs).values(*GROUP).annotate(
         requests=requests, failures=failures, prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))),
         GROUP, ("requests", "failures", "prompt", "completion")).values())
     pcts: dict[tuple[Any, ...], dict[str, float | None]] = {}
@@ -109,19 +117,19 @@ def traffic_table(records: QuerySet[UsageRecord], *, since: datetime, until: dat
               "latency_ms_p99": ("latency_ms", 0.99), "ttft_ms_p50": ("ttft_ms", 0.5),
               "ttft_ms_p95": ("ttft_ms", 0.95)}
     if connection.vendor == "postgresql":
-        for r in latest(scoped).values(*GROUP).annotate(
+        for r in _named(latest(scoped)).values(*GROUP).annotate(
                 **{k: Percentile(F(col), p) for k, (col, p) in wanted.items()}):
             pcts[tuple(r[g] for g in GROUP)] = {k: r[k] for k in wanted}
     else:
         samples: dict[tuple[Any, ...], dict[str, list[float]]] = defaultdict(lambda: {"latency_ms": [], "ttft_ms": []})
-        for *key, latency, ttft in latest(scoped).values_list(*GROUP, "latency_ms", "ttft_ms"):
+        for *key, latency, ttft in _named(latest(scoped)).values_list(*GROUP, "latency_ms", "ttft_ms"):
             samples[tuple(key)]["latency_ms"].append(latency)
             if ttft is not None:
                 samples[tuple(key)]["ttft_ms"].append(ttft)
         pcts = {key: {k: percentile(s[col], p) for k, (col, p) in wanted.items()} for key, s in samples.items()}
     spark: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0] * n_buckets)
     for qs, requests, _ in counted:
-        for r in qs.annotate(b=trunc("created_at")).values(*GROUP, "b").annotate(n=requests):
+        for r in _named(qs).annotate(b=trunc("created_at")).values(*GROUP, "b").annotate(n=requests):
             i = int((r["b"] - first) / width)
             if 0 <= i < n_buckets:
                 spark[tuple(r[g] for g in GROUP)][i] += r["n"]
@@ -130,7 +138,7 @@ def traffic_table(records: QuerySet[UsageRecord], *, since: datetime, until: dat
         key = tuple(r[g] for g in GROUP)
         prompt, completion = r["prompt"] or 0, r["completion"] or 0
         rows.append({
-            "tenant": r["tenant__slug"], "model": r["model_name"], "version": r["version_number"],
+            "tenant": r["tenant__slug"], "model": r["adapter"], "version": r["version_number"],
             "requests": r["requests"], "requests_per_s": round(r["requests"] / seconds, 4),
             "prompt_tokens": prompt, "completion_tokens": completion,
             "tokens_per_s": round((prompt + completion) / seconds, 3), "failures": r["failures"],

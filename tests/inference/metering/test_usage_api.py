@@ -109,3 +109,19 @@ def test_a_span_counts_back_from_now(make_client, base_model) -> None:  # type: 
     assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": "1h"}).json()] == [7]
     assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"until": "1h"}).json()] == [5]
     assert [r["completion_tokens"] for r in client.get("/api/v1/usage", {"since": "2h"}).json()] == [12]
+
+
+def test_traffic_shows_a_version_once_whether_it_was_called_by_name_or_pinned(  # type: ignore[no-untyped-def]
+        make_client, base_model) -> None:
+    """``bot`` and ``bot@1`` reaching version 1 are one traffic row (two "bot v1" rows with different figures: a fresh
+    user's finding); counts, failures, tokens, percentiles and the sparkline cover both."""
+    client, tenant, _ = make_client()
+    mine = _version(tenant, "bot")
+    for name, latency, status in (("bot", 10.0, 200), ("bot", 20.0, 200), ("bot@1", 30.0, 429)):
+        UsageRecord.objects.create(tenant=tenant, adapter_version=mine, base_model=base_model, model_name=name,
+                                   version_number=1, endpoint="completions", status_code=status, prompt_tokens=2,
+                                   completion_tokens=1, latency_ms=latency)
+    rows = client.get("/api/v1/usage/traffic").json()
+    assert [(r["model"], r["version"], r["requests"], r["failures"], r["prompt_tokens"], sum(r["spark"]))
+            for r in rows] == [("bot", 1, 3, 1, 6, 3)]
+    assert rows[0]["latency_ms_p50"] == 20.0
