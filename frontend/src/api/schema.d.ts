@@ -770,7 +770,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description Rows sorted by requests, most first. */
+        /**
+         * @description Rows sorted by requests, most first. Hourly sparklines (periods over 6 h) read the whole final hours from
+         *     the hourly sums, as the tenant's table does: a day of every tenant is otherwise every record of the day.
+         */
         get: operations["operator_traffic_list"];
         put?: never;
         post?: never;
