@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 # SeaweedFS serves gRPC on every HTTP port + 10000 (notes/services.md), so its HTTP ports must leave room for that.
 GRPC_OFFSET = 10_000
@@ -64,6 +65,35 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_outside_ephemeral(taken: set[int] | None = None) -> int:
+    """A free TCP port on 127.0.0.1 below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``), not in
+    ``taken`` (which it joins): a port picked now and bound later, as ``fleet_scale`` registers 128 node ports before
+    starting their servers, cannot meanwhile become the local port of an outgoing connection, which an ephemeral one
+    did (a 64-node run's host failed to bind, "address already in use", and its 16 nodes never came live).
+
+    Raises:
+        OSError: no free port found in 2,000 tries.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    taken = taken if taken is not None else set()
+    rnd = random.Random()
+    for _ in range(2000):
+        port = rnd.randrange(10_000, max(10_001, low))
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    raise OSError("no free port below the ephemeral range")
 
 
 def free_ports_with_grpc(count: int, *, avoid: Iterable[int] = ()) -> list[int]:

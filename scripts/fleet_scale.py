@@ -50,7 +50,7 @@ from devtools.hollow import figures  # noqa: E402
 from devtools.hollow.adapters import adapter_name, make_adapters, tenant_slug  # noqa: E402
 from devtools.hollow.costs import calibration  # noqa: E402
 from devtools.hollow.replay import PageTimer, Sampler, operator_client, replay, tree_rss_bytes  # noqa: E402
-from devtools.proc import free_port  # noqa: E402
+from devtools.proc import free_port, free_port_outside_ephemeral  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
 from devtools.simulate.workload import WorkloadSpec, generate  # noqa: E402
 
@@ -144,8 +144,10 @@ def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace,
                 workdir: Path) -> dict[str, dict[str, Any]]:
     """Register ``--nodes`` nodes and start their hosts; returns name → node spec."""
     nodes: dict[str, dict[str, Any]] = {}
+    taken: set[int] = set()  # bound only when the hosts start: kept out of the ephemeral range meanwhile
     for i in range(1, args.nodes + 1):
-        name, engine_port, agent_port = f"node-{i:03d}", free_port(), free_port()
+        name = f"node-{i:03d}"
+        engine_port, agent_port = free_port_outside_ephemeral(taken), free_port_outside_ephemeral(taken)
         creds = dict(line.split("=", 1) for line in call(
             "quiver_node_register", name, "--agent-url", f"http://127.0.0.1:{agent_port}", "--engine-url",
             f"http://127.0.0.1:{engine_port}", "--base-model", served).splitlines() if "=" in line)
