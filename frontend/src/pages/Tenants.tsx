@@ -95,7 +95,7 @@ export function Tenants() {
         }} />
       )}
       <Text size="sm" c="dimmed">
-        {tenants.data.length} {tenants.data.length === 1 ? 'tenant' : 'tenants'}. Per-key limits are set by each tenant's owners on their keys; the tighter one applies.
+        {tenants.data.length} {tenants.data.length === 1 ? 'tenant' : 'tenants'}. Per-key limits are set on each tenant's keys (on the console's API keys page or the API) by its owners, and by members on their own keys, never looser than what binds them; the tighter limit applies.
       </Text>
     </Stack>
   )
