@@ -70,6 +70,24 @@ ENDPOINTS = {
 TARGET_MS = 1000.0
 
 
+def bench_env() -> dict[str, str]:
+    """The benchmark's environment for ``manage.py`` and the web process: this one's (``DATABASE_URL``...) with the
+    local settings, no debug, warnings only, and fresh secrets."""
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
+            "DJANGO_LOG_LEVEL": "WARNING", "QUIVER_NODE_SECRET": os.urandom(32).hex(),
+            "DJANGO_SECRET_KEY": os.urandom(32).hex(), "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex()}
+
+
+def migrate_with_base_model(env: dict[str, str], workdir: Path) -> None:
+    """Migrate, and register ``bench-base`` (an 8B Llama's ``config.json``, :data:`BASE_CONFIG`, written under
+    ``workdir/base``) unless a base model is registered already. Raises SystemExit when a command fails."""
+    _manage(env, "migrate", "--noinput")
+    if not _sql(env, "SELECT 1 FROM adapters_basemodel LIMIT 1"):
+        (workdir / "base").mkdir()
+        (workdir / "base" / "config.json").write_text(json.dumps(BASE_CONFIG))
+        _manage(env, "quiver_base_model_register", "bench-base", str(workdir / "base"))
+
+
 def _manage(env: dict[str, str], *args: str) -> str:
     out = subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -189,18 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     (workdir / "logs").mkdir()
     procs = Processes(workdir / "logs")
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
-           "DJANGO_LOG_LEVEL": "WARNING", "QUIVER_NODE_SECRET": os.urandom(32).hex(),
-           "DJANGO_SECRET_KEY": os.urandom(32).hex(), "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex()}
+    env = bench_env()
     report: dict[str, Any] = {"rows": args.rows, "reps": args.reps, "cores": os.cpu_count()}
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, True)
         stack.callback(procs.stop_all)
-        _manage(env, "migrate", "--noinput")
-        if not _sql(env, "SELECT 1 FROM adapters_basemodel LIMIT 1"):
-            (workdir / "base").mkdir()
-            (workdir / "base" / "config.json").write_text(json.dumps(BASE_CONFIG))
-            _manage(env, "quiver_base_model_register", "bench-base", str(workdir / "base"))
+        migrate_with_base_model(env, workdir)
         key = _manage(env, "quiver_tenant_create", TENANT).splitlines()[-1]
         have = _sql(env, f"SELECT count(*) FROM gateway_usagerecord r JOIN tenants_tenant t ON t.id = r.tenant_id "
                          f"WHERE t.slug = '{TENANT}'")[0][0]

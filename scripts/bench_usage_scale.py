@@ -47,7 +47,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from bench_usage import BASE_CONFIG, TENANT, _manage, _percentile, _sql  # noqa: E402
+from bench_usage import TENANT, _manage, _percentile, _sql, bench_env, migrate_with_base_model  # noqa: E402
 
 from demo.run import Processes, web_argv  # noqa: E402
 from devtools.hollow.replay import operator_client  # noqa: E402
@@ -236,18 +236,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     (workdir / "logs").mkdir()
     procs = Processes(workdir / "logs")
     password = secrets.token_urlsafe(18)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
-           "DJANGO_LOG_LEVEL": "WARNING", "QUIVER_NODE_SECRET": os.urandom(32).hex(),
-           "DJANGO_SECRET_KEY": os.urandom(32).hex(), "QUIVER_API_KEY_HMAC_KEY": os.urandom(32).hex()}
+    env = bench_env()
     report: dict[str, Any] = {"reps": args.reps, "cores": os.cpu_count()}
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, True)
         stack.callback(procs.stop_all)
-        _manage(env, "migrate", "--noinput")
-        if not _sql(env, "SELECT 1 FROM adapters_basemodel LIMIT 1"):
-            (workdir / "base").mkdir()
-            (workdir / "base" / "config.json").write_text(json.dumps(BASE_CONFIG))
-            _manage(env, "quiver_base_model_register", "bench-base", str(workdir / "base"))
+        migrate_with_base_model(env, workdir)
         base = _sql(env, "SELECT base_model_name FROM adapters_basemodel ORDER BY id LIMIT 1")[0][0]
         busy = seed_tenant(env, TENANT, args.rows, adapters=args.adapters, seed=args.seed)
         others = [seed_tenant(env, f"bench-other-{i}", args.other_rows, adapters=3, seed=args.seed + 1 + i)

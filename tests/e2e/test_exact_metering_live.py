@@ -9,6 +9,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -175,6 +176,29 @@ def test_a_tpm_limit_holds_against_dense_prompts_in_parallel_and_cut_streams(
 
 
 
+def _gateway_count(gw: GatewayProcess, live_node: Any, endpoint: str, body: Callable[[Any], dict[str, Any]],
+                   probe: Any) -> Callable[[Any], int | None]:
+    """``counted(x)``: the prompt token count the gateway's 429 names for ``body(x)`` on ``/v1/<endpoint>`` under a
+    fresh tenant's 2-token TPM limit (every request one too large), None without one; returned once the gateway
+    counts ``probe`` and has logged its tokenizer loaded (≤ 30 s)."""
+    tenant = TenantFactory()
+    _, key = api_key_create(tenant, name="app")
+    limits_set(tenant, limits={"tpm_limit": 2})
+
+    def counted(x: Any) -> int | None:
+        resp = httpx.post(f"{gw.url}/v1/{endpoint}", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": "tiny-llama", "max_tokens": 1, **body(x)})
+        found = re.search(r"the prompt, about (\d+),", resp.text) if resp.status_code == 429 else None
+        return int(found.group(1)) if found else None
+
+    loaded = f"gateway.tokenizer_loaded base_model_id={live_node.base_model_id}"
+    deadline = time.monotonic() + 30
+    while counted(probe) is None or loaded not in gw.child.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, gw.child.tail()
+        time.sleep(0.2)
+    return counted
+
+
 def test_the_gateway_counts_a_prompt_with_the_base_models_tokenizer_as_the_engine_does(
         live_node, vllm_engine, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
     """Under a TPM limit a completion prompt is counted in the gateway process with the tokenizer stored at
@@ -182,21 +206,7 @@ def test_the_gateway_counts_a_prompt_with_the_base_models_tokenizer_as_the_engin
     too large, and its 429 names the prompt's count: it equals the engine's own ``/tokenize`` count for dense,
     multilingual and special-token text, and the background check against the engine finds no difference."""
     gw = gateway_processes[0]
-    tenant = TenantFactory()
-    _, key = api_key_create(tenant, name="app")
-    limits_set(tenant, limits={"tpm_limit": 2})
-
-    def counted(prompt: str) -> int | None:
-        resp = httpx.post(f"{gw.url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                          json={"model": "tiny-llama", "prompt": prompt, "max_tokens": 1})
-        found = re.search(r"the prompt, about (\d+),", resp.text) if resp.status_code == 429 else None
-        return int(found.group(1)) if found else None
-
-    loaded = f"gateway.tokenizer_loaded base_model_id={live_node.base_model_id}"
-    deadline = time.monotonic() + 30
-    while counted("x") is None or loaded not in gw.child.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, gw.child.tail()
-        time.sleep(0.2)
+    counted = _gateway_count(gw, live_node, "completions", lambda prompt: {"prompt": prompt}, "x")
     prompts = ["~" * 500, "the cat sat on the mat", "東京は日本の首都です😀😀", "<s></s><pad> x", " \t\n  lead", "a"]
     for prompt in prompts:
         engine = httpx.post(f"{vllm_engine.url}/tokenize", headers=vllm_engine.headers, timeout=30,
@@ -211,21 +221,8 @@ def test_the_gateway_counts_a_chat_with_the_base_models_template_as_the_engine_d
     gateway: its 429 under a 2-token limit names the same count as the engine's ``/tokenize`` of the messages, no
     mismatch is logged, and a chat the gateway leaves to the engine (content parts) is still counted exactly."""
     gw = gateway_processes[0]
-    tenant = TenantFactory()
-    _, key = api_key_create(tenant, name="app")
-    limits_set(tenant, limits={"tpm_limit": 2})
-
-    def counted(messages: list[dict[str, object]]) -> int | None:
-        resp = httpx.post(f"{gw.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                          json={"model": "tiny-llama", "messages": messages, "max_tokens": 1})
-        found = re.search(r"the prompt, about (\d+),", resp.text) if resp.status_code == 429 else None
-        return int(found.group(1)) if found else None
-
-    loaded = f"gateway.tokenizer_loaded base_model_id={live_node.base_model_id}"
-    deadline = time.monotonic() + 30
-    while counted([{"role": "user", "content": "x"}]) is None or loaded not in gw.child.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, gw.child.tail()
-        time.sleep(0.2)
+    counted = _gateway_count(gw, live_node, "chat/completions", lambda messages: {"messages": messages},
+                             [{"role": "user", "content": "x"}])
     assert "chat_template=True" in gw.child.log.read_text(errors="replace")
     chats: list[list[dict[str, object]]] = [
         [{"role": "user", "content": "~" * 300}],

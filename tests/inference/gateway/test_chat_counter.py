@@ -108,8 +108,9 @@ def test_no_template_or_a_refusing_one_leaves_the_chat_to_the_engine(tiny_base_d
                 await strict.count_chat(1, [{"role": "assistant", "content": "hi"}]),
                 await strict.count_chat(1, [{"role": "user", "content": "hi"}]))
 
-    assert asyncio.run(run())[:2] == (None, None)
-    assert asyncio.run(run())[2] == 1  # "x" alone, no special tokens added
+    no_template, refused, plain = asyncio.run(run())
+    assert (no_template, refused) == (None, None)
+    assert plain == 1  # "x" alone, no special tokens added
 
 
 def test_chats_are_checked_and_retired_apart_from_prompts(tiny_base_dir: Path,
