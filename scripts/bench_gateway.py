@@ -241,22 +241,55 @@ def _vllm_bench(base_url: str, key: str, model: str, tokenizer: Path, loras: lis
     return result
 
 
+def _sums(url: str, key: str, families: tuple[str, ...]) -> dict[str, float]:
+    """``{family: (sum, count)}`` of Prometheus histograms at ``url`` (every label set added up), read as text."""
+    text = httpx.get(url, headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.split("{", 1)[0]
+        if base.endswith(("_sum", "_count")) and base.rsplit("_", 1)[0] in families:
+            out[base] = out.get(base, 0.0) + float(value.split()[0])
+    return out
+
+
+ENGINE_TTFT = "vllm:time_to_first_token_seconds"
+TO_ENGINE = "quiver_gateway_time_to_engine_seconds"
+
+
+def _mean_ms(before: dict[str, float], after: dict[str, float], family: str) -> float:
+    count = after.get(f"{family}_count", 0.0) - before.get(f"{family}_count", 0.0)
+    return (after.get(f"{family}_sum", 0.0) - before.get(f"{family}_sum", 0.0)) / count * 1000 if count else float("nan")
+
+
 def _mixed(engine: tuple[str, str], gateway: tuple[str, str], floor: str, model: str, tokenizer: Path,
-           names: dict[str, str], args: argparse.Namespace, env: dict[str, str]) -> dict[str, dict[str, list]]:
+           names: dict[str, str], args: argparse.Namespace, env: dict[str, str],
+           gateway_metrics: str) -> dict[str, dict[str, list]]:
     """Mixed adapters through vLLM's client, concurrency 1 and 16: straight to the engine, through the gateway and
     through a bare pass-through (``devtools.passthrough``, the floor of any extra hop here), the three in a rotating
-    order per round. Prints the gateway's row, then the pass-through's."""
+    order per round. Prints the gateway's row, then the pass-through's, then where the time went: the engine's own
+    TTFT (vLLM's ``time_to_first_token_seconds``, arrival in the engine to the first token) on each path, and the
+    gateway's own time before it calls the engine (``quiver_gateway_time_to_engine_seconds``, read from
+    ``gateway_metrics``, the internal listener's ``/metrics``)."""
     rows: dict[str, dict[str, list]] = {}
     for conc in (1, 16):
         label = f"mixed vllm c={conc}"
         rows[label] = {"direct": [], "gateway": [], "passthrough": []}
+        spent: dict[str, list[float]] = {"direct": [], "gateway": [], "passthrough": [], "to_engine": []}
         for round_ in range(args.rounds):
             paths = ["direct", "gateway", "passthrough"]
             for path in paths[round_ % 3:] + paths[:round_ % 3]:
                 base, key = {"direct": engine, "gateway": gateway, "passthrough": (floor, "-")}[path]
                 loras = list(names.values()) if path == "direct" else list(names)
+                e0, g0 = _sums(engine[0] + "/metrics", engine[1], (ENGINE_TTFT,)), _sums(gateway_metrics, "",
+                                                                                        (TO_ENGINE,))
                 rows[label][path].append(_vllm_bench(base, key, model, tokenizer, loras, conc, args.mixed_prompts,
                                                      env))
+                spent[path].append(_mean_ms(e0, _sums(engine[0] + "/metrics", engine[1], (ENGINE_TTFT,)),
+                                            ENGINE_TTFT))
+                if path == "gateway":
+                    spent["to_engine"].append(_mean_ms(g0, _sums(gateway_metrics, "", (TO_ENGINE,)), TO_ENGINE))
+        rows[label]["spent_ms"] = [{k: statistics.mean(v) for k, v in spent.items()}]
         d = rows[label]["direct"]
         dt = statistics.mean(r["median_ttft_ms"] for r in d)
         dr = statistics.mean(r["request_throughput"] for r in d)
@@ -268,6 +301,10 @@ def _mixed(engine: tuple[str, str], gateway: tuple[str, str], floor: str, model:
             gp = statistics.mean(r["p99_ttft_ms"] for r in g)
             print(f"{shown:<16} {dt:8.2f} {dp:8.2f} {dr:8.1f} | {gt:8.2f} {gp:8.2f} {gr:8.1f} | "
                   f"{gt - dt:+7.2f} {gp - dp:+7.2f} {gr / dr:6.2f}x |  (TTFT)", flush=True)
+        at = rows[label]["spent_ms"][0]
+        print(f"  where, mean ms: engine's own TTFT straight {at['direct']:.2f}, via the gateway {at['gateway']:.2f}, "
+              f"via the bare hop {at['passthrough']:.2f}; the gateway's own time before the engine call "
+              f"{at['to_engine']:.2f}", flush=True)
     return rows
 
 
@@ -359,9 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
             web = [spy, "record", "-o", str(args.profile), "-f", "raw", "--subprocesses", "--", *web]
-        web_proc = procs.start("web", web, env)
+        # One multiprocess metrics folder for the gateway and the internal listener that exposes its figures.
+        (workdir / "metrics").mkdir()
+        web_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")}
+        web_proc = procs.start("web", web, web_env)
         procs.start("internal", [PY, "-m", "uvicorn", "config.internal_asgi:application", "--host", "127.0.0.1",
-                                 "--port", str(internal_port), "--log-level", "warning"], env)
+                                 "--port", str(internal_port), "--log-level", "warning"], web_env)
         procs.start("agent", [PY, "-m", "uvicorn", "inference.node.agent:app", "--host", "127.0.0.1", "--port",
                               str(agent_port), "--log-level", "warning"], {
             **node_process_env(env), **node_env, "QUIVER_ENGINE_URL": engine.url,
@@ -412,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         floor_url = f"http://127.0.0.1:{floor_port}"
         procs.wait_http("passthrough", floor_url + "/v1/models", 60)
         mixed = _mixed((engine.url, node_key), (web_url, api_key), floor_url, assets.served_name, assets.base_dir,
-                       names, args, env)
+                       names, args, env, f"http://127.0.0.1:{internal_port}/metrics")
         if args.profile:  # py-spy writes its report on SIGINT only (SIGTERM from stop_all loses it)
             web_proc.send_signal(signal.SIGINT)
             try:

@@ -157,6 +157,7 @@ class Exchange:
         app, target, endpoint, record = self.app, self.call.target, self.call.endpoint, self.record
         node = self.node
         reroutes = 0
+        metrics.TO_ENGINE.labels(endpoint).observe(time.monotonic() - self.started)
         try:
             while True:
                 try:

@@ -16,6 +16,7 @@ from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
 from inference.gateway import app as gateway_app
 from inference.gateway import exchange as gateway_exchange
+from inference.gateway import metrics as gateway_metrics
 from inference.gateway.app import GatewayApp
 from inference.gateway.exchange import MAX_REROUTES
 from inference.gateway.snapshot import NodeView
@@ -69,6 +70,23 @@ def test_repeated_engine_404s_are_routed_again_until_a_node_answers(monkeypatch:
     assert response.json()["choices"][0]["text"] == "ok" and response.json()["model"] == "bot"
     assert len(answers) == MAX_REROUTES + 1 and len(marked) == MAX_REROUTES  # each 404 recorded as not served
     assert all(a.closed for a in answers)
+
+
+@pytest.mark.django_db
+def test_the_time_to_the_engine_is_observed_once_per_request_reroutes_aside(monkeypatch: pytest.MonkeyPatch,
+                                                                             base_model: Any) -> None:
+    def seen() -> tuple[float, float]:
+        hist = gateway_metrics.TO_ENGINE.labels("completions")
+        return (sum(b.get() for b in hist._buckets), hist._sum.get())  # type: ignore[attr-defined]
+
+    count0, sum0 = seen()
+    started = time.monotonic()
+    response, _, answers = _run(monkeypatch, [404, 200])
+    elapsed = time.monotonic() - started
+    count1, sum1 = seen()
+    assert response.status_code == 200 and len(answers) == 2
+    assert count1 - count0 == 1  # one request, two engine calls: the gateway's own time is counted once
+    assert 0 < sum1 - sum0 < elapsed
 
 
 @pytest.mark.django_db
