@@ -17,7 +17,7 @@ from inference.fleet.api.fleet import (
     OperatorVersionViewSet,
     ResidencyViewSet,
 )
-from inference.fleet.api.operator import OperatorTrafficViewSet
+from inference.fleet.api.operator import OperatorResidencyViewSet, OperatorTrafficViewSet
 from inference.fleet.api.registry import NodeRegistryViewSet
 from inference.fleet.api.tenants import OperatorTenantViewSet
 from inference.metering.api import UsageViewSet
@@ -35,6 +35,7 @@ router.register("invitations", InvitationViewSet, basename="invitation")
 router.register("operator/nodes", NodeRegistryViewSet, basename="operator-node")
 router.register("operator/versions", OperatorVersionViewSet, basename="operator-version")
 router.register("operator/placements", OperatorPlacementViewSet, basename="operator-placement")
+router.register("operator/residency", OperatorResidencyViewSet, basename="operator-residency")
 router.register("operator/residency-quotas", OperatorQuotaViewSet, basename="operator-residency-quota")
 router.register("operator/audit", OperatorAuditViewSet, basename="operator-audit")
 router.register("operator/tenants", OperatorTenantViewSet, basename="operator-tenant")

@@ -253,6 +253,8 @@ NOT_TENANT_OBJECTS = {
     "api/v1/operator/nodes/(?P<name>[a-z0-9-]+)/samples$": "staff-only node history; tenants get 403 (tests/inference/"
                                                        "gateway/test_operator_console_api.py)",
     "api/v1/operator/traffic$": "staff-only traffic of every tenant; tenants get 403 (test_operator_console_api.py)",
+    "api/v1/operator/residency$": "staff-only residency map of every tenant; tenants get 403 "
+                                  "(tests/inference/fleet/test_operator_pages.py)",
     "api/v1/operator/tenants$": "staff-only tenant limits; tenants get 403 (test_operator_console_api.py)",
     "api/v1/operator/tenants/(?P<slug>[^/.]+)$": "staff-only tenant limits; tenants get 403 "
                                                 "(test_operator_console_api.py)",

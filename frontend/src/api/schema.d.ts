@@ -606,10 +606,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /**
-         * @description The operator node view (list, samples) plus retrieve, register, rotate and deregister; deregistered nodes
-         *     are neither listed nor found.
-         */
+        /** @description A page of nodes (``?limit=`` default 50, at most 200; ``?offset=``), by name. */
         get: operations["operator_nodes_list"];
         put?: never;
         /** @description Register a node; 409 ``node_exists`` when the name is registered (rotate or deregister it first). */
@@ -686,6 +683,23 @@ export interface paths {
         put?: never;
         /** @description ``POST /api/v1/operator/placements/{id}/evict``: remove it from that engine now (202; next heartbeat shows it). */
         post: operations["operator_placements_evict_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/operator/residency": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description A page of versions (``?limit=`` default 50, at most 200; ``?offset=``), each with every placement. */
+        get: operations["operator_residency_list"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1275,11 +1289,13 @@ export interface components {
             QUIVER_NODE_TOKEN: string;
         };
         /**
-         * @description A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and placements.
+         * @description A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and residency counts.
          *
          *     ``gpu_used`` / ``cpu_used``: adapters in GPU slots / in the engine's CPU cache (GPU residents included) from the
          *     last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
-         *     with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure).
+         *     with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure);
+         *     ``tiers``: its placement rows per tier (every tier present), ``pinned``: how many are pinned (the placements
+         *     themselves: ``GET /api/v1/operator/residency``).
          */
         NodeOutput: {
             name: string;
@@ -1304,7 +1320,15 @@ export interface components {
             /** @description Adapters in the engine's CPU cache. */
             readonly cpu_used: number;
             readonly failed_requests_5m: number;
-            placements: components["schemas"]["PlacementOutput"][];
+            readonly tiers: {
+                cold: number;
+                staged: number;
+                warm: number;
+                hot: number;
+                errored: number;
+            };
+            /** @description Pinned placement rows on the node. */
+            readonly pinned: number;
         };
         /** @description A node to register: its name, the URLs the control plane reaches it at, and the base model it serves. */
         NodeRegisterInput: {
@@ -1350,6 +1374,36 @@ export interface components {
             readonly limits: components["schemas"]["LimitsOutput"];
             readonly residency_quota: components["schemas"]["Quota"];
         };
+        PaginatedNodeOutputList: {
+            /** @example 123 */
+            count: number;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=400&limit=100
+             */
+            next?: string | null;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=200&limit=100
+             */
+            previous?: string | null;
+            results: components["schemas"]["NodeOutput"][];
+        };
+        PaginatedResidencyMapRowList: {
+            /** @example 123 */
+            count: number;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=400&limit=100
+             */
+            next?: string | null;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=200&limit=100
+             */
+            previous?: string | null;
+            results: components["schemas"]["ResidencyMapRow"][];
+        };
         /**
          * @description Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
          *     the cap on one request's ``max_tokens``.
@@ -1391,14 +1445,10 @@ export interface components {
         PinInput: {
             node?: string | null;
         };
-        /** @description A version's residency on one node; ``id`` and ``version_id`` address the operator actions (evict, pin). */
+        /** @description A version's residency on one node (a cell of the residency map); ``id`` addresses the evict action. */
         PlacementOutput: {
             readonly id: number;
-            version_id: number;
-            tenant: string;
-            adapter: string;
-            version: number;
-            size_bytes: number;
+            node: string;
             tier?: components["schemas"]["TierEnum"];
             pinned?: boolean;
             served?: boolean;
@@ -1429,6 +1479,18 @@ export interface components {
         ReplicasInput: {
             min_replicas: number;
             max_replicas?: number | null;
+        };
+        /**
+         * @description One adapter version of the residency map (``version_id`` addresses pin, unpin and replicas) and its
+         *     placements, by node name (``size_bytes``: the version's weights).
+         */
+        ResidencyMapRow: {
+            version_id: number;
+            tenant: string;
+            adapter: string;
+            version: number;
+            size_bytes: number;
+            placements: components["schemas"]["PlacementOutput"][];
         };
         /** @description One version's replicas per tier (``hot`` GPU, ``warm`` CPU, ``staged`` disk, ``cold``, ``errored``). */
         ResidencyRow: {
@@ -2682,7 +2744,12 @@ export interface operations {
     };
     operator_nodes_list: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Number of results to return per page. */
+                limit?: number;
+                /** @description The initial index from which to return the results. */
+                offset?: number;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -2694,7 +2761,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["NodeOutput"][];
+                    "application/json": components["schemas"]["PaginatedNodeOutputList"];
                 };
             };
         };
@@ -2830,6 +2897,31 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    operator_residency_list: {
+        parameters: {
+            query?: {
+                /** @description Number of results to return per page. */
+                limit?: number;
+                /** @description The initial index from which to return the results. */
+                offset?: number;
+                tenant?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaginatedResidencyMapRowList"];
+                };
             };
         };
     };

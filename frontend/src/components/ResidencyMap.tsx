@@ -1,28 +1,28 @@
 // Nodes × adapter versions: each cell is the version's tier on that node (engine LoRA slot, engine CPU cache, node disk,
-// cold = only in S3, errored), a pinned marker and the size, with the operator actions the cell allows.
+// cold = only in S3, errored), a pinned marker and the size, with the operator actions the cell allows. The rows are
+// one page of GET /api/v1/operator/residency (versions, each with its placements), so the map is bounded per page.
 import { Badge, Button, Group, Stack, Table, Text } from '@mantine/core'
-import type { Node, Placement } from '../api/client'
+import type { Placement, ResidencyRow } from '../api/client'
 import { versionLabel } from '../format'
 import { TierBadge, tierLabel } from './tiers'
 
 export type ActionKind = 'pin' | 'unpin' | 'evict'
 export type MapAction = { kind: ActionKind; node: string; placementId: number; versionId: number; label: string }
-export type MapRow = { versionId: number; tenant: string; label: string; cells: Record<string, Placement> }
+export type MapRow = { versionId: number; tenant: string; label: string; sizeBytes: number; cells: Record<string, Placement> }
 
-/** One row per adapter version (sorted by tenant, adapter, newest version first), cells keyed by node name;
- * `tenant` (a slug) keeps only that tenant's versions. */
-export function buildMap(nodes: Node[], tenant: string | null): { rows: MapRow[]; nodes: string[] } {
-  const rows = new Map<number, MapRow>()
-  for (const n of nodes) {
-    for (const p of n.placements) {
-      if (tenant && p.tenant !== tenant) continue
-      const row = rows.get(p.version_id) ?? { versionId: p.version_id, tenant: p.tenant, label: versionLabel(`${p.tenant}/${p.adapter}`, p.version), cells: {} }
-      row.cells[n.name] = p
-      rows.set(p.version_id, row)
+/** One row per adapter version (in the API's order: tenant, adapter, newest version first), cells keyed by node
+ * name; the columns are the nodes that hold any version of the page, by name. */
+export function buildMap(versions: ResidencyRow[]): { rows: MapRow[]; nodes: string[] } {
+  const nodes = new Set<string>()
+  const rows = versions.map((v) => {
+    const cells: Record<string, Placement> = {}
+    for (const p of v.placements) {
+      cells[p.node] = p
+      nodes.add(p.node)
     }
-  }
-  const sorted = [...rows.values()].sort((a, b) => a.label.localeCompare(b.label, undefined, { numeric: true }))
-  return { rows: sorted, nodes: nodes.map((n) => n.name).sort() }
+    return { versionId: v.version_id, tenant: v.tenant, label: versionLabel(`${v.tenant}/${v.adapter}`, v.version), sizeBytes: v.size_bytes, cells }
+  })
+  return { rows, nodes: [...nodes].sort() }
 }
 
 export const fmtBytes = (b: number) => (b >= 1 << 30 ? `${(b / (1 << 30)).toFixed(1)} GiB` : b >= 1 << 20 ? `${(b / (1 << 20)).toFixed(1)} MiB` : `${Math.max(1, Math.round(b / 1024))} KiB`)
@@ -33,13 +33,13 @@ export function actionsFor(p: Placement): ActionKind[] {
   return p.tier === 'hot' || p.tier === 'warm' || p.served ? ['pin', 'evict'] : ['pin']
 }
 
-export function ResidencyMap({ nodes, tenant, onAction, onReplicas }: {
-  nodes: Node[]
+export function ResidencyMap({ versions, tenant, onAction, onReplicas }: {
+  versions: ResidencyRow[]
   tenant: string | null
   onAction: (a: MapAction) => void
   onReplicas?: (row: MapRow) => void
 }) {
-  const map = buildMap(nodes, tenant)
+  const map = buildMap(versions)
   if (map.rows.length === 0) return <Text c="dimmed">No adapter version is placed on any node{tenant ? ` for ${tenant}` : ''}.</Text>
   return (
     <Table.ScrollContainer minWidth={240 + 200 * map.nodes.length}>
@@ -74,7 +74,7 @@ export function ResidencyMap({ nodes, tenant, onAction, onReplicas }: {
                     <Group gap={4} wrap="nowrap">
                       <TierBadge tier={p.tier} />
                       {p.pinned && <Badge color="indigo" variant="outline">pinned</Badge>}
-                      <Text size="xs" c="dimmed">{fmtBytes(p.size_bytes)}</Text>
+                      <Text size="xs" c="dimmed">{fmtBytes(row.sizeBytes)}</Text>
                     </Group>
                     <Group gap={4} mt={4} wrap="nowrap">
                       {actionsFor(p).map((k) => (
@@ -84,7 +84,7 @@ export function ResidencyMap({ nodes, tenant, onAction, onReplicas }: {
                           variant="light"
                           color={k === 'evict' ? 'red' : 'blue'}
                           aria-label={`${k} ${row.label} on ${n}`}
-                          onClick={() => onAction({ kind: k, node: n, placementId: p.id, versionId: p.version_id, label: row.label })}
+                          onClick={() => onAction({ kind: k, node: n, placementId: p.id, versionId: row.versionId, label: row.label })}
                         >
                           {k}
                         </Button>

@@ -1,10 +1,17 @@
-// The fleet: every node's health, base model, LoRA slots and CPU cache used, KV-cache pressure over time, running
-// and waiting requests, preemptions and recent failures (GET /api/v1/operator/nodes and …/{name}/samples, polled).
+// The fleet, a page of nodes at a time: each node's health, base model, LoRA slots and CPU cache used, its
+// placements per tier, KV-cache pressure over time, running and waiting requests, preemptions and recent failures
+// (GET /api/v1/operator/nodes?limit=&offset= and …/{name}/samples, polled).
 import { Badge, Card, Group, Progress, SimpleGrid, Stack, Text, Title } from '@mantine/core'
-import { useQuery } from '@tanstack/react-query'
+import { keepPreviousData, useQuery } from '@tanstack/react-query'
+import { useState } from 'react'
 import { api, unwrap, type Node } from '../api/client'
 import { KvPressureChart } from '../components/KvPressureChart'
+import { Pager, pageQuery, useClampedPage } from '../components/Pager'
+import { TierBadge, tierCounts } from '../components/tiers'
 import { formatTime } from '../format'
+
+/** Nodes per page: each card polls its own samples, so a page of 12 is about one samples call a second. */
+export const NODES_PAGE = 12
 
 function Figure({ label, value }: { label: string; value: string | number }) {
   return (
@@ -48,6 +55,11 @@ function NodeCard({ n }: { n: Node }) {
         <Figure label="Preemptions" value={n.num_preemptions_total ?? '—'} />
         <Figure label="Failed (5 min)" value={n.failed_requests_5m ?? "—"} />
       </SimpleGrid>
+      <Group gap={4} mt="sm" aria-label={`Placements on ${n.name}`}>
+        {tierCounts(n.tiers).map((t) => <TierBadge key={t.tier} tier={t.tier} count={t.count} />)}
+        {n.pinned > 0 && <Badge color="indigo" variant="outline" tt="none">{n.pinned} pinned</Badge>}
+        {tierCounts(n.tiers).length === 0 && <Text size="xs" c="dimmed">no adapter placed</Text>}
+      </Group>
       <Text size="sm" mt="sm">
         KV-cache pressure {kv} %
       </Text>
@@ -59,14 +71,22 @@ function NodeCard({ n }: { n: Node }) {
 }
 
 export function Nodes() {
-  const nodes = useQuery({ queryKey: ['operator-nodes'], queryFn: async () => unwrap(await api.GET('/api/v1/operator/nodes')), refetchInterval: 5000 })
+  const [page, setPage] = useState(1)
+  const nodes = useQuery({
+    queryKey: ['operator-nodes', page],
+    queryFn: async () => unwrap(await api.GET('/api/v1/operator/nodes', { params: { query: pageQuery(page, NODES_PAGE) } })),
+    refetchInterval: 5000,
+    placeholderData: keepPreviousData, // the old page stays up while the next one loads
+  })
+  useClampedPage(page, setPage, nodes.data?.count, NODES_PAGE)
   if (nodes.error) return <Text role="alert">{(nodes.error as Error).message}</Text>
   return (
     <Stack>
       <Title order={2}>Fleet</Title>
-      {nodes.data?.length === 0 && <Text c="dimmed">No node has reported yet.</Text>}
+      {nodes.data?.count === 0 && <Text c="dimmed">No node has reported yet.</Text>}
+      <Pager label="Pages of nodes" page={page} size={NODES_PAGE} count={nodes.data?.count ?? 0} onChange={setPage} />
       <SimpleGrid cols={{ base: 1, lg: 2 }}>
-        {nodes.data?.map((n) => <NodeCard key={n.name} n={n} />)}
+        {nodes.data?.results.map((n) => <NodeCard key={n.name} n={n} />)}
       </SimpleGrid>
     </Stack>
   )

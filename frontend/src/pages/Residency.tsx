@@ -1,9 +1,11 @@
 // The residency map with the operator actions: pin, unpin, evict (each confirmed and audited) and replicas per
-// version; the map polls the nodes API, so it changes as the next heartbeat reports the engine's state.
+// version; the map polls a page of GET /api/v1/operator/residency (of one tenant when picked), so it changes as
+// the next heartbeat reports the engine's state.
 import { Alert, Button, Group, Modal, NumberInput, Select, Stack, Text, Title } from '@mantine/core'
-import { useQuery, useQueryClient } from '@tanstack/react-query'
+import { keepPreviousData, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap } from '../api/client'
+import { Pager, pageQuery, useClampedPage } from '../components/Pager'
 import { ResidencyMap, type MapAction, type MapRow } from '../components/ResidencyMap'
 import { TIERS, TierBadge } from '../components/tiers'
 
@@ -35,17 +37,28 @@ function ReplicasForm({ row, onDone }: { row: MapRow; onDone: (text: string, ok:
   )
 }
 
+/** Adapter versions per page of the map (the API's default page). */
+export const MAP_PAGE = 50
+
 export function Residency() {
   const qc = useQueryClient()
   const [tenant, setTenant] = useState<string | null>(null)
+  const [page, setPage] = useState(1)
   const [pending, setPending] = useState<MapAction | null>(null)
   const [replicas, setReplicas] = useState<MapRow | null>(null)
   const [message, setMessage] = useState<{ ok: boolean; text: string } | null>(null)
-  const nodes = useQuery({ queryKey: ['operator-nodes'], queryFn: async () => unwrap(await api.GET('/api/v1/operator/nodes')), refetchInterval: 2000 })
+  const map = useQuery({
+    queryKey: ['operator-residency', tenant, page],
+    queryFn: async () =>
+      unwrap(await api.GET('/api/v1/operator/residency', { params: { query: { ...pageQuery(page, MAP_PAGE), ...(tenant ? { tenant } : {}) } } })),
+    refetchInterval: 2000,
+    placeholderData: keepPreviousData,
+  })
+  useClampedPage(page, setPage, map.data?.count, MAP_PAGE)
   const tenants = useQuery({ queryKey: ['operator-tenants'], queryFn: async () => unwrap(await api.GET('/api/v1/operator/tenants')) })
   const done = (text: string, ok: boolean) => {
     setMessage({ ok, text })
-    void qc.invalidateQueries({ queryKey: ['operator-nodes'] })
+    void qc.invalidateQueries({ queryKey: ['operator-residency'] })
     void qc.invalidateQueries({ queryKey: ['operator-audit'] })
   }
   const run = async (a: MapAction) => {
@@ -60,7 +73,7 @@ export function Residency() {
     const err = res.error as { detail?: string } | undefined
     done(res.response.ok ? `${a.kind} ${a.label} on ${a.node}: requested; the next heartbeat shows it.` : err?.detail ?? `HTTP ${res.response.status}`, res.response.ok)
   }
-  if (nodes.error) return <Text role="alert">{(nodes.error as Error).message}</Text>
+  if (map.error) return <Text role="alert">{(map.error as Error).message}</Text>
   return (
     <Stack>
       <Title order={2}>Residency map</Title>
@@ -71,7 +84,10 @@ export function Residency() {
           clearable
           data={(tenants.data ?? []).map((t) => ({ value: t.slug, label: t.name }))}
           value={tenant}
-          onChange={(v) => setTenant(v as string | null)}
+          onChange={(v) => {
+            setTenant(v as string | null)
+            setPage(1)
+          }}
           w={240}
         />
         <Group gap={4} aria-label="Tiers">
@@ -108,7 +124,8 @@ export function Residency() {
       <Modal opened={!!replicas} onClose={() => setReplicas(null)} title={replicas ? `Replicas of ${replicas.label}` : ''}>
         {replicas && <ReplicasForm row={replicas} onDone={(text, ok) => { setReplicas(null); done(text, ok) }} />}
       </Modal>
-      <ResidencyMap nodes={nodes.data ?? []} tenant={tenant} onAction={setPending} onReplicas={setReplicas} />
+      <Pager label="Pages of adapter versions" page={page} size={MAP_PAGE} count={map.data?.count ?? 0} onChange={setPage} />
+      <ResidencyMap versions={map.data?.results ?? []} tenant={tenant} onAction={setPending} onReplicas={setReplicas} />
     </Stack>
   )
 }

@@ -1,7 +1,11 @@
-"""Read-only operator API (staff sessions): nodes with gauges and placements, their history, and traffic.
+"""Read-only operator API (staff sessions): nodes with gauges and residency counts, the residency map, the nodes'
+history, and traffic.
 
-- ``GET /api/v1/operator/nodes``: health, slots used, KV-cache gauge, running/waiting, preemptions, recent failures,
-  and every placement (tenant, adapter, version, tier, pinned).
+- ``GET /api/v1/operator/nodes?limit=&offset=``: a page of nodes by name (``common.pagination.BoundedPage``: 50 by
+  default, at most 200; ``{"count", "next", "previous", "results"}``): health, slots used, KV-cache gauge,
+  running/waiting, preemptions, recent failures, and placements counted per tier (``tiers``, ``pinned``).
+- ``GET /api/v1/operator/residency?tenant=&limit=&offset=``: a page of the residency map, one row per adapter
+  version placed on some node (of one tenant by slug, when given), each with its placements by node name.
 - ``GET /api/v1/operator/nodes/{name}/samples``: the node's gauges over time (``inference.fleet.node_samples``).
 - ``GET /api/v1/operator/traffic``: per adapter version, every tenant (``inference.metering.traffic``).
 """
@@ -11,10 +15,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, viewsets
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
@@ -22,8 +26,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from common.moments import MomentField
+from common.pagination import BoundedPage
 from inference.fleet.models import Node, Placement
 from inference.fleet.node_samples import node_samples, slots_used
+from inference.fleet.selectors import TIERS, node_residency_counts, residency_map_versions
 from inference.metering.api import (
     TrafficQuerySerializer,
     TrafficRowSerializer,
@@ -55,38 +61,52 @@ class IsStaffSession(permissions.BasePermission):
 
 
 class PlacementOutputSerializer(serializers.ModelSerializer):
-    """A version's residency on one node; ``id`` and ``version_id`` address the operator actions (evict, pin)."""
-    version_id = serializers.IntegerField(source="adapter_version_id")
-    tenant = serializers.CharField(source="adapter_version.adapter.tenant.slug")
-    adapter = serializers.CharField(source="adapter_version.adapter.name")
-    version = serializers.IntegerField(source="adapter_version.number")
-    size_bytes = serializers.IntegerField(source="adapter_version.size_bytes")
+    """A version's residency on one node (a cell of the residency map); ``id`` addresses the evict action."""
+    node = serializers.CharField(source="node.name")
 
     class Meta:
         model = Placement
-        fields = ["id", "version_id", "tenant", "adapter", "version", "size_bytes", "tier", "pinned", "served", "load_ms", "last_error",
-                  "updated_at"]
+        fields = ["id", "node", "tier", "pinned", "served", "load_ms", "last_error", "updated_at"]
+
+
+class ResidencyMapRowSerializer(serializers.Serializer):
+    """One adapter version of the residency map (``version_id`` addresses pin, unpin and replicas) and its
+    placements, by node name (``size_bytes``: the version's weights)."""
+    version_id = serializers.IntegerField(source="id")
+    tenant = serializers.CharField(source="adapter.tenant.slug")
+    adapter = serializers.CharField(source="adapter.name")
+    version = serializers.IntegerField(source="number")
+    size_bytes = serializers.IntegerField()
+    placements = PlacementOutputSerializer(many=True, source="map_placements")
+
+
+class ResidencyMapQuerySerializer(serializers.Serializer):
+    """Query of ``GET /api/v1/operator/residency``: ``tenant`` (a slug; all tenants when absent) and the page."""
+    tenant = serializers.SlugField(required=False)
 
 
 class NodeOutputSerializer(serializers.ModelSerializer):
-    """A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and placements.
+    """A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and residency counts.
 
     ``gpu_used`` / ``cpu_used``: adapters in GPU slots / in the engine's CPU cache (GPU residents included) from the
     last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
-    with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure).
+    with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure);
+    ``tiers``: its placement rows per tier (every tier present), ``pinned``: how many are pinned (the placements
+    themselves: ``GET /api/v1/operator/residency``).
     """
     base_model = serializers.CharField(source="base_model.base_model_name", allow_null=True, default=None)
-    placements = PlacementOutputSerializer(many=True, source="placements_sorted")
     gpu_used = serializers.SerializerMethodField()
     cpu_used = serializers.SerializerMethodField()
     num_preemptions_total = serializers.SerializerMethodField()
     failed_requests_5m = serializers.IntegerField(read_only=True)
+    tiers = serializers.SerializerMethodField()
+    pinned = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
         fields = ["name", "base_model", "healthy", "last_heartbeat_at", "max_loras", "max_cpu_loras", "max_lora_rank",
                   "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting", "num_preemptions_total",
-                  "gpu_used", "cpu_used", "failed_requests_5m", "placements"]
+                  "gpu_used", "cpu_used", "failed_requests_5m", "tiers", "pinned"]
 
     def get_gpu_used(self, node: Node) -> int:
         """Adapters in GPU slots."""
@@ -100,6 +120,24 @@ class NodeOutputSerializer(serializers.ModelSerializer):
         """vLLM's ``num_preemptions_total`` counter from the last heartbeat."""
         value = (node.state or {}).get("num_preemptions_total")
         return float(value) if isinstance(value, (int, float)) else None
+
+    def _counts(self, node: Node) -> dict[str, Any]:
+        # A list sets ``residency_counts`` for its whole page in one query; a single node reads its own.
+        counts = getattr(node, "residency_counts", None)
+        if counts is None:
+            counts = node_residency_counts(node_ids=[node.pk])[node.pk]
+            node.residency_counts = counts  # type: ignore[attr-defined]
+        return counts
+
+    @extend_schema_field({"type": "object", "properties": {t: {"type": "integer"} for t in TIERS},
+                          "required": list(TIERS)})
+    def get_tiers(self, node: Node) -> dict[str, int]:
+        """Placement rows on the node per tier: ``{"cold", "staged", "warm", "hot", "errored"}`` counts."""
+        return dict(self._counts(node)["tiers"])
+
+    def get_pinned(self, node: Node) -> int:
+        """Pinned placement rows on the node."""
+        return int(self._counts(node)["pinned"])
 
 
 class SamplesQuerySerializer(serializers.Serializer):
@@ -124,29 +162,36 @@ class NodeSampleSerializer(serializers.Serializer):
 
 
 class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """``GET /api/v1/operator/nodes``: every node with its placements (two queries plus joins);
+    """``GET /api/v1/operator/nodes``: a page of nodes with their residency counts (three queries: the count, the
+    page with its failures, the page's placements counted per tier);
     ``GET /api/v1/operator/nodes/{name}/samples``: its gauges over time."""
 
     authentication_classes = OPERATOR_AUTHENTICATION
     permission_classes = [IsStaffSession]
     serializer_class = NodeOutputSerializer
-    pagination_class = None
+    pagination_class = BoundedPage
     lookup_field = "name"
     queryset = Node.objects.all()
 
     def get_queryset(self) -> QuerySet[Node]:
-        """Nodes with placements and their recent failures (the 5-minute window moves with each request)."""
+        """Nodes by name with their recent failures (the 5-minute window moves with each request)."""
         recent = timezone.now() - timedelta(minutes=5)
-        return Node.objects.select_related("base_model").prefetch_related(Prefetch(
-            "placements", to_attr="placements_sorted",
-            queryset=Placement.objects.select_related("adapter_version__adapter__tenant").order_by(
-                "adapter_version__adapter__tenant__slug", "adapter_version__adapter__name", "-adapter_version__number"),
-        )).annotate(failed_requests_5m=Coalesce(Subquery(  # no failed row is 0, not null (the console showed 0)
+        return Node.objects.select_related("base_model").annotate(failed_requests_5m=Coalesce(Subquery(
+            # no failed row is 0, not null (the console showed 0)
             UsageRecord.objects.filter(node=OuterRef("pk"), created_at__gte=recent, status_code__gte=500)
             .values("node").annotate(n=Count("id")).values("n")[:1]), 0)).order_by("name")
 
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A page of nodes (``?limit=`` default 50, at most 200; ``?offset=``), by name."""
+        page = self.paginate_queryset(self.get_queryset())
+        nodes = list(page if page is not None else self.get_queryset())
+        counts = node_residency_counts(node_ids=[n.pk for n in nodes])
+        for node in nodes:
+            node.residency_counts = counts[node.pk]  # type: ignore[attr-defined]  # read by the serializer
+        return self.get_paginated_response(self.get_serializer(nodes, many=True).data)
+
     @extend_schema(parameters=[SamplesQuerySerializer], responses=NodeSampleSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # bounded by time (2,000 points), not paged
     def samples(self, request: Request, name: str | None = None) -> Response:
         """The node's gauges over ``[since, until)``, oldest first (at most 2,000 points)."""
         query = SamplesQuerySerializer(data=request.query_params)
@@ -154,6 +199,27 @@ class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         since = query.validated_data.get("since") or timezone.now() - timedelta(hours=1)
         node = self.get_object()
         return Response(node_samples(node, since=since, until=query.validated_data.get("until")))
+
+
+class OperatorResidencyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """``GET /api/v1/operator/residency``: the residency map a page of adapter versions at a time."""
+
+    authentication_classes = OPERATOR_AUTHENTICATION
+    permission_classes = [IsStaffSession]
+    serializer_class = ResidencyMapRowSerializer
+    pagination_class = BoundedPage
+
+    def get_queryset(self) -> QuerySet[Any]:
+        """Versions placed on some node, of ``?tenant=`` when given (400 for a malformed slug; an unknown one is an
+        empty page), by tenant, adapter, newest version first."""
+        query = ResidencyMapQuerySerializer(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        return residency_map_versions(tenant_slug=query.validated_data.get("tenant"))
+
+    @extend_schema(parameters=[ResidencyMapQuerySerializer])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A page of versions (``?limit=`` default 50, at most 200; ``?offset=``), each with every placement."""
+        return super().list(request, *args, **kwargs)
 
 
 class OperatorTrafficViewSet(viewsets.GenericViewSet):

@@ -1,4 +1,4 @@
-"""``GET /api/v1/operator/nodes``: staff sessions see every node and placement; tenants get 403."""
+"""``GET /api/v1/operator/nodes`` and ``…/residency``: staff sessions see every node and placement; tenants get 403."""
 
 from __future__ import annotations
 
@@ -26,12 +26,16 @@ def test_staff_see_nodes_with_gauges_and_placements(base_model: Any) -> None:
     Placement.objects.create(node=node, adapter_version=version, tier="hot", pinned=True)
     client = APIClient()
     client.force_login(User.objects.create_user(username="op", password="x", is_staff=True))
-    [row] = client.get("/api/v1/operator/nodes").json()
+    [row] = client.get("/api/v1/operator/nodes").json()["results"]
     assert row["name"] == "gpu-1" and row["kv_cache_usage_perc"] == 0.42 and row["base_model"] == "tiny-llama"
+    assert row["tiers"] == {"cold": 0, "staged": 0, "warm": 0, "hot": 1, "errored": 0} and row["pinned"] == 1
+    assert "placements" not in row
     placement = Placement.objects.get()
-    assert row["placements"] == [{"id": placement.pk, "version_id": version.pk, "tenant": "acme", "adapter": "bot", "version": 1, "size_bytes": 2048, "tier": "hot",
-                                  "pinned": True, "served": False, "load_ms": None, "last_error": "",
-                                  "updated_at": row["placements"][0]["updated_at"]}]
+    [cell_row] = client.get("/api/v1/operator/residency").json()["results"]
+    assert cell_row == {"version_id": version.pk, "tenant": "acme", "adapter": "bot", "version": 1, "size_bytes": 2048,
+                        "placements": [{"id": placement.pk, "node": "gpu-1", "tier": "hot", "pinned": True,
+                                        "served": False, "load_ms": None, "last_error": "",
+                                        "updated_at": cell_row["placements"][0]["updated_at"]}]}
     # The tenant's own view counts replicas per tier, never naming the node.
     owner = APIClient()
     owner.force_login(User.objects.create_user(username="o", password="x"))
@@ -46,6 +50,9 @@ def test_staff_see_nodes_with_gauges_and_placements(base_model: Any) -> None:
 def test_tenants_and_anonymous_callers_are_refused(make_client: Any, make_session_client: Any) -> None:
     key_client, _, _ = make_client()
     session_client, _, _ = make_session_client(role="owner")
+    for client in (key_client, session_client):  # the residency map names every tenant's versions and nodes
+        refused = client.get("/api/v1/operator/residency")
+        assert refused.status_code == 403 and refused.json()["code"] == "staff_required"
     by_key = key_client.get("/api/v1/operator/nodes")
     assert by_key.status_code == 403 and by_key.json()["code"] == "staff_required"
     assert "API keys cannot call operator endpoints" in by_key.json()["detail"]

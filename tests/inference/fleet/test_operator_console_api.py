@@ -80,14 +80,14 @@ def test_samples_api_gives_the_history_with_preemption_deltas(op: APIClient, nod
 def test_nodes_list_shows_slots_used_preemptions_and_recent_failures(op: APIClient, node: Node,
                                                                      make_client: Any) -> None:
     node_heartbeat(node=node, state=_state(0.4, 7, gpu=2, cpu=3))
-    assert op.get("/api/v1/operator/nodes").json()[0]["failed_requests_5m"] == 0  # none is 0, not null
+    assert op.get("/api/v1/operator/nodes").json()["results"][0]["failed_requests_5m"] == 0  # none is 0, not null
     _, tenant, _ = make_client()
     for status in (200, 503, 502, 400, 429, 499):  # a caller's own 4xx is not the node failing
         UsageRecord.objects.create(tenant=tenant, node=node, model_name="x", endpoint="completions",
                                    status_code=status, latency_ms=1.0)
     UsageRecord.objects.create(tenant=tenant, node=node, model_name="x", endpoint="completions", status_code=500,
                                latency_ms=1.0, created_at=timezone.now() - timedelta(minutes=6))
-    [row] = op.get("/api/v1/operator/nodes").json()
+    [row] = op.get("/api/v1/operator/nodes").json()["results"]
     assert (row["gpu_used"], row["cpu_used"], row["num_preemptions_total"], row["failed_requests_5m"]) == (2, 5, 7.0, 2)
 
 

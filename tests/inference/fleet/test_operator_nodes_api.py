@@ -61,7 +61,7 @@ def test_register_rotate_deregister(staff: APIClient, base_model: Any) -> None:
     assert staff.delete("/api/v1/operator/nodes/gpu-7").status_code == 204
     node.refresh_from_db()
     assert not node.healthy and node.deregistered_at is not None and not Placement.objects.filter(node=node).exists()
-    assert [n["name"] for n in staff.get("/api/v1/operator/nodes").json()] == []
+    assert [n["name"] for n in staff.get("/api/v1/operator/nodes").json()["results"]] == []
     assert staff.get("/api/v1/operator/nodes/gpu-7").status_code == 404
     assert staff.delete("/api/v1/operator/nodes/gpu-7").status_code == 404
     with pytest.raises(NodeRefused):

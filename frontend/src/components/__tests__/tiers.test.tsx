@@ -1,6 +1,6 @@
 import { screen, within } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
-import type { Node, Placement } from '../../api/client'
+import type { Placement, ResidencyRow } from '../../api/client'
 import { Residency } from '../../pages/Adapters'
 import { ResidencyMap } from '../ResidencyMap'
 import { TIERS, TIER_HELP, TIER_LABEL, tierCounts, tierLabel } from '../tiers'
@@ -30,16 +30,11 @@ describe('tier vocabulary', () => {
     renderWithMantine(<Residency residency={{ staged: 2, hot: 1 }} />)
     const list = screen.getByLabelText('Replicas per tier')
     expect(within(list).getAllByText(/./).map((b) => b.textContent)).toEqual(['1 LoRA slot', '2 disk'])
-    const placement = (tier: Placement['tier']): Placement => ({
-      id: 1, version_id: 1, tenant: 'acme', adapter: 'x', version: 1, size_bytes: 1024, tier, pinned: false,
-      served: false, load_ms: null, last_error: '', updated_at: '2026-12-01T09:00:00Z',
+    const cell = (node: string, tier: Placement['tier']): Placement => ({
+      id: 1, node, tier, pinned: false, served: false, load_ms: null, last_error: '', updated_at: '2026-12-01T09:00:00Z',
     })
-    const node = (name: string, tier: Placement['tier']): Node => ({
-      name, base_model: 'm', healthy: true, last_heartbeat_at: null, max_loras: 1, max_cpu_loras: 1, max_lora_rank: 8,
-      kv_cache_usage_perc: null, num_requests_running: null, num_requests_waiting: null, num_preemptions_total: null,
-      gpu_used: 0, cpu_used: 0, failed_requests_5m: 0, placements: [{ ...placement(tier) }],
-    })
-    renderWithMantine(<ResidencyMap nodes={[node('n1', 'hot'), node('n2', 'staged')]} tenant={null} onAction={() => {}} />)
+    const row: ResidencyRow = { version_id: 1, tenant: 'acme', adapter: 'x', version: 1, size_bytes: 1024, placements: [cell('n1', 'hot'), cell('n2', 'staged')] }
+    renderWithMantine(<ResidencyMap versions={[row]} tenant={null} onAction={() => {}} />)
     expect(screen.getByRole('cell', { name: 'acme/x v1 on n1: LoRA slot' })).toHaveTextContent(TIER_LABEL.hot)
     expect(screen.getByRole('cell', { name: 'acme/x v1 on n2: disk' })).toHaveTextContent(TIER_LABEL.staged)
     for (const apiWord of ['hot', 'warm', 'staged']) expect(screen.queryByText(new RegExp(`\\b${apiWord}\\b`))).toBeNull()
