@@ -24,9 +24,15 @@ pass of a long-lived Celery worker), both printed, with ``--before-tree DIR`` (e
 -C DIR``) alternating with the same passes of that tree's code on the same database. No usage rows are seeded: every
 rate is 0, so the passes warm nothing after the first. ``--json`` prints one object.
 
+``--seed-only`` seeds that fleet (unless a node ``bfv-node-0`` exists already) plus ``--usage`` usage records over
+the last hour ending now (a 64-node ``fleet_scale`` replay's: 40 req/s for 300 s = 12,000), Zipf over the versions,
+each on one of its version's nodes, 1 % answered 5xx, and exits: ``scripts/bench_usage_scale --fleet`` times the
+operator pages on that state.
+
 Usage:
     ./scripts/bench_fleet_view [--nodes 64] [--adapters 2000] [--tenants 200] [--refreshes 600] [--reconcile 5]
                                [--before-tree DIR] [--seed 1] [--json]
+    ./scripts/bench_fleet_view --seed-only [--usage 12000]
 """
 
 from __future__ import annotations
@@ -176,6 +182,38 @@ def _seed(args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
     return {"nodes": nodes, "versions": versions, "adapters": adapters}
 
 
+def _seed_usage(records: int, rng: random.Random) -> int:
+    """``records`` usage records of the seeded fleet's tenants over the last hour ending now (Zipf over the versions,
+    each on a node holding its version; 1 % 503, 3 % 429), bulk-inserted. Returns the number written."""
+    from django.utils import timezone
+
+    from adapters_app.models import AdapterVersion
+    from inference.fleet.models import Placement
+    from inference.metering.models import UsageRecord
+
+    versions = list(AdapterVersion.objects.filter(adapter__name__startswith="a", tenant__slug__startswith="bfv-")
+                    .values_list("pk", "tenant_id", "adapter__name", "number").order_by("pk"))
+    homes: dict[int, list[int]] = {}
+    for version_id, node_id in Placement.objects.filter(adapter_version_id__in=[v[0] for v in versions]).exclude(
+            tier="cold", served=False).values_list("adapter_version_id", "node_id"):
+        homes.setdefault(version_id, []).append(node_id)
+    weights = [1 / (i + 1) for i in range(len(versions))]
+    now, rows = timezone.now(), []
+    for pick in rng.choices(range(len(versions)), weights=weights, k=records):
+        version_id, tenant_id, name, number = versions[pick]
+        draw = rng.random()
+        status = 503 if draw < 0.01 else 429 if draw < 0.04 else 200
+        latency = rng.lognormvariate(5.5, 0.6)
+        rows.append(UsageRecord(
+            tenant_id=tenant_id, adapter_version_id=version_id, node_id=rng.choice(homes.get(version_id) or [None]),
+            model_name=name, version_number=number, endpoint="completions", stream=draw < 0.6,
+            status_code=status, prompt_tokens=rng.randint(20, 400), completion_tokens=rng.randint(1, 200),
+            latency_ms=latency, ttft_ms=latency / 4 if draw < 0.6 else None,
+            created_at=now - timedelta(seconds=rng.uniform(0, 3600))))
+    UsageRecord.objects.bulk_create(rows, batch_size=2000)
+    return len(rows)
+
+
 def _heartbeat(node_pk: int, moves: int, rng: random.Random) -> int:
     """One accept's writes: the node row always, and ``moves`` of its placement rows (as ``nodes.py`` writes them)."""
     from django.utils import timezone
@@ -215,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an older checkout whose reconcile passes are timed beside this tree's")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--seed-only", action="store_true", help="seed the fleet and --usage records, then exit")
+    parser.add_argument("--usage", type=int, default=12_000, help="--seed-only: usage records in the last hour")
     args = parser.parse_args(argv)
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         raise SystemExit("run through ./scripts/bench_fleet_view (it starts PostgreSQL and Redis)")
@@ -237,6 +277,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = random.Random(args.seed)
     t0 = time.monotonic()
+    if args.seed_only:
+        from inference.fleet.models import Node
+
+        fleet = not Node.objects.filter(name="bfv-node-0").exists()
+        if fleet:
+            _seed(args, rng)
+        usage = _seed_usage(args.usage, rng)
+        print(json.dumps({"fleet_seeded": fleet, "usage_seeded": usage, "seed_s": round(time.monotonic() - t0, 1)}))
+        return 0
     seeded = _seed(args, rng)
     report: dict[str, Any] = {
         "nodes": args.nodes, "adapters": args.adapters, "tenants": args.tenants,

@@ -1,8 +1,8 @@
 """The console's API pages at a year of a busy tenant's traffic: issue 31's ``api_ms_p99`` at 10 million usage rows.
 
-``scripts/fleet_scale`` times four pages (``devtools.hollow.replay.PageTimer``: a tenant's adapter list, its
-``/api/v1/usage/traffic``, the operator's nodes and residency map, ``/api/v1/operator/traffic``) over the run's own
-usage. This benchmark times those and every other call the console makes to read usage (``frontend/src/pages``:
+``scripts/fleet_scale`` times five pages (``devtools.hollow.replay.PageTimer``: a tenant's adapter list, its
+``/api/v1/usage/traffic``, the operator's nodes and residency map (first pages), ``/api/v1/operator/traffic``) over
+the run's own usage. This benchmark times those and every other call the console makes to read usage (``frontend/src/pages``:
 Usage, Adapters, Traffic, the serving panel), plus the CSV export (``GET /api/v1/usage?export=csv``: to its first
 byte and to its last), against a usage table seeded at scale:
 
@@ -12,7 +12,11 @@ byte and to its last), against a usage table seeded at scale:
   seeding); when the newest record is older than a minute, the gap up to now is seeded at the rate of the week
   before it, so "the last hour" holds a last hour's records however long ago the year was seeded;
 - ``--nodes`` registered nodes (no heartbeats: the nodes page reads their rows and the usage subquery of each);
-- a staff user ``bench-operator`` for the operator pages (a console session, as the console calls them).
+- a staff user ``bench-operator`` for the operator pages (a console session, as the console calls them);
+- with ``--fleet``, instead of the registered nodes, a 64-node run's fleet (``scripts/bench_fleet_view.py
+  --seed-only``: ``--nodes`` 64 nodes, 200 tenants with 2,000 adapters, ~2,800 placements that serve or failed and
+  3,000 cold ones) and ``--fleet-usage`` records of its tenants over the last hour (12,000: what a 64-node
+  ``fleet_scale`` replay writes), so the operator pages answer for 64 nodes and 200 tenants' traffic.
 
 It starts the web process the way the demo does (uvicorn serving ``config.asgi``) and calls it over real HTTP: each
 round calls every page once, ``--reps`` rounds. With ``--before-tree DIR`` (an older checkout, e.g. ``git archive
@@ -20,10 +24,11 @@ round calls every page once, ``--reps`` rounds. With ``--before-tree DIR`` (an o
 between the two, so both columns share the machine's load. Printed: wall ms p50 / p99 per page to the last byte
 (the export also to its first byte), the CPU ms each call cost (the web process's and every PostgreSQL process's,
 in 10 ms clock ticks; a database on another machine leaves them out), and ``api_ms_p99`` as fleet_scale computes it
-(over its four pages together).
+(over its five pages together; an older tree without the paged residency map fails that page).
 
 Usage:
     ./scripts/bench_usage_scale [--rows 10000000] [--reps 20] [--before-tree DIR] [--json]
+                                [--fleet [--nodes 64] [--fleet-usage 12000]] [--only operator,adapters]
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ PAGES: list[tuple[str, str, str]] = [
     ("usage traffic 1h", "tenant", "/api/v1/usage/traffic"),
     ("usage traffic 24h", "tenant", "/api/v1/usage/traffic?since=24h"),
     ("versions seed-0 1h", "tenant", "/api/v1/usage/versions?adapter=seed-0"),
-    ("operator nodes", "operator", "/api/v1/operator/nodes"),
+    ("operator nodes", "operator", "/api/v1/operator/nodes?limit=12"),  # the Fleet page's first page
+    ("operator residency map", "operator", "/api/v1/operator/residency"),  # its first page of versions
     ("operator traffic 1h", "operator", "/api/v1/operator/traffic"),
     ("operator traffic 6h", "operator", "/api/v1/operator/traffic?since=6h"),
     ("operator traffic 24h", "operator", "/api/v1/operator/traffic?since=24h"),
@@ -73,7 +79,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("export 1h", "tenant", "/api/v1/usage?export=csv&since=1h"),
     ("export 24h", "tenant", "/api/v1/usage?export=csv&since=24h"),
 ]
-FLEET_PAGES = ("adapters", "usage traffic 1h", "operator nodes", "operator traffic 1h")
+FLEET_PAGES = ("adapters", "usage traffic 1h", "operator nodes", "operator residency map", "operator traffic 1h")
 
 
 def say(msg: str) -> None:
@@ -186,8 +192,8 @@ def measure(clients: dict[str, dict[str, httpx.Client]], reps: int, webs: dict[s
 
 
 def fleet_api_p99(pages: dict[str, dict[str, Any]]) -> float | None:
-    """``api_ms_p99`` as fleet_scale computes it: the p99 (ms) over every sample of its four pages together."""
-    values = [v for name in FLEET_PAGES for v in pages[name]["samples_ms"]]
+    """``api_ms_p99`` as fleet_scale computes it: the p99 (ms) over every sample of its pages together."""
+    values = [v for name in FLEET_PAGES if name in pages for v in pages[name]["samples_ms"]]
     return round(_percentile(values, 0.99), 1) if values else None
 
 
@@ -224,12 +230,19 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
     p.add_argument("--adapters", type=int, default=10, help="the busy tenant's adapters (Zipf over them)")
     p.add_argument("--other-tenants", type=int, default=4)
     p.add_argument("--other-rows", type=int, default=100_000, help="usage records of each other tenant")
-    p.add_argument("--nodes", type=int, default=16, help="registered nodes (the operator's nodes page)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="registered nodes (the operator's nodes page; default 16, with --fleet 64)")
+    p.add_argument("--fleet", action="store_true", help="seed bench_fleet_view's fleet and its last hour's usage")
+    p.add_argument("--fleet-usage", type=int, default=12_000, help="--fleet: usage records over the last hour")
+    p.add_argument("--only", default="", help="comma-separated parts of page names: time only those pages")
     p.add_argument("--reps", type=int, default=20, help="rounds of every page")
     p.add_argument("--before-tree", type=Path, default=None, help="older checkout to measure beside this one")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
+    args.nodes = args.nodes or (64 if args.fleet else 16)
+    if args.only:
+        PAGES[:] = [page for page in PAGES if any(part in page[0] for part in args.only.split(","))]
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         raise SystemExit("run through ./scripts/bench_usage_scale (it starts PostgreSQL, Redis and SeaweedFS)")
     workdir = Path(tempfile.mkdtemp(prefix="quiver-bench-usage-scale-"))
@@ -248,9 +261,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                   for i in range(args.other_tenants)]
         report["tenant_rows"] = busy["rows"]
         report["seeded"] = busy["seeded"] + sum(o["seeded"] for o in others)
+        if args.fleet:  # a fleet seeded once per database; its last hour's usage each run (the window moves)
+            out = subprocess.run([sys.executable, "scripts/bench_fleet_view.py", "--seed-only", "--nodes",
+                                  str(args.nodes), "--usage", str(args.fleet_usage), "--seed", str(args.seed)],
+                                 cwd=REPO, env=env, capture_output=True, text=True, check=False)
+            if out.returncode:
+                raise SystemExit(f"bench_fleet_view --seed-only: exit {out.returncode}\n{out.stderr[-2000:]}")
+            report["fleet"] = json.loads(out.stdout.strip().splitlines()[-1])
+            say(f"fleet: {report['fleet']}")
         report["all_rows"] = _sql(env, "SELECT count(*) FROM gateway_usagerecord")[0][0]
         named = {r[0] for r in _sql(env, "SELECT name FROM gateway_node")}
-        for i in range(1, args.nodes + 1):
+        for i in range(1, 0 if args.fleet else args.nodes + 1):
             if f"bench-node-{i:03d}" not in named:
                 _manage(env, "quiver_node_register", f"bench-node-{i:03d}", "--agent-url", f"http://127.0.0.1:{i}",
                         "--engine-url", f"http://127.0.0.1:{i}", "--base-model", base)
@@ -285,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
         print(json.dumps(report))
         return 0
     print(f"\nconsole pages at {report['tenant_rows']:,} usage records of {TENANT} ({report['all_rows']:,} in the table),"
-          f" {args.nodes} nodes, {args.reps} rounds, {os.cpu_count()} cores, load avg {report['load_avg']}")
+          f" {args.nodes} nodes{' (bench_fleet_view fleet)' if args.fleet else ''}, {args.reps} rounds, {os.cpu_count()} cores, load avg {report['load_avg']}")
     print(f"after = this tree ({report['commit']})" + (f", before = {args.before_tree}" if args.before_tree else ""))
     print("\n".join(table(report)))
     slow = [n for n, c in report["results"]["after"].items()

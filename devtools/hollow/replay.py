@@ -147,8 +147,9 @@ def operator_client(web: str, password: str, username: str = "operator") -> http
 
 
 class PageTimer:
-    """Times the console's API pages: a tenant's adapter list, the operator's node/residency map, and the traffic
-    over the run's usage (``/api/v1/usage/traffic`` for a tenant, ``/api/v1/operator/traffic`` for staff).
+    """Times the console's API pages: a tenant's adapter list, the operator's nodes (the Fleet page's first page) and
+    residency map (its first page of versions), and the traffic over the run's usage (``/api/v1/usage/traffic`` for
+    a tenant, ``/api/v1/operator/traffic`` for staff).
 
     Args:
         web_url: the web process.
@@ -175,5 +176,6 @@ class PageTimer:
         """One round of every page."""
         self._time("adapters", self.tenant, "/api/v1/adapters")
         self._time("usage_traffic", self.tenant, "/api/v1/usage/traffic")
-        self._time("operator_nodes", self.operator, "/api/v1/operator/nodes")
+        self._time("operator_nodes", self.operator, "/api/v1/operator/nodes?limit=12")  # as the Fleet page asks
+        self._time("operator_residency", self.operator, "/api/v1/operator/residency")
         self._time("operator_traffic", self.operator, "/api/v1/operator/traffic")
