@@ -1,10 +1,10 @@
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query'
-import { screen, within } from '@testing-library/react'
+import { act, screen, within } from '@testing-library/react'
 import userEvent from '@testing-library/user-event'
 import { afterEach, describe, expect, it, vi } from 'vitest'
 import { api, type Node } from '../api/client'
 import { renderWithMantine } from '../components/__tests__/render'
-import { pageCount, pageQuery } from '../components/Pager'
+import { pageCount, pageQuery } from '../components/paging'
 import { NODES_PAGE, Nodes, slotFigures } from '../pages/Nodes'
 
 describe('slotFigures', () => {
@@ -33,16 +33,19 @@ const node = (i: number): Node => ({
 })
 const FLEET = Array.from({ length: 30 }, (_, i) => node(i))
 
+/** `api.GET` answering the nodes list from `fleet()` as the API pages it (`limit`, `offset`), `[]` for the rest. */
+const serve = (fleet: () => Node[]) =>
+  vi.spyOn(api, 'GET').mockImplementation((async (path: string, init?: { params?: { query?: { limit?: number; offset?: number } } }) => {
+    if (path !== '/api/v1/operator/nodes') return { data: [], error: undefined, response: new Response('[]') }
+    const { limit = 50, offset = 0 } = init?.params?.query ?? {}
+    return { data: { count: fleet().length, next: null, previous: null, results: fleet().slice(offset, offset + limit) }, error: undefined, response: new Response('{}') }
+  }) as never)
+
 describe('Fleet page', () => {
   afterEach(() => vi.restoreAllMocks())
 
   it('shows one page of nodes with their placements per tier and pages through the rest', async () => {
-    const get = vi.spyOn(api, 'GET').mockImplementation((async (path: string, init?: { params?: { query?: { limit?: number; offset?: number } } }) => {
-      if (path !== '/api/v1/operator/nodes') return { data: [], error: undefined, response: new Response('[]') }
-      const { limit = 50, offset = 0 } = init?.params?.query ?? {}
-      const results = FLEET.slice(offset, offset + limit)
-      return { data: { count: FLEET.length, next: null, previous: null, results }, error: undefined, response: new Response('{}') }
-    }) as never)
+    const get = serve(() => FLEET)
     const qc = new QueryClient({ defaultOptions: { queries: { retry: false } } })
     renderWithMantine(<QueryClientProvider client={qc}><Nodes /></QueryClientProvider>)
     expect(await screen.findByLabelText('Node gpu-00')).toBeInTheDocument()
@@ -58,5 +61,18 @@ describe('Fleet page', () => {
     expect(screen.getAllByLabelText(/^Node gpu-/)).toHaveLength(30 - 2 * NODES_PAGE)
     expect(screen.getByText('25–30 of 30')).toBeInTheDocument()
     expect(get).toHaveBeenCalledWith('/api/v1/operator/nodes', { params: { query: { limit: NODES_PAGE, offset: 2 * NODES_PAGE } } })
+  })
+
+  it('steps back to the last page when the fleet shrank under the one shown', async () => {
+    let fleet = FLEET
+    serve(() => fleet)
+    const qc = new QueryClient({ defaultOptions: { queries: { retry: false } } })
+    renderWithMantine(<QueryClientProvider client={qc}><Nodes /></QueryClientProvider>)
+    await userEvent.click(within(await screen.findByLabelText('Pages of nodes')).getByRole('button', { name: '3' }))
+    expect(await screen.findByLabelText('Node gpu-24')).toBeInTheDocument()
+    fleet = FLEET.slice(0, NODES_PAGE + 1) // 13 nodes: two pages now
+    await act(() => qc.invalidateQueries({ queryKey: ['operator-nodes'] }))
+    expect(await screen.findByText(`${NODES_PAGE + 1}–${NODES_PAGE + 1} of ${NODES_PAGE + 1}`)).toBeInTheDocument()
+    expect((await screen.findAllByLabelText(/^Node gpu-/)).map((c) => c.getAttribute('aria-label'))).toEqual([`Node gpu-${NODES_PAGE}`])
   })
 })

@@ -5,7 +5,8 @@ import { Alert, Button, Group, Modal, NumberInput, Select, Stack, Text, Title } 
 import { keepPreviousData, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap } from '../api/client'
-import { Pager, pageQuery, useClampedPage } from '../components/Pager'
+import { Pager } from '../components/Pager'
+import { pageQuery, useClampedPage } from '../components/paging'
 import { ResidencyMap, type MapAction, type MapRow } from '../components/ResidencyMap'
 import { TIERS, TierBadge } from '../components/tiers'
 
