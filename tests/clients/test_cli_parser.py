@@ -36,3 +36,10 @@ def test_json_before_the_command_reaches_the_command(monkeypatch: pytest.MonkeyP
     assert cli.main(["--json", "adapters", "ls"]) == 0
     assert cli.main(["adapters", "ls"]) == 0
     assert seen == [True, False]
+
+
+def test_help_reads_as_plain_text_not_rest() -> None:
+    # The epilog comes from the module docstring; a terminal shows reST's ``double backticks`` literally.
+    text = parser().format_help()
+    assert "Exit codes:" in text and "--wait-timeout" in text
+    assert "``" not in text

@@ -380,11 +380,16 @@ def _json_flag() -> argparse.ArgumentParser:
     return flag
 
 
+def _plain(text: str) -> str:
+    """The module docstring's reST for a terminal: ``--help`` printed the literal double backticks."""
+    return text.replace("``", "`")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line (``quiver --help``)."""
     common, json_flag = _common(), _json_flag()
     top = argparse.ArgumentParser(prog="quiver", parents=[common, json_flag], description=__doc__.split("\n\n")[0],
-                                  epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                  epilog=_plain(__doc__.split("\n\n")[1]), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def leaf(parent: Any, name: str, func: Any, help_text: str, *, takes_json: bool = True) -> argparse.ArgumentParser:
