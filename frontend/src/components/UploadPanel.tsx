@@ -46,9 +46,11 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
       if (status < 300) {
         // The upload is done; validation runs on: say so rather than the transient status `uploaded`.
         const label = versionLabel(body.adapter, body.number)
+        // The adapters page has no versions list: point at the row that opens the adapter's page, where it is.
+        const where = lockAdapter ? 'status and report in the versions list below' : `open ${body.adapter} in the list above for its status and report`
         setResult({
           ok: true,
-          text: body.status === 'uploaded' ? `Uploaded ${label}; it is being validated (status and report in the versions list).` : `Uploaded ${label}: ${body.status}.`,
+          text: body.status === 'uploaded' ? `Uploaded ${label}; it is being validated (${where}).` : `Uploaded ${label}: ${body.status}.`,
         })
         onUploaded?.(body)
       } else {

@@ -55,6 +55,8 @@ describe('UploadPanel', () => {
     fake.progress({ loaded: 1000, total: 1000, perFile: [1, 1] })
     fake.finish({ status: 201, body: { adapter: 'capitals', number: 1, status: 'uploaded' } })
     expect(await screen.findByRole('status')).toHaveTextContent('Uploaded capitals v1; it is being validated')
+    // On the adapters page there is no versions list to point at: the message names the row to open.
+    expect(screen.getByRole('status')).toHaveTextContent('open capitals in the list above for its status and report')
     expect(screen.getByTestId('overall-progress')).toHaveTextContent('100 %')
     expect(onUploaded).toHaveBeenCalledWith({ adapter: 'capitals', number: 1, status: 'uploaded' })
   })
