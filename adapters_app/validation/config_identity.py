@@ -50,12 +50,14 @@ def not_peft_problem(doc: dict[str, Any]) -> Problem:
             "base_model.model.model.layers.N.*.lora_A.weight) before uploading."
         )
     else:
-        origin = "not a PEFT adapter config"
+        # No known format to name: "it looks like not a PEFT adapter config" read as broken English to users.
+        origin = None
         hint = 'Upload the adapter_config.json written by PEFT `save_pretrained`; it has peft_type "LORA".'
+    verdict = f"it looks like {origin}" if origin else "it is not a PEFT adapter config"
     return config_error(
         "config_not_peft",
         "peft_type",
-        f"adapter_config.json has no peft_type: it looks like {origin}.",
+        f"adapter_config.json has no peft_type: {verdict}.",
         hint,
     )
 

@@ -303,3 +303,13 @@ def test_real_config_verdict(name: str, tmp_path: Path, base: BaseModelFacts) ->
     )[:3000]
     assert report.ok is (not errors)
     assert all(p.message and p.hint for p in report.problems)
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("lerobot-not-a-peft-config", "adapter_config.json has no peft_type: it is not a PEFT adapter config."),
+    ("mlx-training-args-not-peft", "adapter_config.json has no peft_type: it looks like an MLX-LM LoRA config"),
+])
+def test_not_peft_message_reads_as_a_sentence(name: str, says: str) -> None:
+    # A fresh user read "it looks like not a PEFT adapter config" for a config of no known format.
+    _, problems, _ = parse_config((CASES / "configs" / f"{name}.json").read_bytes())
+    assert [p.message for p in problems if p.code == "config_not_peft"][0].startswith(says)
