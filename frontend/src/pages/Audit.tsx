@@ -2,6 +2,13 @@ import { Code, Stack, Table, Text, Title } from '@mantine/core'
 import { useQuery } from '@tanstack/react-query'
 import { api, unwrap } from '../api/client'
 import { formatDateTime } from '../format'
+import { tierLabel } from '../components/tiers'
+
+/** An audit entry's before/after as JSON, with `tier` in the console's words (`CPU cache`, never `warm`): the
+ * console promises one vocabulary for tiers, and the audit log showed the API's raw ones. */
+export function auditJson(value: unknown): string {
+  return JSON.stringify(value, (key, v) => (key === 'tier' && typeof v === 'string' ? tierLabel(v) : v))
+}
 
 /** Operator actions (pin, unpin, evict, replicas, quotas): who, what, when, before → after. */
 export function Audit() {
@@ -29,7 +36,7 @@ export function Audit() {
                 <Table.Td>{r.action}</Table.Td>
                 <Table.Td>{r.target}</Table.Td>
                 <Table.Td>
-                  <Code>{JSON.stringify(r.before)}</Code> → <Code>{JSON.stringify(r.after)}</Code>
+                  <Code>{auditJson(r.before)}</Code> → <Code>{auditJson(r.after)}</Code>
                 </Table.Td>
               </Table.Tr>
             ))}
