@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from common.redis import sync_client_new
 from inference.metering.models import UsageRecord
@@ -31,6 +31,7 @@ RECLAIM_IDLE_MS = 30_000
 FIELDS = ("request_id", "tenant_id", "api_key_id", "adapter_version_id", "base_model_id", "node_id", "model_name",
           "version_number", "endpoint", "stream", "status_code", "prompt_tokens", "completion_tokens", "latency_ms",
           "ttft_ms", "created_at")
+MODEL_NAME_MAX = UsageRecord._meta.get_field("model_name").max_length or 200
 
 
 def usage_row(*, tenant_id: int, api_key_id: int, adapter_version_id: int | None, base_model_id: int | None,
@@ -84,8 +85,22 @@ def usage_records_write(rows: Sequence[Mapping[str, Any]]) -> int:
             if data[fk] not in live[fk]:
                 data[fk] = None
         data["created_at"] = datetime.fromtimestamp(float(r["created_at"]), tz=UTC)
+        # The gateway accepts a longer `model` than the column holds (a refusal's row names it as sent): one such
+        # row made PostgreSQL refuse the whole batch, so every tenant's rows stayed in the stream for ever.
+        data["model_name"] = str(data["model_name"] or "")[:MODEL_NAME_MAX]
         objs.append(UsageRecord(**data))
-    UsageRecord.objects.bulk_create(objs, ignore_conflicts=True, batch_size=500)
+    try:
+        with transaction.atomic():
+            UsageRecord.objects.bulk_create(objs, ignore_conflicts=True, batch_size=500)
+    except DatabaseError:
+        # One row the database refuses must not hold back the others (the drain retries a failed batch whole,
+        # for ever): write them one by one and drop, with a log line, only those refused.
+        for obj in objs:
+            try:
+                with transaction.atomic():
+                    UsageRecord.objects.bulk_create([obj], ignore_conflicts=True)
+            except DatabaseError as exc:
+                logger.error("usage.row_refused", extra={"request_id": obj.request_id, "error": repr(exc)[:300]})
     return len(objs)
 
 

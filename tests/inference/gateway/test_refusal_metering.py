@@ -4,6 +4,7 @@ budget so a flood of refusals cannot flood the usage table; an unknown key's 401
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -13,7 +14,7 @@ from asgiref.sync import async_to_sync
 from inference.gateway import usage_sink
 from inference.gateway.app import GatewayApp
 from inference.metering.models import UsageRecord
-from inference.metering.usage import usage_records_write
+from inference.metering.usage import usage_records_write, usage_row
 from tenants.services import api_key_create, limits_set
 from tests.factories import TenantFactory
 
@@ -64,3 +65,43 @@ def test_a_flood_of_refusals_is_metered_up_to_the_tenants_budget(base_model: Any
     rows = list(app.sink._buffer)
     assert [r["tenant_id"] for r in rows] == [first.pk] * 5 + [second.pk] * 5  # one tenant's flood spends its own
     assert app.sink.refusals_unrecorded == 14
+
+
+def test_a_refusal_for_a_long_model_name_does_not_poison_the_usage_stream(base_model: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack round: ``model`` may be 256 characters but ``UsageRecord.model_name`` holds 200, so the 404's row made
+    PostgreSQL refuse the whole drain batch (``value too long``): every tenant's usage stayed in the stream, retried
+    and refused for ever, whoever sent it. The name is now clipped, and any other row the database refuses is dropped
+    alone."""
+    import json
+    import uuid
+
+    import redis
+    from django.conf import settings
+
+    from inference.metering.usage import usage_drain
+
+    attacker, victim = TenantFactory(), TenantFactory()
+    app = GatewayApp(background=False)
+    key = api_key_create(attacker, name="app")[1]
+    long_name = "m" * 256
+    assert _post(app, [(key, {"model": long_name, "prompt": "x"})]) == [404]
+    refusal = list(app.sink._buffer)[0]
+    billed = usage_row(tenant_id=victim.pk, api_key_id=0, adapter_version_id=None, base_model_id=base_model.pk,
+                       node_id=None, model_name="tiny-llama", version_number=None, endpoint="completions",
+                       stream=False, status_code=200, usage={"prompt_tokens": 3, "completion_tokens": 9},
+                       latency_ms=1.0, ttft_ms=None, created_at=time.time())
+    client = redis.Redis.from_url(settings.QUIVER_GATEWAY_REDIS_URL)
+    stream = f"quiver:usage:test:{uuid.uuid4().hex}"
+    monkeypatch.setattr(settings, "QUIVER_USAGE_STREAM", stream)
+    try:
+        refused = {**billed, "request_id": uuid.uuid4().hex, "version_number": -1}  # a row PostgreSQL refuses
+        for row in (refusal, refused, billed):
+            client.xadd(stream, {"r": json.dumps(row)})
+        assert usage_drain() == 3  # offered; the refused one alone is dropped (logged)
+        assert client.xlen(stream) == 0
+    finally:
+        client.delete(stream)
+    assert list(UsageRecord.objects.filter(tenant=victim).values_list("completion_tokens", flat=True)) == [9]
+    stored = UsageRecord.objects.get(tenant=attacker)
+    assert (stored.status_code, stored.model_name) == (404, long_name[:200])
