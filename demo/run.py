@@ -166,6 +166,18 @@ def _write_env(path: Path, env: dict[str, str]) -> None:
     path.write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items() if k in DEMO_ENV_KEYS))
 
 
+def _fresh_workdir(path: Path) -> None:
+    """Empty ``path`` and make it anew, owner-only (0700), with its ``logs`` folder. Everything the run keeps lies
+    under it: the SQLite database (Django's session keys are the cookies themselves, key digests), every tenant's
+    adapter files in the S3 server's folder, the node's staged copies, the logs. It was world-readable (0755, files
+    0644), so any local user could read the operator's session cookie and take over the console (attack round);
+    the env file alone was owner-only."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, mode=0o700)
+    path.chmod(0o700)  # mkdir's mode is masked by the umask; and a parent made by parents=True is not this folder
+    (path / "logs").mkdir()
+
+
 def _manage(env: dict[str, str], *args: str) -> str:
     out = subprocess.run(
         [PY, "manage.py", *args], cwd=REPO, env=env, check=True, capture_output=True, text=True
@@ -200,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.once:
         _say("building the web console (npm ci and vite, when its sources changed)")
         ensure_console_built()
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    (args.workdir / "logs").mkdir(parents=True)
+    _fresh_workdir(args.workdir)
     procs = Processes(args.workdir / "logs")
     with ExitStack() as stack:
         stack.callback(procs.stop_all)

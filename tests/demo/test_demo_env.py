@@ -7,7 +7,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from demo.run import DEMO_ENV_KEYS, _write_env
+from demo.run import DEMO_ENV_KEYS, _fresh_workdir, _write_env
 
 
 def test_the_env_file_is_owner_only_and_sources_back_exactly(tmp_path: Path) -> None:
@@ -21,6 +21,25 @@ def test_the_env_file_is_owner_only_and_sources_back_exactly(tmp_path: Path) -> 
                           "\"$DJANGO_SECRET_KEY\""], capture_output=True, text=True, check=True).stdout
     assert out.split("\n") == [env["DATABASE_URL"], env["DJANGO_SECRET_KEY"]]
     assert {"DATABASE_URL", "DJANGO_SECRET_KEY", "QUIVER_API_KEY_HMAC_KEY"} <= set(DEMO_ENV_KEYS)
+
+
+def test_the_run_folder_is_owner_only_and_made_anew(tmp_path: Path) -> None:
+    """The demo's database (session keys are the cookies), S3 folder (every tenant's adapters) and logs lie in its run
+    folder, which was 0755 with 0644 files: any local user read the operator's session (attack round)."""
+    workdir = tmp_path / "a" / "demo-run"
+    workdir.mkdir(parents=True)
+    (workdir / "old.sqlite3").write_text("x")
+    old_umask = os.umask(0o022)
+    try:
+        _fresh_workdir(workdir)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(os.stat(workdir).st_mode) == 0o700
+    assert sorted(p.name for p in workdir.iterdir()) == ["logs"]
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ls", str(workdir)],
+                           capture_output=True, text=True, check=False) if os.geteuid() == 0 else None
+    if probe is not None:  # as nobody, the folder cannot even be listed
+        assert probe.returncode != 0 and "Permission denied" in probe.stderr
 
 
 def test_a_child_that_exits_is_restarted_and_named(tmp_path: Path) -> None:
