@@ -194,19 +194,28 @@ class TtlCache(Generic[V]):
         loader: ``loader(*key)`` run in the database thread; its result (including None) is cached.
         ttl: ``ttl() -> (soft, hard)`` seconds, read on every hit so a bus outage shortens them at once.
         max_entries: the oldest loaded entries go first past this many (unknown keys are cached too).
+        is_miss: which results are misses (an unknown key, a model not found); they are kept apart, at most
+            ``max_misses``, so anyone's stream of made-up keys or names never evicts the entries that serve.
     """
 
-    def __init__(self, loader: Callable[..., V], ttl: Callable[[], tuple[float, float]], max_entries: int = 100_000):
+    def __init__(self, loader: Callable[..., V], ttl: Callable[[], tuple[float, float]], max_entries: int = 100_000,
+                 *, is_miss: Callable[[V], bool] | None = None, max_misses: int = 10_000):
         self._max_entries = max_entries
         self._loader = loader
         self._ttl = ttl
         self._entries: dict[tuple[Hashable, ...], _Entry[V]] = {}
+        # Misses apart: one cache for both let 100,000 random bearer tokens (no credential needed), or 20,000
+        # made-up model names, push every tenant's keys and targets out, each next request then a database read on
+        # the process's one database thread, behind the flood's own reads (attack round).
+        self._is_miss = is_miss
+        self._max_misses = max_misses
+        self._misses: dict[tuple[Hashable, ...], _Entry[V]] = {}
         self._loading: dict[tuple[Hashable, ...], asyncio.Task[V]] = {}
         self.generation = 0
 
     async def get(self, *key: Hashable) -> V:
         """The cached value for ``key``, loading it when absent or past the hard TTL."""
-        entry = self._entries.get(key)
+        entry = self._entries.get(key) or self._misses.get(key)
         now = time.monotonic()
         if entry is not None:
             soft, hard = self._ttl()
@@ -242,27 +251,29 @@ class TtlCache(Generic[V]):
             self._loading.pop(key, None)
         if generation == self.generation:  # an invalidation during the load must not be overwritten by stale data
             self._entries.pop(key, None)
-            self._entries[key] = _Entry(value, time.monotonic())
-            while len(self._entries) > self._max_entries:  # bounded: random bearer tokens must not grow it forever
-                del self._entries[next(iter(self._entries))]
+            self._misses.pop(key, None)
+            miss = self._is_miss is not None and self._is_miss(value)
+            entries, bound = (self._misses, self._max_misses) if miss else (self._entries, self._max_entries)
+            entries[key] = _Entry(value, time.monotonic())
+            while len(entries) > bound:  # bounded: random bearer tokens must not grow it forever
+                del entries[next(iter(entries))]
         return value
 
     def peek(self, *key: Hashable) -> V | None:
         """The cached value for ``key`` whatever its age, without loading (None when absent)."""
-        entry = self._entries.get(key)
+        entry = self._entries.get(key) or self._misses.get(key)
         return entry.value if entry is not None else None
 
     def invalidate(self, predicate: Callable[[tuple[Hashable, ...]], bool] | None = None) -> int:
         """Drop entries whose key matches ``predicate`` (all when None); returns how many."""
         self.generation += 1
-        if predicate is None:
-            dropped = len(self._entries)
-            self._entries.clear()
-            return dropped
-        doomed = [k for k in self._entries if predicate(k)]
-        for k in doomed:
-            del self._entries[k]
-        return len(doomed)
+        dropped = 0
+        for entries in (self._entries, self._misses):
+            doomed = list(entries) if predicate is None else [k for k in entries if predicate(k)]
+            for k in doomed:
+                del entries[k]
+            dropped += len(doomed)
+        return dropped
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
@@ -276,15 +287,24 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
         logger.warning("gateway.cache_refresh_failed", extra={"error": repr(task.exception())})
 
 
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def _is_not_found(value: object) -> bool:
+    return value == "not_found"
+
+
 class Directory:
     """The gateway process's caches: ``keys`` (key_id → KeyView | None), ``targets`` ((tenant_id, model) →
     RuleView | error code) and the fleet view (refreshed every ``QUIVER_GATEWAY_FLEET_REFRESH_S``)."""
 
     def __init__(self) -> None:
         self.bus_ok = False
-        self.keys: TtlCache[KeyView | None] = TtlCache(load_key, self._ttl)
+        self.keys: TtlCache[KeyView | None] = TtlCache(load_key, self._ttl, is_miss=_is_none)
         # Unknown names are cached too; `model` is at most 256 characters (MODEL_MAX_CHARS), so this bounds it to ~10 MB.
-        self.targets: TtlCache[RuleView | str] = TtlCache(load_rule, self._ttl, max_entries=20_000)
+        self.targets: TtlCache[RuleView | str] = TtlCache(load_rule, self._ttl, max_entries=20_000,
+                                                          is_miss=_is_not_found)
         self.fleet_reader = FleetReader()
         self._fleet: TtlCache[FleetView] = TtlCache(self._load_fleet, self._fleet_ttl)
 
