@@ -284,7 +284,9 @@ def _messages(f: str, v: Any) -> None:
 
 
 COMMON: dict[str, Callable[[str, Any], None]] = {
-    "stream": _bool, "stream_options": _stream_options, "max_tokens": _int(1), "temperature": _num(0, 2),
+    # Bounded: max_tokens=10**4000 passed as an integer and was a 500 (OverflowError in the fair-share cost), the
+    # request's admission left unsettled (attack round); vLLM refuses any over the context anyway.
+    "stream": _bool, "stream_options": _stream_options, "max_tokens": _int(1, INT32_MAX), "temperature": _num(0, 2),
     "top_p": _num(0, 1, open_low=True), "n": _int(1, nullable=False), "stop": _stop,
     "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2), "seed": _int(-(2**63), 2**63 - 1),
     "logit_bias": _logit_bias, "response_format": _response_format,
@@ -295,7 +297,7 @@ COMMON: dict[str, Callable[[str, Any], None]] = {
 }
 COMPLETIONS = {**COMMON, "prompt": _prompt, "echo": _bool, "suffix": _optional_string,
                "logprobs": _int(0), "best_of": _int(1)}
-CHAT = {**COMMON, "messages": _messages, "max_completion_tokens": _int(1), "logprobs": _bool,
+CHAT = {**COMMON, "messages": _messages, "max_completion_tokens": _int(1, INT32_MAX), "logprobs": _bool,
         "top_logprobs": _int(0), "tools": _tools, "tool_choice": _tool_choice, "parallel_tool_calls": _bool,
         "add_generation_prompt": _bool, "continue_final_message": _bool, "echo": _bool}
 REQUIRED = {"completions": "prompt", "chat/completions": "messages"}
