@@ -68,10 +68,15 @@ function splitModel(model: string): { name: string; pinned: number | null } {
   return m ? { name: m[1], pinned: Number(m[2]) } : { name: model, pinned: null }
 }
 
+/** How the console names a refused request's model when none was found (stored as `""`). */
+export const NO_MODEL = '(no model)'
+
 /** The one way the console names an adapter version: `capitals v3`; the base model reads `tiny-llama (base)`.
  * `model` may be what the application sent, `name@3` included; `version` is the version that answered (null: the
- * base model). */
+ * base model). An empty `model` is a refused request whose model was never found (the server does not store names
+ * no model has): `(no model)`. */
 export function versionLabel(model: string, version: number | null): string {
+  if (!model) return NO_MODEL
   const { name } = splitModel(model)
   return version == null ? `${name} (base)` : `${name} v${version}`
 }
@@ -79,6 +84,7 @@ export function versionLabel(model: string, version: number | null): string {
 /** A model name as sent, where the version that answered is not known (usage charts): `name@3` reads `name v3`,
  * anything else as it is. */
 export function modelLabel(model: string): string {
+  if (!model) return NO_MODEL
   const { name, pinned } = splitModel(model)
   return pinned == null ? model : versionLabel(name, pinned)
 }

@@ -29,8 +29,8 @@ MAX_BUFFER = 100_000
 BATCH_WINDOW_S = 0.1
 # Rows for requests the gateway refused itself (400, 404, 429, 503...), per tenant and process: a client hammering
 # past its limit must not turn each refusal into a database row. Past the budget they are only counted.
-REFUSAL_ROWS_PER_S = 20.0
-REFUSAL_ROWS_BURST = 200.0
+REFUSAL_ROWS_PER_S = 5.0
+REFUSAL_ROWS_BURST = 100.0
 
 
 class UsageSink:

@@ -57,6 +57,9 @@ describe('versionLabel / modelLabel', () => {
     expect(modelLabel('capitals@2')).toBe('capitals v2')
     expect(modelLabel('capitals')).toBe('capitals') // the version that answered is not known here
     expect(modelLabel('odd@name')).toBe('odd@name')
+    // a refused request whose model was never found: stored without a name, never read as the base model
+    expect(versionLabel('', null)).toBe('(no model)')
+    expect(modelLabel('')).toBe('(no model)')
   })
 })
 

@@ -45,7 +45,7 @@ def test_refusals_of_a_known_tenant_are_metered_with_their_status_and_no_tokens(
     assert statuses == [404, 400, 429, 503, 401]
     rows = list(app.sink._buffer)
     assert [(r["status_code"], r["model_name"], r["tenant_id"]) for r in rows] == [
-        (404, "nope", tenant.pk), (400, "tiny-llama", tenant.pk), (429, "tiny-llama", tenant.pk),
+        (404, "", tenant.pk), (400, "", tenant.pk), (429, "tiny-llama", tenant.pk),
         (503, "tiny-llama", tenant.pk)]
     assert all(r["prompt_tokens"] == r["completion_tokens"] == 0 and r["node_id"] is None for r in rows)
     assert [r["base_model_id"] for r in rows] == [None, None, base_model.pk, base_model.pk]
@@ -104,4 +104,9 @@ def test_a_refusal_for_a_long_model_name_does_not_poison_the_usage_stream(base_m
         client.delete(stream)
     assert list(UsageRecord.objects.filter(tenant=victim).values_list("completion_tokens", flat=True)) == [9]
     stored = UsageRecord.objects.get(tenant=attacker)
-    assert (stored.status_code, stored.model_name) == (404, long_name[:200])
+    assert (stored.status_code, stored.model_name) == (404, "")  # a name no model has is not stored
+    clipped = usage_row(tenant_id=attacker.pk, api_key_id=0, adapter_version_id=None, base_model_id=None, node_id=None,
+                        model_name=long_name, version_number=None, endpoint="completions", stream=False,
+                        status_code=404, usage=None, latency_ms=1.0, ttft_ms=None, created_at=time.time())
+    usage_records_write([clipped])  # any row's name is clipped to the column as it is written
+    assert UsageRecord.objects.get(request_id=clipped["request_id"]).model_name == long_name[:200]
