@@ -1,4 +1,4 @@
-import { Anchor, Group, Stack, Table, Text, Title } from '@mantine/core'
+import { Anchor, Badge, Group, Stack, Table, Text, Title } from '@mantine/core'
 import { useQuery, useQueryClient } from '@tanstack/react-query'
 import { Link } from 'react-router'
 import { api, unwrap, type Adapter } from '../api/client'
@@ -8,6 +8,8 @@ import { TierBadge, tierCounts } from '../components/tiers'
 import { TrafficSparkline } from '../components/TrafficTable'
 import { ruleText } from '../components/serving'
 import { UploadPanel } from '../components/UploadPanel'
+import type { Report } from '../components/ValidationReport'
+import { warningCount } from '../components/warnings'
 import type { TrafficRow } from '../api/client'
 
 export function useBaseModels() {
@@ -87,6 +89,7 @@ export function Adapters() {
                     <Group gap={6}>
                       <Text size="sm">v{a.latest_version.number}</Text>
                       <StatusBadge status={a.latest_version.status} />
+                      <WarningsBadge report={a.latest_version.validation_report as Report | null} />
                     </Group>
                   ) : (
                     <Text c="dimmed">none</Text>
@@ -113,4 +116,12 @@ export function Adapters() {
       )}
     </Stack>
   )
+}
+
+/** A ready version's warnings would hide behind its READY badge (a fresh-user round: an untrained adapter read as
+ * plain ready): their count beside it; the adapter's page shows the report. */
+function WarningsBadge({ report }: { report: Report | null }) {
+  const n = warningCount(report)
+  if (n === 0) return null
+  return <Badge color="yellow" variant="light" title="See the validation report on the adapter's page">{n === 1 ? '1 warning' : `${n} warnings`}</Badge>
 }

@@ -1,6 +1,7 @@
 import { screen, within } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
 import { ValidationReport, type Report } from '../ValidationReport'
+import { warningCount } from '../warnings'
 import { renderWithMantine } from './render'
 
 const report: Report = {
@@ -36,5 +37,14 @@ describe('ValidationReport', () => {
     expect(screen.queryByRole('table')).toBeNull()
     rerender(<ValidationReport report={null} />)
     expect(screen.getByText('Validation has not finished yet.')).toBeInTheDocument()
+  })
+})
+
+describe('warningCount', () => {
+  it('counts the warnings a listed version carries, errors and infos aside', () => {
+    expect(warningCount(report)).toBe(1)
+    const info = { code: 'x', severity: 'info', field: null, message: 'm', hint: 'h' }
+    expect(warningCount({ ok: true, problems: [report.problems[0], report.problems[0], info] })).toBe(2)
+    expect(warningCount(null)).toBe(0) // validation not finished
   })
 })
