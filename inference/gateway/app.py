@@ -250,11 +250,16 @@ class GatewayApp:
         serving rule; a weighted split is chosen by :meth:`RuleView.pick`, sticky per OpenAI ``user``).
 
         Raises:
-            GatewayError: 404 ``model_not_found`` (unknown, another tenant's, a version not ready, or a model this
-                key is not scoped to: the same answer, so a scoped key learns nothing), 409 ``adapter_not_ready``.
+            GatewayError: 404 ``model_not_found`` (unknown, another tenant's, not in this key's scope: one answer;
+                ``name@N`` of an own adapter without that ready version says so), 409 ``adapter_not_ready``.
         """
         rule = await self.directory.targets.get(key.tenant_id, model) if key.may_call(model) else "not_found"
         if not isinstance(rule, RuleView):
+            if rule == "version_not_found":  # the tenant's own adapter: naming the wrong part leaks nothing
+                name, _, n = (clip(part) for part in model.partition("@"))
+                raise GatewayError(404, f"Adapter `{name}` has no ready version {n}; GET /api/v1/adapters/{name}/"
+                                   f"versions lists them, and `{name}` calls the one it serves.",
+                                   code="model_not_found", param="model")
             if rule == "not_ready":
                 raise GatewayError(409, f"Adapter `{model}` has no ready version: wait if one is being validated, "
                                    "or upload a new one if it was rejected (its report says why).",

@@ -138,7 +138,8 @@ def _version_target(requested: str, adapter: Any, version: Any) -> TargetView:
 def load_rule(tenant_id: int, model: str) -> RuleView | str:
     """What ``model`` reaches for the tenant: a base model; ``name@N``, version N of the tenant's adapter while it is
     ready; or ``name``, the adapter's serving rule over its ready versions (its first ready version while the rule
-    names none). Else ``"not_found"`` (unknown, another tenant's, or ``name@N`` not ready/deleted/rejected) or
+    names none). Else ``"not_found"`` (unknown or another tenant's), ``"version_not_found"`` (the tenant's adapter
+    exists but ``name@N`` is no ready version of it: never uploaded, deleted, rejected or validating) or
     ``"not_ready"`` (the adapter has no ready version yet)."""
     from adapters_app.models import Adapter, AdapterVersion, BaseModel
     from adapters_app.serving import rule_pairs
@@ -154,11 +155,12 @@ def load_rule(tenant_id: int, model: str) -> RuleView | str:
     ready = AdapterVersion.objects.filter(adapter=adapter, status=AdapterVersion.Status.READY)
     if at:
         if not number.isascii() or not number.isdigit() or len(number) > 9:
-            return "not_found"
+            return "version_not_found"
         pinned = ready.filter(number=int(number)).first()
         # Named as `name@N` however the number was written (`name@01`): usage groups by this name.
         canonical = f"{name}@{int(number)}"
-        return RuleView(targets=(_version_target(canonical, adapter, pinned),)) if pinned is not None else "not_found"
+        return (RuleView(targets=(_version_target(canonical, adapter, pinned),)) if pinned is not None
+                else "version_not_found")
     rule = [(n, w) for n, w in rule_pairs(adapter.serving_rule) if w > 0]
     versions = {v.number: v for v in ready.filter(number__in=[n for n, _ in rule])}
     rule = [(n, w) for n, w in rule if n in versions]
@@ -292,7 +294,7 @@ def _is_none(value: object) -> bool:
 
 
 def _is_not_found(value: object) -> bool:
-    return value == "not_found"
+    return value in ("not_found", "version_not_found")
 
 
 class Directory:

@@ -215,6 +215,17 @@ def test_name_at_n_and_scoped_keys_on_the_resolve_path(base_model) -> None:  # t
     assert resolve(everything, "alpha@2") == 2 and resolve(everything, "alpha@1") == 1
     for missing in ("alpha@3", "alpha@9", "alpha@x", "alpha@"):
         assert resolve(everything, missing) == "404 model_not_found"
+
+    def message(plaintext: str, model: str) -> str:
+        with pytest.raises(GatewayError) as caught:
+            async_to_sync(app.resolve)(_key(plaintext), model)
+        return caught.value.message
+
+    # Its own adapter's missing version says which part is wrong (fresh-user round); anything else, one answer.
+    assert message(everything, "alpha@9").startswith("Adapter `alpha` has no ready version 9;")
+    assert message(everything, "alpha@3").startswith("Adapter `alpha` has no ready version 3;")  # rejected
+    assert message(everything, "gamma@1").startswith("The model `gamma@1` does not exist.")  # no such adapter
+    assert message(only_alpha, "beta@9").startswith("The model `beta@9` does not exist.")  # outside the key's scope
     # However the number is written, the target (and so usage) names the version one way (attack round: alpha@01
     # and alpha@0001 were separate usage rows).
     for spelled in ("alpha@02", "alpha@0002"):
