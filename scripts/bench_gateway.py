@@ -45,6 +45,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -242,14 +243,15 @@ def _vllm_bench(base_url: str, key: str, model: str, tokenizer: Path, loras: lis
 
 
 def _sums(url: str, key: str, families: tuple[str, ...]) -> dict[str, float]:
-    """``{family: (sum, count)}`` of Prometheus histograms at ``url`` (every label set added up), read as text."""
+    """The ``_sum`` and ``_count`` samples of the histograms ``families`` at ``url`` (a Prometheus ``/metrics``; every
+    label set added up): ``{"<family>_sum": seconds, "<family>_count": observations}``."""
     text = httpx.get(url, headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30).text
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        base = name.split("{", 1)[0]
-        if base.endswith(("_sum", "_count")) and base.rsplit("_", 1)[0] in families:
-            out[base] = out.get(base, 0.0) + float(value.split()[0])
+    for family in text_string_to_metric_families(text):
+        if family.name in families:
+            for sample in family.samples:
+                if sample.name.endswith(("_sum", "_count")):
+                    out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
 
 

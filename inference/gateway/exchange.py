@@ -322,9 +322,10 @@ def meter_refusal(sink: UsageSink, exc: GatewayError, *, endpoint: str, started:
         return
     key, model, target = exc.metered
     now = time.monotonic()
+    found = isinstance(model, str) and target is not None
     sink.emit_refusal(usage_row(
         tenant_id=key.tenant_id, api_key_id=key.pk, adapter_version_id=target.version_id if target else None,
-        base_model_id=target.base_model_id if target else None, node_id=None,
-        model_name=model if isinstance(model, str) and target is not None else "", version_number=target.version_number if target else None,
+        base_model_id=target.base_model_id if target else None, node_id=None, model_name=model if found else "",
+        version_number=target.version_number if target else None,
         endpoint=endpoint, stream=False, status_code=exc.status, usage=None, latency_ms=(now - started) * 1000,
         ttft_ms=None, created_at=arrived), now)

@@ -85,8 +85,8 @@ def usage_records_write(rows: Sequence[Mapping[str, Any]]) -> int:
             if data[fk] not in live[fk]:
                 data[fk] = None
         data["created_at"] = datetime.fromtimestamp(float(r["created_at"]), tz=UTC)
-        # The gateway accepts a longer `model` than the column holds (a refusal's row names it as sent): one such
-        # row made PostgreSQL refuse the whole batch, so every tenant's rows stayed in the stream for ever.
+        # The gateway accepts a longer `model` than the column holds: one such row (a refusal's, when it named the
+        # model as sent) made PostgreSQL refuse the whole batch, so every tenant's rows stayed in the stream for ever.
         data["model_name"] = str(data["model_name"] or "")[:MODEL_NAME_MAX]
         objs.append(UsageRecord(**data))
     try:
