@@ -46,6 +46,7 @@ from inference.node import residency_metrics
 from inference.node.cache import AdapterCache, FileSpec
 from inference.node.config import ConfigError, NodeSettings
 from inference.node.engine_client import EngineHTTPClient
+from inference.node.engine_scrape import EngineScraper
 from inference.node.heartbeat import heartbeat_loop
 from inference.node.load_publisher import LoadPublisher
 from inference.node.service import AgentError, NodeAgent
@@ -205,12 +206,13 @@ def create_app(settings: NodeSettings) -> FastAPI:
         async with (
             httpx.AsyncClient(base_url=settings.engine_url, timeout=ENGINE_TIMEOUT) as engine_http,
             httpx.AsyncClient(timeout=HEARTBEAT_TIMEOUT) as control_http,
+            EngineScraper(settings.engine_url, settings.node_key) as scraper,
         ):
             agent = NodeAgent(settings, cache, EngineHTTPClient(engine_http, settings.node_key))
             app.state.agent = agent
             redis = aioredis.Redis.from_url(settings.load_redis_url, socket_timeout=1) if settings.load_redis_url \
                 else None
-            publisher = LoadPublisher(agent.engine.metrics_text, redis, settings.node_name,
+            publisher = LoadPublisher(scraper.metrics_text, redis, settings.node_name,
                                       interval_s=settings.load_publish_s,
                                       scheduling_policy=settings.scheduling_policy)
             app.state.load_publisher = publisher
