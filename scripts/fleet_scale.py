@@ -5,11 +5,14 @@ Usage:
                           [--gateways 2] [--usage-rows 0] [--usage-days 365] [--json]
 
 Real: PostgreSQL, Redis and SeaweedFS (``devtools.services``; a fresh database, Redis db and bucket of the run's
-own), the web process (``config.asgi``), the internal listener (heartbeats), ``--gateways`` gateway processes
+own), the web process (``config.asgi``), ``--listeners`` internal listeners (heartbeats; 2, as the Kubernetes base
+runs), ``--gateways`` gateway processes
 (``config.asgi`` under uvicorn), a Celery worker and beat, and one real node agent per node (staging the adapters'
 files from S3 and checking their sha256), registered with ``manage.py quiver_node_register``. Emulated: each node's
 vLLM engine (``devtools.hollow``: vLLM's routes, its two LoRA LRUs and a step-cost clock, ``--calibration``
-``h100-8b`` by default). Agents and engines share ``host`` processes of ``--nodes-per-host`` nodes each. Tenants
+``h100-8b`` by default). Agents and engines share ``host`` processes of ``--nodes-per-host`` nodes each, run at
+``--host-nice`` (10): on a fleet each node is its own machine, so on this one their CPU yields to the control plane's
+(``--host-nice 0`` to make them compete). Tenants
 (``manage.py quiver_tenant_create``) upload small real PEFT adapters (``devtools.hollow.adapters``) through the
 public API, validated by the worker. Then the trace of ``devtools.simulate.workload`` (Poisson at ``--rate``, Zipf
 popularity; ``--cv``, ``--on-off`` and ``--drift`` for bursty tenants and popularity drift) is replayed open-loop
@@ -73,6 +76,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of traffic")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--gateways", type=int, default=2)
+    p.add_argument("--listeners", type=int, default=2,
+                   help="internal heartbeat listener processes (platform/k8s/base/web-internal.yaml runs 2 replicas)")
+    p.add_argument("--host-nice", type=int, default=10,
+                   help="nice of the emulated nodes' host processes (0: compete with the control plane for CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--zipf", type=float, default=1.0)
     p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of the gaps (1 = Poisson)")
@@ -122,10 +129,12 @@ def wait_until(what: str, done: Any, timeout: float, every: float = 1.0) -> None
         time.sleep(every)
 
 
-def start_control_plane(procs: Processes, env: dict[str, str], gateways: int) -> dict[str, str]:
-    """Web, internal listener, gateways, worker and beat; returns name → URL of the HTTP ones."""
+def start_control_plane(procs: Processes, env: dict[str, str], gateways: int, listeners: int) -> dict[str, str]:
+    """Web, internal listeners (``web-internal-<i>``), gateways, worker and beat; returns name → URL of the HTTP
+    ones."""
     urls = {}
-    apps = {"web": "config.asgi:application", "web-internal": "devtools.hollow.probes:internal_application",
+    apps = {"web": "config.asgi:application",
+            **{f"web-internal-{i}": "devtools.hollow.probes:internal_application" for i in range(1, listeners + 1)},
             **{f"gateway-{i}": "devtools.hollow.probes:gateway_application" for i in range(1, gateways + 1)}}
     for name, app in apps.items():
         port = free_port()
@@ -140,9 +149,13 @@ def start_control_plane(procs: Processes, env: dict[str, str], gateways: int) ->
     return urls
 
 
-def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace, served: str, internal: str,
+def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace, served: str, internal: list[str],
                 workdir: Path) -> dict[str, dict[str, Any]]:
-    """Register ``--nodes`` nodes and start their hosts; returns name → node spec."""
+    """Register ``--nodes`` nodes and start their hosts; returns name → node spec.
+
+    Node ``i`` heartbeats to ``internal[i % len(internal)]`` (a Service spreads the agents' connections over the
+    listener replicas the same way). The hosts run under ``nice --host-nice``: they stand in for the nodes' own
+    machines, whose CPU does not queue the control plane's on a real fleet."""
     nodes: dict[str, dict[str, Any]] = {}
     taken: set[int] = set()  # bound only when the hosts start: kept out of the ephemeral range meanwhile
     for i in range(1, args.nodes + 1):
@@ -157,16 +170,18 @@ def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace,
                        "max_cpu_loras": args.cpu_slots, "max_lora_rank": 32}
     node_env = {k: v for k, v in env.items() if k in (
         "AWS_S3_ENDPOINT_URL", "REDIS_URL")}  # no S3 credential: loads carry presigned GETs
-    node_env.update({"QUIVER_CONTROL_URL": internal, "QUIVER_HEARTBEAT_SECONDS": str(args.heartbeat_s),
+    node_env.update({"QUIVER_HEARTBEAT_SECONDS": str(args.heartbeat_s),
                      "QUIVER_LOAD_PUBLISH_MS": str(args.load_publish_ms)})
     names = sorted(nodes)
     for h in range(0, len(names), args.nodes_per_host):
         spec = {"calibration": args.calibration, "base_model": served, "charge_all_linear": True,
                 "stats_path": str(workdir / "probes" / f"host-{h // args.nodes_per_host}.json"),
-                "env": node_env, "nodes": [nodes[n] for n in names[h:h + args.nodes_per_host]]}
+                "env": node_env, "nodes": [{**nodes[n], "control_url": internal[names.index(n) % len(internal)]}
+                                           for n in names[h:h + args.nodes_per_host]]}
         spec_path = workdir / f"host-{h // args.nodes_per_host}.spec.json"
         spec_path.write_text(json.dumps(spec))
-        procs.start(f"host-{h // args.nodes_per_host}", [PY, "-m", "devtools.hollow.host", str(spec_path)],
+        procs.start(f"host-{h // args.nodes_per_host}",
+                    ["nice", "-n", str(args.host_nice), PY, "-m", "devtools.hollow.host", str(spec_path)],
                     {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")})
     return nodes
 
@@ -298,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         django.setup()
         keys = [call("quiver_tenant_create", tenant_slug(t)).splitlines()[-1] for t in range(args.tenants)]
         call("quiver_user_create", "operator", "--staff", QUIVER_USER_PASSWORD=password)
-        urls = start_control_plane(procs, env, args.gateways)
-        start_nodes(procs, env, args, assets.served_name, urls["web-internal"], workdir)
+        urls = start_control_plane(procs, env, args.gateways, args.listeners)
+        start_nodes(procs, env, args, assets.served_name,
+                    [urls[f"web-internal-{i}"] for i in range(1, args.listeners + 1)], workdir)
         for name, url in urls.items():
             procs.wait_http(name, url + "/healthz", 300)
         from inference.fleet.models import Node, Placement

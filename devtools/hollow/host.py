@@ -5,7 +5,8 @@ Usage: ``python -m devtools.hollow.host <spec.json>``, where the spec is::
     {"calibration": "h100-8b", "base_model": "...", "tick_ms": 20, "stats_path": "...json",
      "env": {...the agents' shared environment: AWS_*, QUIVER_CONTROL_URL, REDIS_URL, QUIVER_HEARTBEAT_SECONDS...},
      "nodes": [{"name", "engine_port", "agent_port", "node_key", "node_token", "cache_dir",
-                "max_loras", "max_cpu_loras"}, ...]}
+                "max_loras", "max_cpu_loras", "control_url" (optional: this node's listener, over the shared
+                QUIVER_CONTROL_URL)}, ...]}
 
 The agents are ``inference.node.agent.create_app`` with ``NodeSettings.from_env`` of the shared environment plus the
 node's own variables, exactly as ``uvicorn inference.node.agent:app`` builds one; they share one boto3 client (it is
@@ -58,7 +59,8 @@ def node_env(shared: dict[str, str], node: dict[str, Any], base_model: str) -> d
             "QUIVER_BASE_MODEL": base_model, "QUIVER_NODE_CACHE_DIR": node["cache_dir"],
             "QUIVER_AGENT_URL": f"http://127.0.0.1:{node['agent_port']}",
             "QUIVER_MAX_LORAS": str(node["max_loras"]), "QUIVER_MAX_CPU_LORAS": str(node["max_cpu_loras"]),
-            "QUIVER_MAX_LORA_RANK": str(node.get("max_lora_rank", 16))}
+            "QUIVER_MAX_LORA_RANK": str(node.get("max_lora_rank", 16)),
+            **({"QUIVER_CONTROL_URL": node["control_url"]} if node.get("control_url") else {})}
 
 
 def _server(app: Any, port: int) -> uvicorn.Server:
