@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         internal_skip = {k: figures.counts(internal_files, k) for k in ("heartbeat_ms", "heartbeat_cpu_ms")}
         worker_files = figures.read_probes(probe_dir, "worker")
         worker_skip = {k: figures.counts(worker_files, k)
-                       for k in ("fleet_reconcile_task_ms", "fleet_reconcile_task_cpu_ms")}
+                       for k in ("fleet_reconcile_task_ms", "fleet_reconcile_task_cpu_ms", "placement_evict_task_ms")}
         cpu_before = [(f["totals"].get("fleet_cpu_ms", 0.0), f["totals"]["at"]) for f in gateway_files]
         hosts_before = figures.engine_totals(figures.read_probes(probe_dir, "host"))
         db_before = db_bytes()
@@ -402,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         "propagation_samples": len(figures.samples(gateway_files, "propagation_ms", skip["propagation_ms"])),
         "reconcile_ms_p99": figures.pct(reconciles, 99), "reconcile_cpu_ms_p99": figures.pct(reconcile_cpu, 99),
         "reconciles": len(reconciles),
+        # the operator evict's own run (node call and writes): the part of propagation_ms spent in the worker
+        "evict_task_ms_p99": figures.pct(figures.samples(worker_files, "placement_evict_task_ms",
+                                                         worker_skip["placement_evict_task_ms"]), 99),
         "api_ms_p99": figures.pct(pages_all, 99),
         **{f"api_ms_p99_{k}": figures.pct(v, 99) for k, v in sorted(pages.samples.items())},
         "usage_rows": usage_rows,
