@@ -20,7 +20,7 @@ from django.conf import settings
 from starlette.responses import Response
 
 from inference.fleet.warming import placement_mark_not_served
-from inference.gateway import metrics
+from inference.gateway import hygiene, metrics
 from inference.gateway.admission import AdmissionGate
 from inference.gateway.answers import (
     ENGINE_AUTH_STATUSES,
@@ -69,6 +69,59 @@ class Gateway(Protocol):
     def node_for(self, target: TargetView) -> Awaitable[NodeView]:
         """The node for ``target`` (routing, or a warm and a wait); raises ``GatewayError``."""
         ...
+
+
+# A usage count past int4 made PostgreSQL refuse the usage row, which the drain drops: the request went unbilled.
+MAX_USAGE_COUNT = 2**31 - 1
+# Room for the special tokens and a chat template's own text, beside the body's bytes (a prompt's tokens are never
+# more than its UTF-8 bytes in a byte-level BPE tokenizer, plus specials: limits.prompt_token_bound).
+PROMPT_TEMPLATE_ROOM = 64
+
+
+def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, body_bytes: int) -> dict[str, Any] | None:
+    """The engine's ``usage`` with each count at most what the request can have cost, so an engine that lies (a
+    host holding a node key, answering as its node) cannot bill a tenant, or fill its TPM window, past its request.
+
+    Completion tokens are at most the budget the engine honours (``max_completion_tokens``/``max_tokens`` × ``n`` ×
+    the prompts, ``hygiene.requested_tokens``) when the request sets one; prompt tokens at most the upstream body's
+    bytes plus :data:`PROMPT_TEMPLATE_ROOM` (never below the real count for text and token ids: a token covers at
+    least one byte, a token id at least two of the JSON), unless a chat carries a part other than text (an image's
+    tokens are not bounded by its URL's bytes); both at most :data:`MAX_USAGE_COUNT`. A node's engine billed a
+    ``max_tokens`` 3 request 900,000,000 tokens each way (attack round).
+
+    Args:
+        usage: ``{"prompt_tokens", "completion_tokens", ...}`` as the engine reported it, or None.
+        upstream: the body sent to the engine.
+        body_bytes: its length as sent, in bytes.
+    """
+    if not usage:
+        return usage
+    reported = _usage_count(usage.get("prompt_tokens")), _usage_count(usage.get("completion_tokens"))
+    prompt, completion = reported
+    budget = hygiene.requested_tokens(upstream)
+    if budget is not None:
+        completion = min(completion, budget)
+    if not _has_non_text_part(upstream):
+        prompt = min(prompt, body_bytes + PROMPT_TEMPLATE_ROOM)
+    prompt, completion = min(prompt, MAX_USAGE_COUNT), min(completion, MAX_USAGE_COUNT)
+    if (prompt, completion) == reported:
+        return usage
+    logger.warning("gateway.engine_usage_bounded", extra={
+        "reported_prompt": str(usage.get("prompt_tokens"))[:40], "reported_completion":
+        str(usage.get("completion_tokens"))[:40], "prompt_tokens": prompt, "completion_tokens": completion})
+    return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _usage_count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _has_non_text_part(upstream: dict[str, Any]) -> bool:
+    for message in upstream.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -135,6 +188,7 @@ class Exchange:
         app, call = self.app, self.call
         key, target = call.key, call.target
         app.admission.release(self.slot)
+        usage = usage_bounded(usage, self.upstream, body_bytes=len(self.content))
         prompt_tokens = int((usage or {}).get("prompt_tokens") or 0)
         completion_tokens = int((usage or {}).get("completion_tokens") or 0)
         if call.admission is not None:

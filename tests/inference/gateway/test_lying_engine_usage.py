@@ -1,0 +1,122 @@
+"""An engine that lies about usage (a host holding a node key, answering as its node) cannot bill a tenant past its
+request: completion tokens at most the budget asked for, prompt tokens at most the body's bytes and a template's
+room, every count within the usage table's int4. An attack round's stub engine, registered as a node, billed a
+``max_tokens`` 3 request 900,000,000 tokens each way, and a count past 2**31 - 1 made the row's write fail: the
+request unbilled."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import async_to_sync
+
+from inference.gateway import exchange as gateway_exchange
+from inference.gateway.app import GatewayApp
+from inference.gateway.snapshot import NodeView
+from inference.gateway.usage_sink import UsageSink
+from inference.metering.models import UsageRecord
+from inference.metering.usage import usage_records_write
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+from tests.fixtures.engine_answer import EngineAnswer
+
+NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
+HUGE = 900_000_000
+
+
+class _LyingStream:
+    """An SSE answer whose running and final usage claim ``claim`` tokens each way."""
+
+    status_code = 200
+    is_event_stream = True
+
+    def __init__(self, claim: int) -> None:
+        self.claim = claim
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        for i in range(2):
+            yield "data: " + json.dumps({"choices": [{"index": i, "text": "x"}], "model": "m",
+                                         "usage": {"prompt_tokens": self.claim, "completion_tokens": self.claim}})
+            yield ""
+        yield "data: " + json.dumps({"choices": [], "model": "m", "usage": {
+            "prompt_tokens": self.claim, "completion_tokens": self.claim, "total_tokens": 2 * self.claim}})
+        yield ""
+        yield "data: [DONE]"
+
+    async def aread(self) -> bytes:
+        return b""
+
+    def buffered_lines(self) -> list[str]:
+        return []
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """The usage row the gateway emits for ``body`` (to /v1/completions, or chat when it has ``messages``) when the
+    engine answers ``answer()``."""
+    tenant = TenantFactory()
+    _, key = api_key_create(tenant, name="app")
+    rows: list[dict[str, Any]] = []
+
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> Any:
+        return answer()
+
+    async def node_for(self: GatewayApp, target: Any) -> NodeView:
+        return NODE
+
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
+    monkeypatch.setattr(GatewayApp, "node_for", node_for)
+    monkeypatch.setattr(UsageSink, "emit", lambda self, row: rows.append(row))
+    endpoint = "chat/completions" if "messages" in body else "completions"
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=GatewayApp(background=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.post(f"/v1/{endpoint}", headers={"Authorization": f"Bearer {key}"},
+                                   json={"model": "tiny-llama", **body})
+
+    response = async_to_sync(go)()
+    assert response.status_code == 200, response.text
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def _json_answer(claim: int) -> EngineAnswer:
+    return EngineAnswer(200, {"id": "x", "object": "text_completion", "model": "m", "choices": [
+        {"index": 0, "text": "PWNED", "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": claim, "completion_tokens": claim, "total_tokens": 2 * claim}})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("shape", ["json", "stream"])
+def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, shape: str) -> None:
+    answer = (lambda: _json_answer(HUGE)) if shape == "json" else (lambda: _LyingStream(HUGE))
+    row = _billed(monkeypatch, answer, {"prompt": "France:", "max_tokens": 3, "n": 2, "stream": shape == "stream"})
+    assert row["completion_tokens"] == 6  # max_tokens × n
+    assert 0 < row["prompt_tokens"] <= 500  # the body's bytes and a template's room, not 900,000,000
+
+
+@pytest.mark.django_db
+def test_a_chat_without_max_tokens_is_billed_within_the_usage_column(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
+    row = _billed(monkeypatch, lambda: _LyingStream(10**15),
+                  {"messages": [{"role": "user", "content": "hi"}], "stream": True})
+    assert row["completion_tokens"] == 2**31 - 1  # no budget asked for: the column's bound
+    assert row["prompt_tokens"] <= 500
+    usage_records_write([row])  # a count past int4 made the database refuse the row, and the drain drop it
+    record = UsageRecord.objects.get(request_id=row["request_id"])
+    assert record.completion_tokens == 2**31 - 1
+
+
+@pytest.mark.django_db
+def test_an_honest_engine_is_billed_what_it_reports(monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
+    row = _billed(monkeypatch, lambda: _LyingStream(3), {"prompt": "France:", "max_tokens": 3, "n": 2,
+                                                          "stream": True})
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (3, 3)
