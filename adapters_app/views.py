@@ -31,6 +31,7 @@ from common.exceptions import QuiverError
 from common.parsers import JSONParser
 from tenants.models import Membership
 from tenants.permissions import DEFAULT_ROLE_MAP
+from tenants.scopes import KEYS_MANAGE
 from tenants.viewsets import TenantScopedViewSet
 
 
@@ -126,9 +127,27 @@ class AdapterViewSet(
         if request.method == "PATCH":
             data = ServingSettingsInputSerializer(data=request.data)
             data.is_valid(raise_exception=True)
+            self._owner_for_looser_limits(adapter, data.validated_data)
             adapter = serving.serving_settings_set(self.tenant, adapter=adapter, changes=dict(data.validated_data),
                                                    actor=self._actor())
         return Response(self._serving_body(adapter))
+
+    def _owner_for_looser_limits(self, adapter: Adapter, changes: dict[str, Any]) -> None:
+        """Raise 403 ``limit_owner_only`` when ``changes`` clear or raise a limit set on ``adapter`` and the caller is
+        not an owner (a session's role, or a key with ``keys:manage``), as for keys' limits (``tenants.views``): a
+        member lifted the rpm and tpm limits an owner had set on an adapter (attack round). Tightening stays open."""
+        access = self.principal
+        owner = access.has_role(Membership.Role.OWNER) if access.user is not None else (
+            access.api_key is not None and KEYS_MANAGE in access.api_key.scopes)
+        if owner:
+            return
+        for name in ("rpm_limit", "tpm_limit"):
+            if name not in changes:
+                continue
+            old, new = getattr(adapter, name), changes[name]
+            if old is not None and (new is None or new > old):
+                raise QuiverError(f"Only an owner can raise or clear '{name}' on an adapter; you may only tighten it.",
+                                  code="limit_owner_only", status_code=403)
 
     @extend_schema(request=PromoteInputSerializer, responses=ServingOutputSerializer)
     @action(detail=True, methods=["post"])

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import async_to_sync
 from django.utils.dateparse import parse_datetime
+from rest_framework.test import APIClient
 
 from adapters_app.models import Adapter, AdapterVersion, ServingChange
 from adapters_app.services import adapter_create
@@ -20,7 +21,7 @@ from inference.gateway.directory import load_key
 from inference.gateway.errors import GatewayError
 from inference.gateway.snapshot import KeyView
 from tenants.models import Tenant
-from tenants.services import api_key_create
+from tenants.services import api_key_create, membership_create
 
 pytestmark = pytest.mark.django_db
 
@@ -287,3 +288,35 @@ def test_an_adapter_without_a_rule_keeps_serving_its_first_ready_version(make_cl
     assert _rule(bot) == [[1, 100]]
     body = client.post("/api/v1/adapters/bot/canary", {"version": 3, "percent": 5}, format="json").json()
     assert body["rule"] == [{"version": 1, "weight": 95}, {"version": 3, "weight": 5}]
+
+
+def test_only_an_owner_raises_or_clears_an_adapters_limits(make_session_client, django_user_model, base_model) -> None:  # type: ignore[no-untyped-def]
+    """A member lifted the rpm and tpm limits an owner had set on an adapter (attack round); as for keys' limits, a
+    member (or a key without ``keys:manage``) may tighten them only."""
+    owner, tenant, _ = make_session_client()
+    bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    _ready(tenant, bot, 1)
+    assert owner.patch("/api/v1/adapters/bot/serving", {"rpm_limit": 5, "tpm_limit": 1000},
+                       format="json").status_code == 200
+    user = django_user_model.objects.create_user(username=f"member-{tenant.slug}", password="pw-not-used")
+    membership_create(tenant, user=user, role="member")
+    member = APIClient()
+    member.force_login(user)
+    _, writer_key = api_key_create(tenant, name="writer", scopes=["adapters:read", "adapters:write"])
+    writer = APIClient()
+    writer.credentials(HTTP_AUTHORIZATION=f"Bearer {writer_key}")
+    for caller in (member, writer):
+        for looser in ({"rpm_limit": None}, {"tpm_limit": 10**6}, {"auto_promote": True, "rpm_limit": 6}):
+            answer = caller.patch("/api/v1/adapters/bot/serving", looser, format="json")
+            assert answer.status_code == 403 and answer.json()["code"] == "limit_owner_only", answer.content
+    bot.refresh_from_db()
+    assert (bot.rpm_limit, bot.tpm_limit, bot.auto_promote) == (5, 1000, False)
+    assert member.patch("/api/v1/adapters/bot/serving", {"rpm_limit": 4, "auto_promote": True},
+                        format="json").status_code == 200  # tightening, and other settings, stay open
+    _, manager_key = api_key_create(tenant, name="manager")  # every scope, keys:manage included: an owner's reach
+    manager = APIClient()
+    manager.credentials(HTTP_AUTHORIZATION=f"Bearer {manager_key}")
+    assert manager.patch("/api/v1/adapters/bot/serving", {"rpm_limit": None}, format="json").status_code == 200
+    assert owner.patch("/api/v1/adapters/bot/serving", {"tpm_limit": None}, format="json").status_code == 200
+    bot.refresh_from_db()
+    assert (bot.rpm_limit, bot.tpm_limit) == (None, None)
