@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from adapters_app.models import AdapterVersion
@@ -354,3 +357,33 @@ def test_a_pass_reads_each_nodes_stored_heartbeat_a_bounded_number_of_times(
     with django_capture_on_commit_callbacks():
         fleet_reconcile()
     assert sum(decoded) < 10 * len(json.dumps(state)), (len(decoded), sum(decoded))
+
+
+def test_a_pass_warms_no_version_an_effect_probe_refused_and_reads_only_that_key_of_its_report(
+        setup: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
+    """The pass reads the validation report's ``effect_probe`` alone (PostgreSQL extracts it): a version refused as
+    ``no_effect`` is left errored with no warm, one whose no-effect probe was overruled (``served``) is warmed, and
+    the rest of a large report never reaches the pass."""
+    version = setup["version"]
+    tenant, adapter = version.tenant, version.adapter
+    big = {"tensors": [{"name": f"t{i}", "shape": [8, 16]} for i in range(2000)]}
+    AdapterVersion.objects.filter(pk=version.pk).update(
+        validation_report={**big, "effect_probe": {"verdict": "no_effect", "served": False}})
+    other = adapter_create(tenant, name="bot2", base_model_name="tiny-llama")
+    served = AdapterVersion.objects.create(tenant=tenant, adapter=other, number=1, sha256="b" * 64, size_bytes=10,
+                                           s3_prefix="y/", files=[], status="ready", r=8,
+                                           validation_report={**big, "effect_probe": {"verdict": "no_effect",
+                                                                                      "served": True}})
+    for v in (version, served):
+        VersionIntent.objects.create(adapter_version=v, min_replicas=2)
+    assert adapter.pk != other.pk
+    with django_capture_on_commit_callbacks() as callbacks, CaptureQueriesContext(connection) as queries:
+        assert fleet_reconcile(now=T0) == 2
+    assert len(callbacks) == 2
+    whole = [q["sql"] for q in queries.captured_queries if re.search(r'"validation_report"(?!\s*->)', q["sql"])]
+    assert whole == []
+    warming = Placement.objects.filter(warming_since__isnull=False)
+    assert set(warming.values_list("adapter_version_id", flat=True)) == {served.pk}
+    refused = Placement.objects.filter(adapter_version=version)
+    assert set(refused.values_list("tier", flat=True)) == {"errored"}
+    assert all(p.last_error.startswith("no_effect") for p in refused)
