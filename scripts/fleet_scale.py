@@ -7,7 +7,7 @@ Usage:
 Real: PostgreSQL, Redis and SeaweedFS (``devtools.services``; a fresh database, Redis db and bucket of the run's
 own), the web process (``config.asgi``), ``--listeners`` internal listeners (heartbeats; 2, as the Kubernetes base
 runs), ``--gateways`` gateway processes
-(``config.asgi`` under uvicorn), a Celery worker and beat, and one real node agent per node (staging the adapters'
+(``config.asgi`` under uvicorn), Celery workers (placement, validation) and beat, and one real node agent per node (staging the adapters'
 files from S3 and checking their sha256), registered with ``manage.py quiver_node_register``. Emulated: each node's
 vLLM engine (``devtools.hollow``: vLLM's routes, its two LoRA LRUs and a step-cost clock, ``--calibration``
 ``h100-8b`` by default). Agents and engines share ``host`` processes of ``--nodes-per-host`` nodes each, run at
@@ -141,9 +141,11 @@ def start_control_plane(procs: Processes, env: dict[str, str], gateways: int, li
         urls[name] = f"http://127.0.0.1:{port}"
         procs.start(name, [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level",
                            "warning", "--no-access-log"], env)
-    procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=8",
-                           "-Q", "celery,validation,placement", "-n", "fleet-scale@%h", "--loglevel=WARNING",
-                           "--include", "devtools.hollow.probe_tasks"], env)
+    # As docker-compose.yml and platform/k8s run them: placement (and beat's default queue) apart from validation,
+    # each Celery's default prefork pool (2 children on this box), so a reconcile pass shares no GIL with an evict.
+    for name, queues in (("worker", "celery,placement"), ("worker-validation", "validation")):
+        procs.start(name, [PY, "-m", "celery", "-A", "config", "worker", "--concurrency=2", "-Q", queues,
+                           "-n", f"{name}@%h", "--loglevel=WARNING", "--include", "devtools.hollow.probe_tasks"], env)
     procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING", "-s",
                          str(Path(env["QUIVER_HOLLOW_PROBE_DIR"]).parent / "beat-schedule")], env)
     return urls

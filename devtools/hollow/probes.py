@@ -28,10 +28,16 @@ class Recorder:
     """Samples kept in memory and dumped to ``<PROBE_DIR>/<kind>-<pid>.json`` now and then."""
 
     def __init__(self, kind: str) -> None:
-        self.path = PROBE_DIR / f"{kind}-{os.getpid()}.json"
+        self.kind = kind
         self.samples: dict[str, list[float]] = {}
         self.totals: dict[str, float] = {"started": time.time()}
         self._dumped = 0.0
+
+    @property
+    def path(self) -> Path:
+        """This process's file: read at each dump, so a prefork worker's children (made after the import) each
+        write their own rather than the parent's."""
+        return PROBE_DIR / f"{self.kind}-{os.getpid()}.json"
 
     def add(self, key: str, value: float) -> None:
         """Record one sample of ``key``."""
@@ -45,10 +51,11 @@ class Recorder:
             return
         self._dumped = now
         PROBE_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        path = self.path
+        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"totals": {**self.totals, "at": time.time()},
                                    "samples": {k: v[-50_000:] for k, v in self.samples.items()}}))
-        tmp.replace(self.path)
+        tmp.replace(path)
 
 
 def _marker() -> dict[str, Any] | None:
