@@ -6,7 +6,7 @@ import { useMutation, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type AdapterVersion, type Schemas } from '../api/client'
 import { formatDateTime, formatTime } from '../format'
-import { canaryBlocked, ruleText, toEntries } from './serving'
+import { canaryBlocked, rollbackText, ruleText, toEntries } from './serving'
 
 type Serving = Schemas['ServingOutput']
 type Figures = Schemas['VersionFigures']
@@ -89,9 +89,9 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
         <Text data-testid="serving-rule">{ruleText(rule)}</Text>
         {serving.data?.auto_promote && <Badge variant="light">auto-promote</Badge>}
       </Group>
-      {serving.data?.previous_rule && (
-        <Text size="sm" c="dimmed">
-          Roll back returns to {ruleText(serving.data.previous_rule)}.
+      {serving.data && (
+        <Text size="sm" c="dimmed" data-testid="rollback-text">
+          {rollbackText(serving.data.previous_rule) ?? 'Nothing to roll back to yet: no earlier serving rule.'}
         </Text>
       )}
       {canEdit && ready.length > 0 && (
@@ -109,7 +109,7 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
             <Button
               variant="light"
               color="orange"
-              disabled={!serving.data?.previous_rule}
+              disabled={!rollbackText(serving.data?.previous_rule)}
               onClick={() => change.mutate('rollback')}
               loading={change.isPending && change.variables === 'rollback'}
             >

@@ -9,6 +9,14 @@ export function ruleText(rule: RuleEntry[] | null | undefined): string {
   return rule.map((e) => `v${e.version} ${e.weight} %`).join(' · ')
 }
 
+/** What Roll back would do, or null when there is no earlier rule: the API answers `previous_rule: []` for an adapter
+ * whose first version serves alone, and a rollback then is a 409 `nothing_to_roll_back`, so the panel disables the
+ * button and says why instead of offering one that fails. */
+export function rollbackText(previous: RuleEntry[] | null | undefined): string | null {
+  if (!previous || previous.length === 0) return null
+  return `Roll back returns to ${ruleText(previous)}.`
+}
+
 /** A stored rule from the audit trail (`[[version, weight], ...]`) as entries; anything else as none. */
 export function toEntries(raw: unknown): RuleEntry[] {
   return Array.isArray(raw)

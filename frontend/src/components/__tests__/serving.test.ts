@@ -1,11 +1,16 @@
 import { describe, expect, it } from 'vitest'
-import { canaryBlocked, ruleText, toEntries } from '../serving'
+import { canaryBlocked, rollbackText, ruleText, toEntries } from '../serving'
 
 describe('serving rule words', () => {
   it('names each version and its share, heaviest first', () => {
     expect(ruleText([{ version: 3, weight: 90 }, { version: 4, weight: 10 }])).toBe('v3 90 % · v4 10 %')
     expect(ruleText([])).toBe('nothing yet')
     expect(ruleText(null)).toBe('nothing yet')
+  })
+  it('offers no rollback when the API has no earlier rule (previous_rule: [], which a rollback answers with a 409)', () => {
+    expect(rollbackText([])).toBeNull()
+    expect(rollbackText(null)).toBeNull()
+    expect(rollbackText([{ version: 2, weight: 100 }])).toBe('Roll back returns to v2 100 %.')
   })
   it('reads stored rules from the audit trail', () => {
     expect(toEntries([[1, 100]])).toEqual([{ version: 1, weight: 100 }])
