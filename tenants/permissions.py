@@ -50,7 +50,7 @@ class HasScope(permissions.BasePermission):
             if needed is None or needed not in access.api_key.scopes:
                 # Named, so the caller knows which key to make (a fresh user's finding: it did not say).
                 self.message = (f"This API key lacks the scope '{needed}' this call needs; use a key that has it (mint "
-                                "one on the console's Keys page or with POST /api/v1/api-keys)." if needed else
+                                "one on the console's API keys page or with POST /api/v1/api-keys)." if needed else
                                 "API keys cannot make this call; use a console session.")
                 return False
             if role == Membership.Role.OWNER and not _creator_is_owner(access):

@@ -85,6 +85,7 @@ def test_scope_is_enforced(make_client) -> None:  # type: ignore[no-untyped-def]
     assert resp.status_code == 403
     assert resp.json()["code"] == "permission_denied"
     assert "'adapters:read'" in resp.json()["detail"]  # names the scope to ask for
+    assert "console's API keys page" in resp.json()["detail"]  # the page as the console's navbar names it
 
 
 def test_unknown_scope_is_a_field_error(make_client) -> None:  # type: ignore[no-untyped-def]
