@@ -70,14 +70,14 @@ def fleet_reconcile(*, now: float | None = None) -> int:
     # (cProfile, scripts/bench_fleet_view). A warm reads one key of the validation report (the effect probe,
     # ``adapter_version_no_effect_refused``): PostgreSQL extracts it, since decoding every whole report was a
     # quarter of a 64-node pass (cProfile in fleet_scale: 4,084 JSON decodes).
-    versions = {}
-    for v in (AdapterVersion.objects.filter(status=AdapterVersion.Status.READY)
+    versions: dict[int, AdapterVersion] = {}
+    for row in (AdapterVersion.objects.filter(status=AdapterVersion.Status.READY)
               .select_related("adapter").order_by("adapter_id", "-number")
               .only("id", "tenant_id", "adapter_id", "number", "r", "size_bytes", "status",
                     "adapter__id", "adapter__tenant_id", "adapter__base_model_id", "adapter__serving_rule")
               .annotate(effect_probe=KeyTransform("effect_probe", "validation_report"))):
-        v.validation_report = {"effect_probe": v.effect_probe} if v.effect_probe else {}
-        versions[v.pk] = v
+        row.validation_report = {"effect_probe": row.effect_probe} if row.effect_probe else {}
+        versions[row.pk] = row
     bases = BaseModel.objects.in_bulk({v.adapter.base_model_id for v in versions.values()})
     # The versions the gateway serves by adapter name: each adapter's serving rule (adapters_app.serving).
     newest = {v.pk: v for v in adapter_versions_serving(versions.values())}
