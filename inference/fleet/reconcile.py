@@ -71,13 +71,14 @@ def fleet_reconcile(*, now: float | None = None) -> int:
     # ``adapter_version_no_effect_refused``): PostgreSQL extracts it, since decoding every whole report was a
     # quarter of a 64-node pass (cProfile in fleet_scale: 4,084 JSON decodes).
     versions: dict[int, AdapterVersion] = {}
-    for row in (AdapterVersion.objects.filter(status=AdapterVersion.Status.READY)
+    for version_row in (AdapterVersion.objects.filter(status=AdapterVersion.Status.READY)
               .select_related("adapter").order_by("adapter_id", "-number")
               .only("id", "tenant_id", "adapter_id", "number", "r", "size_bytes", "status",
                     "adapter__id", "adapter__tenant_id", "adapter__base_model_id", "adapter__serving_rule")
               .annotate(effect_probe=KeyTransform("effect_probe", "validation_report"))):
-        row.validation_report = {"effect_probe": row.effect_probe} if row.effect_probe else {}
-        versions[row.pk] = row
+        version_row.validation_report = ({"effect_probe": version_row.effect_probe} if version_row.effect_probe
+                                         else {})
+        versions[version_row.pk] = version_row
     bases = BaseModel.objects.in_bulk({v.adapter.base_model_id for v in versions.values()})
     # The versions the gateway serves by adapter name: each adapter's serving rule (adapters_app.serving).
     newest = {v.pk: v for v in adapter_versions_serving(versions.values())}
