@@ -201,22 +201,35 @@ def _prewarm(d: Demand, name: str, plan: dict[int, tuple[str, ...]], fits: froze
     return len(plan.get(d.version_id, ())) >= 2 or (floor and not loaded[d.version_id])
 
 
-# The node's rank-padded GPU slot in bytes, read in SQL: the whole stored heartbeat per placement row (10,000
-# adapters: ~1 MB, for every resident or served row of the node) made this a quadratic parse every pass.
-_SLOT_BYTES = KeyTransform("gpu_slot_bytes", KeyTransform("residency", "node__state"))
+# The node's rank-padded GPU slot in bytes, read in SQL once per node: the whole stored heartbeat per placement row
+# (10,000 adapters: ~1 MB, for every resident or served row of the node) made this a quadratic parse every pass,
+# and extracting it in SQL per placement row still detoasted the node's report once per row (2,700 rows at 64
+# nodes: most of the trim's time in a fleet_scale profile).
+_SLOT_BYTES = KeyTransform("gpu_slot_bytes", KeyTransform("residency", "state"))
 
 
 def _hot_bytes(slot_bytes: Any) -> int:
     return slot_bytes if isinstance(slot_bytes, int) and not isinstance(slot_bytes, bool) and slot_bytes > 0 else 0
 
 
+def _slot_bytes_by_node(node_ids: set[int]) -> dict[int, int]:
+    """Node id → its GPU slot in bytes from its last heartbeat (0 when it reported none)."""
+    if not node_ids:
+        return {}
+    return {pk: _hot_bytes(b) for pk, b in Node.objects.filter(pk__in=node_ids).values_list("pk", _SLOT_BYTES)}
+
+
 def tenants_at_gpu_quota() -> set[int]:
     """Tenants whose GPU-resident bytes already reach ``max_gpu_bytes``: the plan does not warm their versions."""
     quotas = dict(TenantResidencyQuota.objects.exclude(max_gpu_bytes=None).values_list("tenant_id", "max_gpu_bytes"))
+    if not quotas:
+        return set()
+    rows = list(Placement.objects.filter(tier=Placement.Tier.HOT, adapter_version__tenant_id__in=quotas)
+                .values_list("adapter_version__tenant_id", "node_id"))
+    slot = _slot_bytes_by_node({node_id for _, node_id in rows})
     used: dict[int, int] = defaultdict(int)
-    for tenant_id, slot_bytes in Placement.objects.filter(tier=Placement.Tier.HOT, adapter_version__tenant_id__in=quotas
-                                                          ).values_list("adapter_version__tenant_id", _SLOT_BYTES):
-        used[tenant_id] += _hot_bytes(slot_bytes)
+    for tenant_id, node_id in rows:
+        used[tenant_id] += slot.get(node_id, 0)
     return {t for t, limit in quotas.items() if limit is not None and used[t] >= limit}
 
 
@@ -242,16 +255,20 @@ def fleet_trim(*, plans: dict[int, tuple[str, ...]], intents: dict[int, VersionI
     fresh = timezone.now() - timedelta(seconds=settings.QUIVER_NODE_STALE_AFTER_S)
     live = Placement.objects.filter(node__healthy=True, node__last_heartbeat_at__gte=fresh,
                                     node__deregistered_at=None)
-    resident = list(live.filter(Q(tier__in=RESIDENT) | Q(served=True), pinned=False).select_related("node")
-                    .values_list("pk", "adapter_version_id", "node__name", "tier", _SLOT_BYTES,
-                                 "adapter_version__tenant_id"))
+    rows = list(live.filter(Q(tier__in=RESIDENT) | Q(served=True), pinned=False)
+                .values_list("pk", "adapter_version_id", "node__name", "tier", "node_id", "adapter_version__tenant_id"))
+    slot = _slot_bytes_by_node({node_id for *_, node_id, _ in rows})
+    resident = [(pk, version_id, node_name, tier, slot.get(node_id, 0), owner)
+                for pk, version_id, node_name, tier, node_id, owner in rows]
     by_version: dict[int, list[tuple[int, str]]] = defaultdict(list)
     for pk, version_id, node_name, _, _, _ in resident:
         by_version[version_id].append((pk, node_name))
     for version_id, intent in intents.items():
+        if intent.max_replicas is None:
+            continue  # before the count: a pass made one query per intent, most of which set no maximum
         held = by_version.get(version_id, [])
         pinned = live.filter(adapter_version_id=version_id, pinned=True).count()
-        if intent.max_replicas is None or len(held) + pinned <= intent.max_replicas:
+        if len(held) + pinned <= intent.max_replicas:
             continue
         planned = plans.get(version_id, ())
         held.sort(key=lambda item, planned=planned: (item[1] in planned, item[1]))  # type: ignore[misc]

@@ -354,9 +354,14 @@ def test_a_pass_reads_each_nodes_stored_heartbeat_a_bounded_number_of_times(
         return loads(data, *args, **kwargs)
 
     monkeypatch.setattr(json, "loads", counting_loads)
-    with django_capture_on_commit_callbacks():
+    with django_capture_on_commit_callbacks(), CaptureQueriesContext(connection) as queries:
         fleet_reconcile()
     assert sum(decoded) < 10 * len(json.dumps(state)), (len(decoded), sum(decoded))
+    # Nor does the database extract from it once per placement row (each extraction detoasts the whole report):
+    # the slot size is read per node, from the node table alone.
+    node_table = f'FROM "{Node._meta.db_table}"'
+    extracting = [q["sql"] for q in queries.captured_queries if re.search(r'"state"\s*(->|#>)', q["sql"])]
+    assert extracting and all(node_table in sql and "JOIN" not in sql for sql in extracting), extracting
 
 
 def test_a_pass_warms_no_version_an_effect_probe_refused_and_reads_only_that_key_of_its_report(
