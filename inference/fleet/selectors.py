@@ -1,4 +1,4 @@
-"""Reads of the fleet for the operator's pages: per-node residency counts and the residency map by version.
+"""Reads of the fleet for the operator's pages: per-node residency and failure counts, the residency map by version.
 
 Both are bounded by the caller's page (a list of node ids, a page of versions): the operator pages no longer read
 every placement of the fleet in one call (docs/scale.md, "Operator pages at 64 nodes").
@@ -7,12 +7,14 @@ every placement of the fleet in one call (docs/scale.md, "Operator pages at 64 n
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet
 
 from adapters_app.models import AdapterVersion
 from inference.fleet.models import Placement
+from inference.metering.models import UsageRecord
 
 TIERS = tuple(t.value for t in Placement.Tier)
 
@@ -31,6 +33,21 @@ def node_residency_counts(*, node_ids: Collection[int]) -> dict[int, dict[str, A
         summary = counts[row["node_id"]]
         summary["tiers"][row["tier"]] = summary["tiers"].get(row["tier"], 0) + row["n"]
         summary["pinned"] += row["pinned"]
+    return counts
+
+
+def node_failures(*, node_ids: Collection[int], since: datetime) -> dict[int, int]:
+    """Per node in ``node_ids``: requests it answered with status >= 500 since ``since`` (an aware datetime; a
+    caller's own 4xx is not the node's failure), from the gateway's usage records; one grouped query.
+
+    Returns:
+        ``{node_id: count}``, 0 for a node without a failure; ids not asked for are absent.
+    """
+    counts = dict.fromkeys(node_ids, 0)
+    rows = (UsageRecord.objects.filter(node_id__in=list(node_ids), created_at__gte=since, status_code__gte=500)
+            .values("node_id").annotate(n=Count("id")).order_by())
+    for row in rows:
+        counts[row["node_id"]] = row["n"]
     return counts
 
 

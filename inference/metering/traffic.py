@@ -4,14 +4,20 @@ One row per (tenant, model as requested without a ``@N`` pin, version): requests
 request-count sparkline per bucket. Read from ``UsageRecord`` (Quiver's own records; whole past hours from their
 ``UsageHour`` sums), so the console needs no Prometheus server. Percentiles run in PostgreSQL (``percentile_cont``);
 on SQLite (the embedded demo) they are computed in Python over the period's rows.
+
+A paged table (the operator's, every tenant) sorts every version's totals (:func:`traffic_totals`, one grouped read)
+and computes percentiles for its page's versions only (:func:`with_percentiles`): the sort of the period's records
+for percentiles was the cost of a day's table at 10 million records (docs/scale.md, "Operator pages at 64 nodes").
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
@@ -43,7 +49,17 @@ MAX_BUCKETS = 1440
 # Percentiles read at most this many of a period's records, its latest (a bounded sort: a month of a busy tenant is
 # a million records, over a second of percentile work on 2 cores). Counts and tokens always cover the whole period.
 PERCENTILE_ROWS = 50_000
-GROUP = ("tenant__slug", "adapter", "version_number")
+GROUP = ("tenant_id", "tenant__slug", "adapter", "version_number")
+# Percentiles group by the tenant's id, not its slug: no join with the tenants table, and an integer sort key for
+# the ordered-set aggregate (its sort of the period's records was the cost of a day's table: docs/scale.md).
+PCT_GROUP = ("tenant_id", "adapter", "version_number")
+WANTED = {"latency_ms_p50": ("latency_ms", 0.5), "latency_ms_p95": ("latency_ms", 0.95),
+          "latency_ms_p99": ("latency_ms", 0.99), "ttft_ms_p50": ("ttft_ms", 0.5), "ttft_ms_p95": ("ttft_ms", 0.95)}
+# What a paged table may be ordered by: figures every version's totals already carry (ordering by a percentile
+# would need every version's percentiles, the cost paging leaves out).
+ORDERINGS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "requests": itemgetter("requests"), "tokens_per_s": itemgetter("tokens_per_s"),
+    "failures": itemgetter("failures"), "tenant": itemgetter("tenant"), "model": itemgetter("model")}
 # The model as requested, without a ``@N`` pin: ``bot`` and ``bot@1`` reaching version 1 are one row, as the console
 # says a version reads the same whichever way the application named it (two "bot v1" rows: a fresh user's finding).
 ADAPTER = Case(When(model_name__contains="@", then=Left("model_name", StrIndex("model_name", Value("@")) - 1)),
@@ -116,15 +132,16 @@ def _per_version(cells: QuerySet[Any]) -> Iterator[dict[str, Any]]:
     except EmptyResultSet:  # ``.none()``: no whole final hour in the period
         return
     # The inner query's output columns are named by ``values()``: the group's names, ``b`` and the annotations.
-    wrapped = ('SELECT "tenant__slug", "adapter", "version_number", SUM("requests")::bigint, SUM("failures")::bigint, '
-               'SUM("prompt")::bigint, SUM("completion")::bigint, ARRAY_AGG("b"), ARRAY_AGG("requests") '
-               f"FROM ({sql}) cells GROUP BY 1, 2, 3")  # noqa: S608 - Django's own compiled SQL and its params
+    wrapped = ('SELECT "tenant_id", "tenant__slug", "adapter", "version_number", SUM("requests")::bigint, '
+               'SUM("failures")::bigint, SUM("prompt")::bigint, SUM("completion")::bigint, ARRAY_AGG("b"), '
+               f'ARRAY_AGG("requests") FROM ({sql}) cells GROUP BY 1, 2, 3, 4')  # noqa: S608 - Django's own SQL
     with connection.cursor() as cursor:
         cursor.execute(wrapped, params)
-        for slug, adapter, version, requests, failures, prompt, completion, buckets, counts in cursor.fetchall():
-            yield {"tenant__slug": slug, "adapter": adapter, "version_number": version, "requests": requests,
-                   "failures": failures, "prompt": prompt, "completion": completion, "buckets": buckets,
-                   "counts": counts}
+        for (tenant_id, slug, adapter, version, requests, failures, prompt, completion, buckets,
+             counts) in cursor.fetchall():
+            yield {"tenant_id": tenant_id, "tenant__slug": slug, "adapter": adapter, "version_number": version,
+                   "requests": requests, "failures": failures, "prompt": prompt, "completion": completion,
+                   "buckets": buckets, "counts": counts}
 
 
 def _bucket_start(t: datetime, width: timedelta) -> datetime:
@@ -133,27 +150,24 @@ def _bucket_start(t: datetime, width: timedelta) -> datetime:
     return t.replace(second=0, microsecond=0)
 
 
-def traffic_table(records: QuerySet[UsageRecord], *, since: datetime, until: datetime,
-                  bucket: str = "minute", hours: QuerySet[UsageHour] | None = None) -> list[dict[str, Any]]:
-    """Traffic per (tenant, model, version) over an already scoped ``records`` queryset in ``[since, until)``.
+@dataclass(frozen=True)
+class TrafficTotals:
+    """A period's traffic per version before percentiles (:func:`traffic_totals`): ``rows`` (by requests, most
+    first) carry every field of a table row but the percentiles, plus ``tenant_id`` (the percentiles' key; dropped
+    by :func:`with_percentiles`); ``scoped``: the period's records, which the percentiles read."""
 
-    Given ``hours`` (scoped as ``records``) and hourly buckets, the counts, tokens and sparkline of the whole final
-    hours come from those sums (``inference.metering.hours``). Percentiles are over the period's latest
-    :data:`PERCENTILE_ROWS` records (all of them below that; a version without a record among them has null
-    percentiles).
+    rows: list[dict[str, Any]]
+    scoped: QuerySet[UsageRecord]
 
-    Args:
-        since, until: aware datetimes; the period (``until`` exclusive).
-        bucket: sparkline width, ``"minute"`` or ``"hour"``.
 
-    Returns:
-        Rows sorted by requests (most first): ``{"tenant", "model", "version" (null = base model), "requests",
-        "requests_per_s", "prompt_tokens", "completion_tokens", "tokens_per_s", "failures" (status >= 400),
-        "latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "ttft_ms_p50", "ttft_ms_p95" (ms, null without data),
-        "spark": [requests per bucket from ``since``'s bucket to ``until``]}``.
+def traffic_totals(records: QuerySet[UsageRecord], *, since: datetime, until: datetime, bucket: str = "minute",
+                   hours: QuerySet[UsageHour] | None = None) -> TrafficTotals:
+    """Counts, tokens and sparkline per (tenant, model, version) of ``records`` in ``[since, until)``: one grouped
+    read per part (the records; with ``hours`` and hourly buckets, the whole final hours' sums), no percentiles.
 
-    Raises:
-        KeyError: unknown ``bucket``. ValueError: more than 1,440 buckets (pick a wider bucket).
+    Args and errors as :func:`traffic_table`. Returns a :class:`TrafficTotals` whose rows are ``{"tenant_id",
+    "tenant", "model", "version", "requests", "requests_per_s", "prompt_tokens", "completion_tokens",
+    "tokens_per_s", "failures", "spark"}``, sorted as :func:`order_rows` sorts by default.
     """
     trunc, width = BUCKETS[bucket]
     first = _bucket_start(since, width)
@@ -188,33 +202,99 @@ def traffic_table(records: QuerySet[UsageRecord], *, since: datetime, until: dat
             i = int((r["b"] - first) / width)
             if 0 <= i < n_buckets:
                 spark[tuple(r[g] for g in GROUP)][i] += r["requests"]
-    totals = list(add_up(cells, GROUP, ("requests", "failures", "prompt", "completion")).values())
-    pcts: dict[tuple[Any, ...], dict[str, float | None]] = {}
-    wanted = {"latency_ms_p50": ("latency_ms", 0.5), "latency_ms_p95": ("latency_ms", 0.95),
-              "latency_ms_p99": ("latency_ms", 0.99), "ttft_ms_p50": ("ttft_ms", 0.5),
-              "ttft_ms_p95": ("ttft_ms", 0.95)}
-    if postgres:
-        for r in _named(latest(scoped)).values(*GROUP).annotate(
-                **{k: Percentile(F(col), p) for k, (col, p) in wanted.items()}):
-            pcts[tuple(r[g] for g in GROUP)] = {k: r[k] for k in wanted}
-    else:
-        samples: dict[tuple[Any, ...], dict[str, list[float]]] = defaultdict(lambda: {"latency_ms": [], "ttft_ms": []})
-        for *key, latency, ttft in _named(latest(scoped)).values_list(*GROUP, "latency_ms", "ttft_ms"):
-            samples[tuple(key)]["latency_ms"].append(latency)
-            if ttft is not None:
-                samples[tuple(key)]["ttft_ms"].append(ttft)
-        pcts = {key: {k: percentile(s[col], p) for k, (col, p) in wanted.items()} for key, s in samples.items()}
     rows = []
-    for r in totals:
-        key = tuple(r[g] for g in GROUP)
+    for r in add_up(cells, GROUP, ("requests", "failures", "prompt", "completion")).values():
         prompt, completion = r["prompt"] or 0, r["completion"] or 0
         rows.append({
-            "tenant": r["tenant__slug"], "model": r["adapter"], "version": r["version_number"],
-            "requests": r["requests"], "requests_per_s": round(r["requests"] / seconds, 4),
-            "prompt_tokens": prompt, "completion_tokens": completion,
-            "tokens_per_s": round((prompt + completion) / seconds, 3), "failures": r["failures"],
-            **{k: None if v is None else round(v, 1) for k, v in pcts.get(key, dict.fromkeys(wanted)).items()},
-            "spark": spark[key],
+            "tenant_id": r["tenant_id"], "tenant": r["tenant__slug"], "model": r["adapter"],
+            "version": r["version_number"], "requests": r["requests"],
+            "requests_per_s": round(r["requests"] / seconds, 4), "prompt_tokens": prompt,
+            "completion_tokens": completion, "tokens_per_s": round((prompt + completion) / seconds, 3),
+            "failures": r["failures"], "spark": spark[tuple(r[g] for g in GROUP)],
         })
-    rows.sort(key=lambda x: (-x["requests"], x["tenant"], x["model"], x["version"] or 0))
-    return rows
+    return TrafficTotals(order_rows(rows), scoped)
+
+
+def order_rows(rows: list[dict[str, Any]], ordering: str = "-requests") -> list[dict[str, Any]]:
+    """``rows`` (of :func:`traffic_totals`) sorted by ``ordering``: one of :data:`ORDERINGS`, ``-`` for
+    descending, then always by tenant, model and version ascending (base model first), so the order is total and a
+    page boundary never falls between two rows that could swap. Raises KeyError for an unknown ordering."""
+    field = ordering.removeprefix("-")
+    primary = ORDERINGS[field]
+    ordered = sorted(rows, key=lambda r: (r["tenant"], r["model"], r["version"] or 0))
+    # Python's sort is stable, reversed too: the tie-break above survives the primary sort in either direction.
+    ordered.sort(key=primary, reverse=ordering.startswith("-"))
+    return ordered
+
+
+def _only(keys: list[tuple[Any, ...]]) -> Q:
+    """Records of these (tenant id, model, version) keys. Each branch compares the tenant id first: PostgreSQL
+    evaluates an AND's terms in order, so most records fail on an integer before the model's ``CASE`` is computed."""
+    match = Q()
+    for tenant_id, adapter, version in keys:
+        same_version = Q(version_number__isnull=True) if version is None else Q(version_number=version)
+        match |= Q(tenant_id=tenant_id) & same_version & Q(adapter=adapter)
+    return Q(tenant_id__in=sorted({k[0] for k in keys})) & match
+
+
+def with_percentiles(rows: list[dict[str, Any]], scoped: QuerySet[UsageRecord], *,
+                     every: bool = False) -> list[dict[str, Any]]:
+    """``rows`` of a :class:`TrafficTotals` (all of them or a page; their order kept) with their latency and TTFT
+    percentiles (ms, rounded to 0.1; null without data), ``tenant_id`` dropped: the rows of :func:`traffic_table`.
+
+    Percentiles are over the period's latest :data:`PERCENTILE_ROWS` records of ``scoped`` (all of them below
+    that), whatever the rows asked for: a version's figures are the same on a page as in the whole table. Only the
+    given rows' records are sorted (``every``: the rows are all of ``scoped``'s versions, so no filter is needed).
+    Two queries (the cut, the percentiles); none for no rows.
+    """
+    keys = [(r["tenant_id"], r["model"], r["version"]) for r in rows]
+    pcts: dict[tuple[Any, ...], dict[str, float | None]] = {}
+    if keys:
+        # The cut is over every version's records, then narrowed: the same records as the unpaged table's.
+        sample = _named(latest(scoped))
+        if not every:
+            sample = sample.filter(_only(keys))
+        if connection.vendor == "postgresql":
+            for r in sample.values(*PCT_GROUP).annotate(
+                    **{k: Percentile(F(col), p) for k, (col, p) in WANTED.items()}).order_by():
+                pcts[tuple(r[g] for g in PCT_GROUP)] = {k: r[k] for k in WANTED}
+        else:
+            samples: dict[tuple[Any, ...], dict[str, list[float]]] = defaultdict(
+                lambda: {"latency_ms": [], "ttft_ms": []})
+            for *key, latency, ttft in sample.values_list(*PCT_GROUP, "latency_ms", "ttft_ms"):
+                samples[tuple(key)]["latency_ms"].append(latency)
+                if ttft is not None:
+                    samples[tuple(key)]["ttft_ms"].append(ttft)
+            pcts = {key: {k: percentile(s[col], p) for k, (col, p) in WANTED.items()} for key, s in samples.items()}
+    out = []
+    for key, r in zip(keys, rows, strict=True):
+        figures = pcts.get(key, dict.fromkeys(WANTED))
+        row = {k: v for k, v in r.items() if k not in ("tenant_id", "spark")}
+        out.append({**row, **{k: None if v is None else round(v, 1) for k, v in figures.items()}, "spark": r["spark"]})
+    return out
+
+
+def traffic_table(records: QuerySet[UsageRecord], *, since: datetime, until: datetime,
+                  bucket: str = "minute", hours: QuerySet[UsageHour] | None = None) -> list[dict[str, Any]]:
+    """Traffic per (tenant, model, version) over an already scoped ``records`` queryset in ``[since, until)``.
+
+    Given ``hours`` (scoped as ``records``) and hourly buckets, the counts, tokens and sparkline of the whole final
+    hours come from those sums (``inference.metering.hours``). Percentiles are over the period's latest
+    :data:`PERCENTILE_ROWS` records (all of them below that; a version without a record among them has null
+    percentiles). A paged table uses :func:`traffic_totals`, :func:`order_rows` and :func:`with_percentiles`.
+
+    Args:
+        since, until: aware datetimes; the period (``until`` exclusive).
+        bucket: sparkline width, ``"minute"`` or ``"hour"``.
+
+    Returns:
+        Rows sorted by requests (most first): ``{"tenant", "model", "version" (null = base model), "requests",
+        "requests_per_s", "prompt_tokens", "completion_tokens", "tokens_per_s", "failures" (status >= 400),
+        "latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "ttft_ms_p50", "ttft_ms_p95" (ms, null without data),
+        "spark": [requests per bucket from ``since``'s bucket to ``until``]}``.
+
+    Raises:
+        KeyError: unknown ``bucket``. ValueError: more than 1,440 buckets (pick a wider bucket).
+    """
+    totals = traffic_totals(records, since=since, until=until, bucket=bucket, hours=hours)
+    return with_percentiles(totals.rows, totals.scoped, every=True)

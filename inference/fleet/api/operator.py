@@ -7,16 +7,16 @@ history, and traffic.
 - ``GET /api/v1/operator/residency?tenant=&limit=&offset=``: a page of the residency map, one row per adapter
   version placed on some node (of one tenant by slug, when given), each with its placements by node name.
 - ``GET /api/v1/operator/nodes/{name}/samples``: the node's gauges over time (``inference.fleet.node_samples``).
-- ``GET /api/v1/operator/traffic``: per adapter version, every tenant (``inference.metering.traffic``).
+- ``GET /api/v1/operator/traffic?since=&until=&bucket=&tenant=&ordering=&limit=&offset=``: a page of traffic per
+  adapter version, every tenant (``inference.metering.traffic``), percentiles computed for the page only.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, OuterRef, QuerySet, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, viewsets
@@ -29,14 +29,10 @@ from common.moments import MomentField
 from common.pagination import BoundedPage
 from inference.fleet.models import Node, Placement
 from inference.fleet.node_samples import node_samples, slots_used
-from inference.fleet.selectors import TIERS, node_residency_counts, residency_map_versions
-from inference.metering.api import (
-    TrafficQuerySerializer,
-    TrafficRowSerializer,
-    drain_quietly,
-    traffic_response,
-)
+from inference.fleet.selectors import TIERS, node_failures, node_residency_counts, residency_map_versions
+from inference.metering.api import TrafficQuerySerializer, TrafficRowSerializer, drain_quietly
 from inference.metering.models import UsageHour, UsageRecord
+from inference.metering.traffic import ORDERINGS, order_rows, traffic_totals, with_percentiles
 from tenants.authentication import ApiKeyAuthentication, TenantPrincipal
 
 # A tenant's key is recognised here (not ignored), so it gets 403 ``staff_required`` rather than a misleading
@@ -85,6 +81,11 @@ class ResidencyMapQuerySerializer(serializers.Serializer):
     tenant = serializers.SlugField(required=False)
 
 
+def failures_since() -> datetime:
+    """Start of the nodes' failure window: 5 minutes before now (it moves with each request)."""
+    return timezone.now() - timedelta(minutes=5)
+
+
 class NodeOutputSerializer(serializers.ModelSerializer):
     """A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and residency counts.
 
@@ -98,7 +99,7 @@ class NodeOutputSerializer(serializers.ModelSerializer):
     gpu_used = serializers.SerializerMethodField()
     cpu_used = serializers.SerializerMethodField()
     num_preemptions_total = serializers.SerializerMethodField()
-    failed_requests_5m = serializers.IntegerField(read_only=True)
+    failed_requests_5m = serializers.SerializerMethodField()
     tiers = serializers.SerializerMethodField()
     pinned = serializers.SerializerMethodField()
 
@@ -120,6 +121,14 @@ class NodeOutputSerializer(serializers.ModelSerializer):
         """vLLM's ``num_preemptions_total`` counter from the last heartbeat."""
         value = (node.state or {}).get("num_preemptions_total")
         return float(value) if isinstance(value, (int, float)) else None
+
+    def get_failed_requests_5m(self, node: Node) -> int:
+        """Requests the node answered with status >= 500 in the last 5 minutes."""
+        # A list sets ``failed_requests_5m`` for its whole page in one grouped query; a single node counts its own.
+        failed = getattr(node, "failed_requests_5m", None)
+        if failed is None:
+            failed = node_failures(node_ids=[node.pk], since=failures_since())[node.pk]
+        return int(failed)
 
     def _counts(self, node: Node) -> dict[str, Any]:
         # A list sets ``residency_counts`` for its whole page in one query; a single node reads its own.
@@ -162,8 +171,8 @@ class NodeSampleSerializer(serializers.Serializer):
 
 
 class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """``GET /api/v1/operator/nodes``: a page of nodes with their residency counts (three queries: the count, the
-    page with its failures, the page's placements counted per tier);
+    """``GET /api/v1/operator/nodes``: a page of nodes with their residency counts (four queries: the count, the
+    page, the page's placements counted per tier, the page's failures counted per node);
     ``GET /api/v1/operator/nodes/{name}/samples``: its gauges over time."""
 
     authentication_classes = OPERATOR_AUTHENTICATION
@@ -174,20 +183,20 @@ class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     queryset = Node.objects.all()
 
     def get_queryset(self) -> QuerySet[Node]:
-        """Nodes by name with their recent failures (the 5-minute window moves with each request)."""
-        recent = timezone.now() - timedelta(minutes=5)
-        return Node.objects.select_related("base_model").annotate(failed_requests_5m=Coalesce(Subquery(
-            # no failed row is 0, not null (the console showed 0)
-            UsageRecord.objects.filter(node=OuterRef("pk"), created_at__gte=recent, status_code__gte=500)
-            .values("node").annotate(n=Count("id")).values("n")[:1]), 0)).order_by("name")
+        """Nodes by name."""
+        return Node.objects.select_related("base_model").order_by("name")
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """A page of nodes (``?limit=`` default 50, at most 200; ``?offset=``), by name."""
         page = self.paginate_queryset(self.get_queryset())
         nodes = list(page if page is not None else self.get_queryset())
-        counts = node_residency_counts(node_ids=[n.pk for n in nodes])
-        for node in nodes:
-            node.residency_counts = counts[node.pk]  # type: ignore[attr-defined]  # read by the serializer
+        ids = [n.pk for n in nodes]
+        # Both counts are one grouped query for the page (a correlated count per node was one scan per node).
+        counts = node_residency_counts(node_ids=ids)
+        failures = node_failures(node_ids=ids, since=failures_since())
+        for node in nodes:  # read by the serializer
+            node.residency_counts = counts[node.pk]  # type: ignore[attr-defined]
+            node.failed_requests_5m = failures[node.pk]  # type: ignore[attr-defined]
         return self.get_paginated_response(self.get_serializer(nodes, many=True).data)
 
     @extend_schema(parameters=[SamplesQuerySerializer], responses=NodeSampleSerializer(many=True))
@@ -222,18 +231,40 @@ class OperatorResidencyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return super().list(request, *args, **kwargs)
 
 
+class OperatorTrafficQuerySerializer(TrafficQuerySerializer):
+    """Query of ``GET /api/v1/operator/traffic``: the tenant table's (``since``, ``until``, ``bucket``, ``tenant``)
+    and ``ordering``, besides the page's ``limit`` and ``offset``."""
+
+    ordering = serializers.ChoiceField(
+        choices=[f"{sign}{name}" for name in ORDERINGS for sign in ("-", "")], required=False, default="-requests",
+        help_text="a row field, '-' for descending (default '-requests'); ties by tenant, model, version")
+
+
 class OperatorTrafficViewSet(viewsets.GenericViewSet):
-    """``GET /api/v1/operator/traffic``: every tenant's traffic per adapter version (staff sessions)."""
+    """``GET /api/v1/operator/traffic``: every tenant's traffic per adapter version (staff sessions), a page at a
+    time."""
 
     authentication_classes = OPERATOR_AUTHENTICATION
     permission_classes = [IsStaffSession]
     serializer_class = TrafficRowSerializer
-    pagination_class = None
+    pagination_class = BoundedPage
     queryset = UsageRecord.objects.all()
 
-    @extend_schema(parameters=[TrafficQuerySerializer], responses=TrafficRowSerializer(many=True))
+    @extend_schema(parameters=[OperatorTrafficQuerySerializer], responses=TrafficRowSerializer(many=True))
     def list(self, request: Request) -> Response:
-        """Rows sorted by requests, most first. Hourly sparklines (periods over 6 h) read the whole final hours from
-        the hourly sums, as the tenant's table does: a day of every tenant is otherwise every record of the day."""
+        """A page of rows (``?limit=`` default 50, at most 200; ``?offset=``) in ``?ordering=`` (most requests
+        first by default), each version on exactly one page. The order comes from every version's totals (one
+        grouped read); the latency and TTFT percentiles are computed for the page's versions only, over the same
+        records as the whole table's (``inference.metering.traffic.with_percentiles``). Hourly sparklines (periods
+        over 6 h) read the whole final hours from the hourly sums, as the tenant's table does: a day of every tenant
+        is otherwise every record of the day. 400 with ``fields`` for a bad period, bucket, tenant or ordering."""
+        query = OperatorTrafficQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q = query.validated_data
         drain_quietly()
-        return traffic_response(self.get_queryset(), request, hours=UsageHour.objects.all())
+        records, hours = self.get_queryset(), UsageHour.objects.all()
+        if q.get("tenant"):
+            records, hours = records.filter(tenant__slug=q["tenant"]), hours.filter(tenant__slug=q["tenant"])
+        totals = traffic_totals(records, since=q["since"], until=q["until"], bucket=q["bucket"], hours=hours)
+        page = self.paginate_queryset(order_rows(totals.rows, q["ordering"]))  # type: ignore[arg-type]  # a list
+        return self.get_paginated_response(with_percentiles(page or [], totals.scoped))

@@ -134,9 +134,9 @@ def test_operators_see_every_tenant_and_filter(op: APIClient, make_client: Any, 
     _, b, _ = make_client()
     _records(a, "one", [1.0, 2.0, 3.0])
     _records(b, "two", [4.0])
-    rows = op.get("/api/v1/operator/traffic").json()
+    rows = op.get("/api/v1/operator/traffic").json()["results"]
     assert [(r["tenant"], r["model"], r["requests"]) for r in rows] == [(a.slug, "one", 3), (b.slug, "two", 1)]
-    assert [r["model"] for r in op.get("/api/v1/operator/traffic", {"tenant": b.slug}).json()] == ["two"]
+    assert [r["model"] for r in op.get("/api/v1/operator/traffic", {"tenant": b.slug}).json()["results"]] == ["two"]
     owner, _, _ = make_session_client()
     assert owner.get("/api/v1/operator/traffic").status_code == 403
 

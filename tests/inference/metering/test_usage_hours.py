@@ -98,7 +98,7 @@ def test_operator_traffic_from_hours_equals_traffic_from_records(seeded) -> None
     expected = traffic_table(UsageRecord.objects.all(), since=since, until=until, bucket="hour")
     assert {r["tenant"] for r in expected} == {seeded.slug, UsageRecord.objects.exclude(tenant=seeded)[0].tenant.slug}
     with CaptureQueriesContext(connection) as read:
-        assert op.get("/api/v1/operator/traffic", query).json() == expected
+        assert op.get("/api/v1/operator/traffic", query).json()["results"] == expected
     assert any("metering_usagehour" in q["sql"] for q in read.captured_queries)  # not a day of every record
     mine = traffic_table(UsageRecord.objects.filter(tenant=seeded), since=since, until=until, bucket="hour")
-    assert op.get("/api/v1/operator/traffic", {**query, "tenant": seeded.slug}).json() == mine
+    assert op.get("/api/v1/operator/traffic", {**query, "tenant": seeded.slug}).json()["results"] == mine
