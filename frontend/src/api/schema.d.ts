@@ -785,8 +785,12 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * @description Rows sorted by requests, most first. Hourly sparklines (periods over 6 h) read the whole final hours from
-         *     the hourly sums, as the tenant's table does: a day of every tenant is otherwise every record of the day.
+         * @description A page of rows (``?limit=`` default 50, at most 200; ``?offset=``) in ``?ordering=`` (most requests
+         *     first by default), each version on exactly one page. The order comes from every version's totals (one
+         *     grouped read); the latency and TTFT percentiles are computed for the page's versions only, over the same
+         *     records as the whole table's (``inference.metering.traffic.with_percentiles``). Hourly sparklines (periods
+         *     over 6 h) read the whole final hours from the hourly sums, as the tenant's table does: a day of every tenant
+         *     is otherwise every record of the day. 400 with ``fields`` for a bad period, bucket, tenant or ordering.
          */
         get: operations["operator_traffic_list"];
         put?: never;
@@ -1319,6 +1323,7 @@ export interface components {
             readonly gpu_used: number;
             /** @description Adapters in the engine's CPU cache. */
             readonly cpu_used: number;
+            /** @description Requests the node answered with status >= 500 in the last 5 minutes. */
             readonly failed_requests_5m: number;
             readonly tiers: {
                 cold: number;
@@ -1403,6 +1408,21 @@ export interface components {
              */
             previous?: string | null;
             results: components["schemas"]["ResidencyMapRow"][];
+        };
+        PaginatedTrafficRowList: {
+            /** @example 123 */
+            count: number;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=400&limit=100
+             */
+            next?: string | null;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=200&limit=100
+             */
+            previous?: string | null;
+            results: components["schemas"]["TrafficRow"][];
         };
         /**
          * @description Gateway limits (``PATCH``: any subset; null = unlimited): requests/min, tokens/min, requests in flight, and
@@ -3096,6 +3116,25 @@ export interface operations {
                  *     * `hour` - hour
                  */
                 bucket?: "minute" | "hour";
+                /** @description Number of results to return per page. */
+                limit?: number;
+                /** @description The initial index from which to return the results. */
+                offset?: number;
+                /**
+                 * @description a row field, '-' for descending (default '-requests'); ties by tenant, model, version
+                 *
+                 *     * `-requests` - -requests
+                 *     * `requests` - requests
+                 *     * `-tokens_per_s` - -tokens_per_s
+                 *     * `tokens_per_s` - tokens_per_s
+                 *     * `-failures` - -failures
+                 *     * `failures` - failures
+                 *     * `-tenant` - -tenant
+                 *     * `tenant` - tenant
+                 *     * `-model` - -model
+                 *     * `model` - model
+                 */
+                ordering?: "-requests" | "requests" | "-tokens_per_s" | "tokens_per_s" | "-failures" | "failures" | "-tenant" | "tenant" | "-model" | "model";
                 /** @description ISO 8601 (2025-01-31T00:00:00Z) or a span back from now: a whole number and m, h, d or w (15m, 1h, 24h, 7d, 2w); a moment without a zone is UTC */
                 since?: string;
                 tenant?: string;
@@ -3113,7 +3152,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["TrafficRow"][];
+                    "application/json": components["schemas"]["PaginatedTrafficRowList"];
                 };
             };
         };
