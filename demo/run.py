@@ -68,6 +68,7 @@ def node_process_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 
+NODE_NAME = "cpu-node-1"
 # One limit for every readiness wait: a cold start on a loaded 2-core machine imports Django for minutes.
 START_TIMEOUT_S = float(os.environ.get("QUIVER_DEMO_START_TIMEOUT_S", "900"))
 
@@ -185,15 +186,24 @@ def _manage(env: dict[str, str], *args: str) -> str:
     return out.stdout.strip()
 
 
-def _wait_node_live(api: httpx.Client, base_model: str, timeout: float = START_TIMEOUT_S) -> None:
-    """Wait until the gateway can serve the base model, i.e. the node's heartbeat has reached the control plane."""
-    deadline = time.monotonic() + timeout
-    body = {"model": base_model, "prompt": "x", "max_tokens": 1}
-    while time.monotonic() < deadline:
-        if api.post("/v1/completions", json=body).status_code == 200:
-            return
-        time.sleep(0.5)
-    raise SystemExit(f"no node reported itself live for {base_model} within {timeout:.0f} s")
+def _wait_node_live(env: dict[str, str], node_name: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Wait until node ``node_name`` is live as the gateway counts it (healthy, a fresh heartbeat), reading its row
+    (``manage.py quiver_node_wait``); exit with that command's reason after ``timeout`` seconds.
+
+    It probed the gateway with the demo tenant's key instead, so every 503 while the node warmed up was metered as
+    one of the tenant's errors on its Usage page."""
+    try:
+        _manage(env, "quiver_node_wait", node_name, "--timeout", str(timeout))
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"no node reported itself live: {exc.stderr.strip() or exc.stdout.strip()}") from exc
+
+
+def _first_answer(api: httpx.Client, base_model: str) -> None:
+    """One real completion of ``base_model`` through the gateway, once the node is live: exit with the gateway's
+    answer when it is not a 200 (nothing later would work either)."""
+    resp = api.post("/v1/completions", json={"model": base_model, "prompt": "x", "max_tokens": 1})
+    if resp.status_code != 200:
+        raise SystemExit(f"the gateway's first answer for {base_model} was HTTP {resp.status_code}: {resp.text[:500]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key = _manage(env, "quiver_tenant_create", "demo", "--name", "Demo Tenant").splitlines()[-1]
         # The operator registers the node with its URLs; the node gets its own key and heartbeat token.
         node_env = dict(line.split("=", 1) for line in _manage(
-            env, "quiver_node_register", "cpu-node-1", "--agent-url", agent_url, "--engine-url", engine_url,
+            env, "quiver_node_register", NODE_NAME, "--agent-url", agent_url, "--engine-url", engine_url,
             "--base-model", assets.served_name).splitlines())
         node_key = node_env["QUIVER_NODE_KEY"]
 
@@ -322,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         api = stack.enter_context(
             httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120)
         )
-        _wait_node_live(api, assets.served_name)
+        _wait_node_live(env, NODE_NAME)
+        _first_answer(api, assets.served_name)
         for name, folder in sorted(assets.adapters.items()):
             number = upload_adapter(api, name, folder, base_model=assets.served_name)["number"]
             version = wait_validated(api, name, number)

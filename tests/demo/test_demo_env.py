@@ -7,6 +7,9 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from demo import run
 from demo.run import DEMO_ENV_KEYS, _fresh_workdir, _write_env
 
 
@@ -68,3 +71,21 @@ def test_a_child_that_exits_is_restarted_and_named(tmp_path: Path) -> None:
     finally:
         procs.stop_all()
     assert (tmp_path / "worker.log").read_text().startswith("crash\n")  # the crash's output is kept
+
+
+def test_the_node_wait_reads_the_node_row_and_never_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait asked the gateway with the demo tenant's key, and each 503 while the node warmed up was metered as one
+    of that tenant's errors; it now runs ``manage.py quiver_node_wait`` (the node's row) and says why it gave up."""
+    calls: list[tuple[str, ...]] = []
+
+    def manage(env: dict[str, str], *args: str) -> str:
+        calls.append(args)
+        if args[1] == "slow-node":
+            raise subprocess.CalledProcessError(1, "manage.py", stderr="CommandError: Node 'slow-node' was not live")
+        return "node n1 is live"
+
+    monkeypatch.setattr(run, "_manage", manage)
+    run._wait_node_live({"DATABASE_URL": "sqlite:///x"}, "n1", timeout=5)
+    assert calls == [("quiver_node_wait", "n1", "--timeout", "5")]
+    with pytest.raises(SystemExit, match="no node reported itself live: CommandError: Node 'slow-node'"):
+        run._wait_node_live({}, "slow-node", timeout=1)
