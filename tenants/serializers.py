@@ -56,8 +56,14 @@ class ApiKeyOutputSerializer(serializers.ModelSerializer):
 
 
 class ApiKeyCreatedSerializer(ApiKeyOutputSerializer):
-    """Output of ``POST /api/v1/api-keys``: the key plus its ``secret``, shown this once."""
+    """Output of ``POST /api/v1/api-keys``: the key plus its ``secret``, shown this once, and which of its
+    ``adapters`` name nothing of the tenant yet (allowed: a key may be made before the adapters it calls)."""
     secret = serializers.CharField()
+    adapters_not_found = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="entries of `adapters` (name or name@N) with no such adapter or version yet; [] when all exist")
+    warning = serializers.CharField(allow_null=True,
+                                    help_text="a sentence about `adapters_not_found` for people; null when it is []")
 
     class Meta(ApiKeyOutputSerializer.Meta):
-        fields = [*ApiKeyOutputSerializer.Meta.fields, "secret"]
+        fields = [*ApiKeyOutputSerializer.Meta.fields, "secret", "adapters_not_found", "warning"]

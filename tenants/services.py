@@ -130,6 +130,35 @@ def api_key_create(
         return _api_key_insert(tenant, key_id, secret, name, scopes, expires_at, actor, inherited, adapters)
 
 
+def adapters_not_found(tenant: Tenant, adapters: Sequence[str]) -> list[str]:
+    """The entries of a key's ``adapters`` (names, or ``name@N``) that name nothing of ``tenant`` yet: no adapter of
+    that name, or, for ``name@N``, no version N of it. Sorted; ``[]`` when all exist.
+
+    Not an error: a key may be scoped to an adapter before its first upload (a scoped key may create the adapters
+    it names, ``TenantScopedViewSet.adapter_in_reach``), so the API answers with these beside the new key."""
+    entries = {str(a) for a in adapters}
+    names = {e.partition("@")[0] for e in entries}
+    # Reverse relations of adapters_app's models: tenants sits below it and never imports it (pyproject layers).
+    existing = set(tenant.adapters.filter(name__in=sorted(names)).values_list("name", flat=True))
+    versions = set(tenant.adapter_versions.filter(adapter__name__in=sorted(existing))
+                   .values_list("adapter__name", "number"))
+    missing = []
+    for entry in entries:
+        name, _, number = entry.partition("@")
+        if name not in existing or (number and (name, int(number)) not in versions):
+            missing.append(entry)
+    return sorted(missing)
+
+
+def adapters_not_found_warning(missing: Sequence[str]) -> str | None:
+    """The sentence the key's creator reads about :func:`adapters_not_found`'s ``missing`` entries; None when none."""
+    if not missing:
+        return None
+    return (f"No adapter or version {', '.join(missing)} exists yet. The key can call them once they are uploaded "
+            "under those names; if you meant existing adapters, check the spelling, revoke this key and create it "
+            "again.")
+
+
 def _limits_of(key: ApiKey) -> dict[str, Any]:
     return {name: getattr(key, name) for name in LIMIT_FIELDS if getattr(key, name) is not None}
 

@@ -61,7 +61,9 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
 
     @extend_schema(request=ApiKeyInputSerializer, responses={201: ApiKeyCreatedSerializer})
     def create(self, request: Request) -> Response:
-        """``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's."""
+        """``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's. ``adapters``
+        naming no adapter or version of the tenant yet are kept and listed in ``adapters_not_found`` (with a
+        ``warning`` sentence): a key may be made before the adapters it will call."""
         data = ApiKeyInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         # Limits may be set at creation (they were dropped without a word: attack round); any other field is named.
@@ -85,7 +87,11 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
                                 and (access.api_key is None or s in access.api_key.scopes)]
         key, plaintext = services.api_key_create(self.tenant, granted_by=access.api_key, actor=access.user,  # type: ignore[arg-type]
                                                  grantable=grantable, limits=limits, **fields)
-        body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
+        # A name that exists nowhere yet is kept (the key may be for an adapter still to come) but said, so a typo
+        # is not a key that 404s everything in silence.
+        missing = services.adapters_not_found(self.tenant, key.adapters)
+        body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext, "adapters_not_found": missing,
+                "warning": services.adapters_not_found_warning(missing)}
         return Response(body, status=status.HTTP_201_CREATED)
 
     # The request is the limits alone (the schema said the key's output fields, so typed clients could not send them).
@@ -145,7 +151,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         limits = ({} if access.has_role(Membership.Role.OWNER)
                   else services.member_key_limits(self.tenant, user=access.user))
         key, plaintext = services.playground_key_issue(self.tenant, actor=access.user, limits=limits)
-        body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext}
+        body = {**ApiKeyOutputSerializer(key).data, "secret": plaintext, "adapters_not_found": [], "warning": None}
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=ApiKeyOutputSerializer)

@@ -64,3 +64,28 @@ def test_a_key_limited_to_one_adapter_reaches_only_it(make_client, base_model) -
     assert {row["model"] for row in owner.get("/api/v1/usage").json()} == {"mine", "other", "tiny-llama"}
     assert sorted(k["name"] for k in limited.get("/api/v1/api-keys").json()) == ["limited"]
     assert len(owner.get("/api/v1/api-keys").json()) == 3
+
+
+def test_a_key_for_adapters_not_uploaded_yet_is_made_and_the_answer_names_them(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    """A key may name adapters before their first upload (it may create them itself), so unknown names are no 400;
+    but a typo made a key that 404s everything in silence: the answer lists them, another tenant's included."""
+    owner, tenant, _ = make_client()
+    mine = adapter_create(tenant, name="mine", base_model_name="tiny-llama")
+    AdapterVersion.objects.create(tenant=tenant, adapter=mine, number=1, sha256="0" * 64, size_bytes=1,
+                                  s3_prefix="x/", files=[], status="ready")
+    _, elsewhere, _ = make_client()
+    adapter_create(elsewhere, name="theirs", base_model_name="tiny-llama")
+
+    made = owner.post("/api/v1/api-keys", {"name": "bot", "scopes": ["inference"],
+                                            "adapters": ["mine", "mine@1", "mine@2", "typo-bot", "theirs"]},
+                      format="json")
+    assert made.status_code == 201, made.content
+    body = made.json()
+    assert body["adapters"] == ["mine", "mine@1", "mine@2", "theirs", "typo-bot"]
+    assert body["adapters_not_found"] == ["mine@2", "theirs", "typo-bot"]
+    assert body["warning"].startswith("No adapter or version mine@2, theirs, typo-bot exists yet.")
+
+    clean = owner.post("/api/v1/api-keys", {"name": "ok", "adapters": ["mine@1"]}, format="json").json()
+    assert (clean["adapters_not_found"], clean["warning"]) == ([], None)
+    unscoped = owner.post("/api/v1/api-keys", {"name": "all"}, format="json").json()
+    assert (unscoped["adapters_not_found"], unscoped["warning"]) == ([], None)

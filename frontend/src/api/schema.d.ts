@@ -282,7 +282,11 @@ export interface paths {
         /** @description ``/api/v1/api-keys``: the tenant's keys. Keys need scope ``keys:manage``; sessions need role member. */
         get: operations["api_keys_list"];
         put?: never;
-        /** @description ``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's. */
+        /**
+         * @description ``POST /api/v1/api-keys``: 201 with ``secret`` shown this once; scopes at most the caller's. ``adapters``
+         *     naming no adapter or version of the tenant yet are kept and listed in ``adapters_not_found`` (with a
+         *     ``warning`` sentence): a key may be made before the adapters it will call.
+         */
         post: operations["api_keys_create"];
         delete?: never;
         options?: never;
@@ -1085,7 +1089,10 @@ export interface components {
             /** Format: date-time */
             validated_at?: string | null;
         };
-        /** @description Output of ``POST /api/v1/api-keys``: the key plus its ``secret``, shown this once. */
+        /**
+         * @description Output of ``POST /api/v1/api-keys``: the key plus its ``secret``, shown this once, and which of its
+         *     ``adapters`` name nothing of the tenant yet (allowed: a key may be made before the adapters it calls).
+         */
         ApiKeyCreated: {
             key_id: string;
             key: string;
@@ -1109,6 +1116,10 @@ export interface components {
             max_tokens_limit?: number | null;
             priority_class?: (components["schemas"]["PriorityClassEnum"] | components["schemas"]["BlankEnum"] | components["schemas"]["NullEnum"]) | null;
             secret: string;
+            /** @description entries of `adapters` (name or name@N) with no such adapter or version yet; [] when all exist */
+            adapters_not_found: string[];
+            /** @description a sentence about `adapters_not_found` for people; null when it is [] */
+            warning: string | null;
         };
         /**
          * @description Input of ``POST /api/v1/api-keys``: ``name``, non-empty ``scopes`` (absent: every scope the caller may grant),
