@@ -1,10 +1,12 @@
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query'
-import { screen, waitFor, within } from '@testing-library/react'
+import { fireEvent, screen, waitFor, within } from '@testing-library/react'
 import userEvent from '@testing-library/user-event'
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { api, setCurrentTenant, type ApiKey } from '../api/client'
 import { renderWithMantine } from '../components/__tests__/render'
+import { expiryInstant } from '../components/expiry'
 import { changedLimits, createLimits, draftOf, emptyDraft, limitError, limitsText } from '../components/keyLimits'
+import { formatDateTime } from '../format'
 import { ApiKeys } from '../pages/ApiKeys'
 
 const key = (over: Partial<ApiKey> = {}): ApiKey => ({
@@ -84,5 +86,57 @@ describe('API keys page: limits at creation and on an existing key', () => {
     expect(patch.mock.calls[0][1]).toMatchObject({ params: { path: { key_id: 'k1' } }, body: { rpm_limit: null } })
     expect(await screen.findByRole('alert')).toHaveTextContent("Only an owner can raise or clear 'rpm_limit'")
     expect(rpm).toHaveAttribute('aria-invalid', 'true')
+  })
+})
+
+describe('key expiry: a 24-hour clock', () => {
+  it('reads HH:MM on a 24-hour clock in local time, and names what to fix', () => {
+    expect(expiryInstant('', '')).toEqual({ iso: null, error: null })
+    expect(expiryInstant('2030-01-02', '17:30').iso).toBe(new Date(2030, 0, 2, 17, 30).toISOString())
+    expect(expiryInstant('2030-01-02', '7:05').iso).toBe(new Date(2030, 0, 2, 7, 5).toISOString())
+    expect(expiryInstant('2030-01-02', '').iso).toBe(new Date(2030, 0, 2, 0, 0).toISOString())
+    expect(expiryInstant('2030-01-02', '5:30 PM').error).toEqual({ field: 'time', text: 'Use a 24-hour time, HH:MM (e.g. 17:30).' })
+    expect(expiryInstant('2030-01-02', '24:00').error?.field).toBe('time')
+    expect(expiryInstant('', '10:00').error?.field).toBe('date')
+  })
+})
+
+describe('API keys page: expiry and names not uploaded yet', () => {
+  beforeEach(() => setCurrentTenant('acme'))
+  afterEach(() => vi.restoreAllMocks())
+
+  it('has no 12-hour picker: a date and a 24-hour time, sent as that instant, echoed as the console writes times', async () => {
+    mockGets('owner', [])
+    const post = vi.spyOn(api, 'POST').mockResolvedValue(ok({ ...key(), secret: 'qv_k1.s3cret', adapters_not_found: [], warning: null }, 201) as never)
+    renderPage()
+    await userEvent.type(await screen.findByRole('textbox', { name: 'Name' }), 'ci')
+    expect(document.querySelector('input[type="datetime-local"]')).toBeNull()
+    fireEvent.change(screen.getByLabelText('Expires on (optional)'), { target: { value: '2030-01-02' } })
+    const time = screen.getByRole('textbox', { name: 'at (24-hour, HH:MM)' })
+    await userEvent.type(time, '5:30 PM')
+    await userEvent.click(screen.getByRole('button', { name: 'Create key' }))
+    expect(await screen.findByText('Expires: Use a 24-hour time, HH:MM (e.g. 17:30).')).toBeInTheDocument()
+    expect(post).not.toHaveBeenCalled()
+    await userEvent.clear(time)
+    await userEvent.type(time, '17:30')
+    expect(screen.getByText(`Expires ${formatDateTime(new Date(2030, 0, 2, 17, 30))}, your time zone`)).toBeInTheDocument()
+    expect(screen.getByText(/17:30:00, your time zone/)).toBeInTheDocument()
+    await userEvent.click(screen.getByRole('button', { name: 'Create key' }))
+    await waitFor(() => expect(post).toHaveBeenCalled())
+    expect((post.mock.calls[0][1] as { body: Record<string, unknown> }).body.expires_at).toBe(new Date(2030, 0, 2, 17, 30).toISOString())
+  })
+
+  it("shows the API's warning about adapters that do not exist yet beside the new secret", async () => {
+    mockGets('owner', [])
+    const warning = 'No adapter or version typo-bot exists yet. The key can call them once they are uploaded under those names; if you meant existing adapters, check the spelling, revoke this key and create it again.'
+    const post = vi.spyOn(api, 'POST').mockResolvedValue(ok({ ...key({ adapters: ['typo-bot'] }), secret: 'qv_k1.s3cret', adapters_not_found: ['typo-bot'], warning }, 201) as never)
+    renderPage()
+    await userEvent.type(await screen.findByRole('textbox', { name: 'Name' }), 'ci')
+    await userEvent.type(screen.getByRole('textbox', { name: 'Only these adapters (optional)' }), 'typo-bot')
+    await userEvent.click(screen.getByRole('button', { name: 'Create key' }))
+    await waitFor(() => expect(post).toHaveBeenCalled())
+    expect((post.mock.calls[0][1] as { body: Record<string, unknown> }).body.adapters).toEqual(['typo-bot'])
+    expect(await screen.findByTestId('new-key-warning')).toHaveTextContent(warning)
+    expect(screen.getByTestId('new-secret')).toHaveTextContent('qv_k1.s3cret')
   })
 })

@@ -6,6 +6,7 @@ import { api, unwrap, type ApiKey, type ApiKeyCreated } from '../api/client'
 import { useMe, useRole } from '../auth'
 import { KeyLimitsFields } from '../components/KeyLimitsFields'
 import { changedLimits, createLimits, draftOf, emptyDraft, limitError, limitsText, type LimitsDraft } from '../components/keyLimits'
+import { expiryInstant } from '../components/expiry'
 import { formatDateTime } from '../format'
 
 const SCOPES = ['adapters:read', 'adapters:write', 'inference', 'keys:manage']
@@ -16,7 +17,8 @@ export function ApiKeys() {
   const role = useRole(me)
   const [name, setName] = useState('')
   const [scopes, setScopes] = useState<string[]>(['inference'])
-  const [expires, setExpires] = useState('')
+  const [expiryDate, setExpiryDate] = useState('')
+  const [expiryTime, setExpiryTime] = useState('')
   const [adapters, setAdapters] = useState('')
   const [created, setCreated] = useState<ApiKeyCreated | null>(null)
   const [error, setError] = useState<string | null>(null)
@@ -26,17 +28,19 @@ export function ApiKeys() {
   const [editing, setEditing] = useState<ApiKey | null>(null)
   const keys = useQuery({ queryKey: ['api-keys'], queryFn: async () => unwrap(await api.GET('/api/v1/api-keys')), enabled: role !== 'viewer' })
   if (role === 'viewer') return <Text>Viewers cannot manage API keys; ask a member or owner of this tenant.</Text>
+  const expiry = expiryInstant(expiryDate, expiryTime)
   const create = async (e: React.FormEvent) => {
     e.preventDefault()
     setError(null)
     setLimitErrors({})
+    if (expiry.error) return setError(`Expires: ${expiry.error.text}`)
     try {
       const body = unwrap(
         await api.POST('/api/v1/api-keys', {
           body: {
             name,
             scopes: scopes as never,
-            expires_at: expires ? new Date(expires).toISOString() : null,
+            expires_at: expiry.iso,
             adapters: adapters.split(/[\s,]+/).filter(Boolean),
             ...createLimits(limits),
           },
@@ -71,7 +75,24 @@ export function ApiKeys() {
               ))}
             </Group>
           </Checkbox.Group>
-          <TextInput label="Expires (optional)" type="datetime-local" value={expires} onChange={(e) => setExpires(e.currentTarget.value)} />
+          <Group grow align="flex-start">
+            <TextInput
+              label="Expires on (optional)"
+              type="date"
+              value={expiryDate}
+              onChange={(e) => setExpiryDate(e.currentTarget.value)}
+              error={expiry.error?.field === 'date' ? expiry.error.text : null}
+            />
+            <TextInput
+              label="at (24-hour, HH:MM)"
+              placeholder="00:00"
+              inputMode="numeric"
+              value={expiryTime}
+              onChange={(e) => setExpiryTime(e.currentTarget.value)}
+              error={expiry.error?.field === 'time' ? expiry.error.text : null}
+              description={expiry.iso ? `Expires ${formatDateTime(expiry.iso)}, your time zone` : 'Your time zone; empty: 00:00'}
+            />
+          </Group>
           <TextInput
             label="Only these adapters (optional)"
             description="Names or name@N, comma-separated; any other model is a 404 for this key."
@@ -98,6 +119,11 @@ export function ApiKeys() {
         {created && (
           <Stack>
             <Text>Copy it now: this is the only time the secret is shown.</Text>
+            {created.warning && (
+              <Alert color="yellow" title="Not uploaded yet" data-testid="new-key-warning">
+                {created.warning}
+              </Alert>
+            )}
             <Code block data-testid="new-secret" style={{ wordBreak: 'break-all' }}>
               {created.secret}
             </Code>
