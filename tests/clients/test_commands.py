@@ -102,6 +102,8 @@ def test_keys_create_ls_revoke(quiver, tenancy: Tenancy) -> None:
 def test_a_key_limited_to_adapters_says_so_when_made_and_listed(quiver, tenancy: Tenancy) -> None:
     made = quiver("keys", "create", "bot-app", "--adapter", "support-bot")
     assert made.rc == 0 and "only support-bot" in made.stderr, made.stderr
+    assert "No adapter or version support-bot exists yet" in made.stderr  # none uploaded: a typo would read the same
+    assert made.stdout.strip().count("\n") == 0  # stdout stays the key alone
     assert "support-bot" in quiver("keys", "ls").stdout
 
 

@@ -290,6 +290,8 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
         only = f", only {', '.join(key['adapters'])}" if key.get("adapters") else ""
         render.err.print(f"Key {key['key_id']} ({escape(key['name'])}, scopes {', '.join(key['scopes'])}"
                          f"{escape(only)}); the secret is shown this once:")
+        if key.get("warning"):  # adapters it names that do not exist yet (allowed: said, in case of a typo)
+            render.err.print(f"[yellow]{escape(key['warning'])}[/yellow]")
         print(key["secret"], flush=True)
     return EXIT_OK
 
