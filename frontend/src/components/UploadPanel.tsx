@@ -25,6 +25,9 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
   const [progress, setProgress] = useState<Progress | null>(null)
   const [result, setResult] = useState<{ ok: boolean; text: string } | null>(null)
   const [busy, setBusy] = useState(false)
+  // The adapter these chosen files were just uploaded to: Upload stayed enabled after a success, and a second click
+  // made a duplicate version. Choosing files (or another adapter name) enables it again.
+  const [uploadedTo, setUploadedTo] = useState<string | null>(null)
   const [over, setOver] = useState(false)
   const handleRef = useRef<UploadHandle | null>(null)
 
@@ -34,6 +37,7 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
     setPickError(picked.error)
     setProgress(null)
     setResult(null)
+    setUploadedTo(null)
   }
 
   const start = async () => {
@@ -52,6 +56,7 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
           ok: true,
           text: body.status === 'uploaded' ? `Uploaded ${label}; it is being validated (${where}).` : `Uploaded ${label}: ${body.status}.`,
         })
+        setUploadedTo(adapter)
         onUploaded?.(body)
       } else {
         setResult({ ok: false, text: body?.detail ?? `Upload failed (HTTP ${status}).` })
@@ -75,6 +80,21 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
         ? 'Uploaded; the server is checking sizes and sha256…'
         : null
   const validName = /^(?=[a-z0-9-]{1,40}$)[a-z0-9]+(?:-[a-z0-9]+)*$/.test(adapter)
+  // Why Upload is off, for the hint beside it (null: it is on). While one is in flight the button shows its loader.
+  const blocked = busy
+    ? null
+    : files.length === 0
+      ? 'Choose the adapter files first.'
+      : !validName
+        ? null // the name field says why
+        : !lockAdapter && !baseModel
+          ? 'Pick a base model first.'
+          : pickError
+            ? null // the alert above says why
+            : uploadedTo === adapter
+              ? 'These files are uploaded; choose files again to upload another version.'
+              : null
+  const canUpload = !busy && files.length > 0 && validName && !pickError && (lockAdapter || !!baseModel) && uploadedTo !== adapter
 
   return (
     <Paper withBorder p="md" radius="md">
@@ -159,9 +179,14 @@ export function UploadPanel({ baseModels, defaultAdapter = '', lockAdapter = fal
           </Stack>
         )}
         <Group>
-          <Button onClick={start} disabled={busy || !validName || files.length === 0 || !!pickError} loading={busy}>
+          <Button onClick={start} disabled={!canUpload} loading={busy}>
             Upload
           </Button>
+          {blocked && (
+            <Text size="sm" c="dimmed" data-testid="upload-blocked">
+              {blocked}
+            </Text>
+          )}
           {busy && (
             <Button variant="outline" color="red" onClick={() => handleRef.current?.cancel()}>
               Cancel

@@ -74,6 +74,41 @@ describe('UploadPanel', () => {
     await waitFor(() => expect(screen.getByRole('status')).toHaveTextContent('Upload exceeds 10 bytes.'))
   })
 
+  it('keeps Upload off without files, while one is in flight, and after it for the same files', async () => {
+    const fake = fakeUploader()
+    renderWithMantine(<UploadPanel baseModels={['tiny-llama']} defaultAdapter="capitals" uploader={fake.uploader} />)
+    const upload = screen.getByRole('button', { name: 'Upload' })
+    expect(upload).toBeDisabled()
+    expect(screen.getByTestId('upload-blocked')).toHaveTextContent('Choose the adapter files first.')
+    fireEvent.change(screen.getByLabelText('Choose adapter files'), { target: { files: FOLDER } })
+    expect(upload).toBeEnabled()
+    await userEvent.click(upload)
+    expect(upload).toBeDisabled() // in flight: a second click would start a second upload
+    await userEvent.click(upload)
+    expect(fake.uploader).toHaveBeenCalledTimes(1)
+    fake.finish({ status: 201, body: { adapter: 'capitals', number: 1, status: 'uploaded' } })
+    expect(await screen.findByRole('status')).toHaveTextContent('Uploaded capitals v1')
+    // Done: the same files again would be a duplicate version (it stayed enabled and made one).
+    expect(upload).toBeDisabled()
+    expect(screen.getByTestId('upload-blocked')).toHaveTextContent('These files are uploaded; choose files again')
+    await userEvent.clear(screen.getByLabelText(/Adapter name/))
+    await userEvent.type(screen.getByLabelText(/Adapter name/), 'capitals-2') // the same files to another adapter: fine
+    expect(upload).toBeEnabled()
+    await userEvent.clear(screen.getByLabelText(/Adapter name/))
+    await userEvent.type(screen.getByLabelText(/Adapter name/), 'capitals')
+    expect(upload).toBeDisabled()
+    fireEvent.change(screen.getByLabelText('Choose adapter files'), { target: { files: FOLDER } })
+    expect(upload).toBeEnabled()
+    expect(screen.queryByTestId('upload-blocked')).toBeNull()
+  })
+
+  it('keeps Upload off until a base model is picked', () => {
+    renderWithMantine(<UploadPanel baseModels={[]} defaultAdapter="capitals" uploader={fakeUploader().uploader} />)
+    fireEvent.change(screen.getByLabelText('Choose adapter files'), { target: { files: FOLDER } })
+    expect(screen.getByRole('button', { name: 'Upload' })).toBeDisabled()
+    expect(screen.getByTestId('upload-blocked')).toHaveTextContent('Pick a base model first.')
+  })
+
   it('refuses a bad adapter name before uploading', async () => {
     renderWithMantine(<UploadPanel baseModels={['tiny-llama']} uploader={fakeUploader().uploader} />)
     await userEvent.type(screen.getByLabelText(/Adapter name/), 'Bad Name')
