@@ -93,7 +93,12 @@ def test_create_a_key_see_it_once_and_revoke_it(console: Any, make_user: Any, ga
     page.get_by_role("heading", name="API keys").wait_for()
     page.get_by_role("textbox", name="Name", exact=True).fill("ci-deploy")
     page.get_by_role("checkbox", name="adapters:read").check()
+    # A 24-hour clock, as every time in the console (the datetime-local picker showed AM/PM in en-US).
+    page.get_by_label("Expires on (optional)").fill("2030-01-02")
+    page.get_by_role("textbox", name="at (24-hour, HH:MM)").fill("17:30")
+    page.get_by_role("textbox", name="Only these adapters (optional)").fill("not-uploaded-yet")
     page.get_by_role("button", name="Create key").click()
+    expect(page.get_by_test_id("new-key-warning")).to_contain_text("not-uploaded-yet exists yet")
     secret = page.get_by_test_id("new-secret").inner_text().strip()
     assert secret.startswith("qv_")
     expect(page.get_by_role("button", name="Copy to clipboard")).to_be_visible()
@@ -101,6 +106,7 @@ def test_create_a_key_see_it_once_and_revoke_it(console: Any, make_user: Any, ga
     page.get_by_role("button", name="Done").click()
     row = page.get_by_test_id("key-ci-deploy")
     expect(row).to_contain_text(".****")
+    expect(row).to_contain_text("17:30:00")
     assert secret not in page.content()  # shown once: gone after the dialog closes
     headers = {"Authorization": f"Bearer {secret}"}
     assert httpx.get(f"{gateway_server}/api/v1/adapters", headers=headers).status_code == 200
