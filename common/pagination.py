@@ -4,7 +4,7 @@
 
 Lists that stay small per tenant (adapters, keys, members) are answered whole, as plain arrays; a list that grows
 with the number of nodes or adapter versions on the platform is paged so that one call's cost is bounded (the
-operator's nodes page, unpaged, cost 740 ms of web CPU at 64 nodes and 5,800 placements: docs/scale.md).
+operator's nodes page, unpaged, cost 740 ms of web CPU at 64 nodes and 5,800 placements: docs/scale-usage.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reads of the fleet for the operator's pages: per-node residency and failure counts, the residency map by version.
 
 Both are bounded by the caller's page (a list of node ids, a page of versions): the operator pages no longer read
-every placement of the fleet in one call (docs/scale.md, "Operator pages at 64 nodes").
+every placement of the fleet in one call (docs/scale-usage.md, "Operator pages at 64 nodes").
 """
 
 from __future__ import annotations

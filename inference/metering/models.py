@@ -38,13 +38,13 @@ class UsageRecord(models.Model):
     latency_ms = models.FloatField()
     ttft_ms = models.FloatField(null=True, blank=True)
     # Unique through a constraint, not the field: a unique CharField also gets PostgreSQL a `varchar_pattern_ops`
-    # index for LIKE, which no query uses (695 MB per 10 million records, docs/scale.md).
+    # index for LIKE, which no query uses (695 MB per 10 million records, docs/scale-usage.md).
     request_id = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 (NULLs never collide)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
         db_table = "gateway_usagerecord"
-        # Every usage read is one tenant's rows over a period (docs/scale.md, "Usage at a year of traffic").
+        # Every usage read is one tenant's rows over a period (docs/scale-usage.md, "Usage at a year of traffic").
         indexes = [models.Index(fields=["tenant", "created_at"], name="usagerecord_tenant_created")]
         constraints = [models.UniqueConstraint(fields=["request_id"], name="usagerecord_request_id_unique")]
 

@@ -7,7 +7,7 @@ on SQLite (the embedded demo) they are computed in Python over the period's rows
 
 A paged table (the operator's, every tenant) sorts every version's totals (:func:`traffic_totals`, one grouped read)
 and computes percentiles for its page's versions only (:func:`with_percentiles`): the sort of the period's records
-for percentiles was the cost of a day's table at 10 million records (docs/scale.md, "Operator pages at 64 nodes").
+for percentiles was the cost of a day's table at 10 million records (docs/scale-usage.md, "Operator pages at 64 nodes").
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ MAX_BUCKETS = 1440
 PERCENTILE_ROWS = 50_000
 GROUP = ("tenant_id", "tenant__slug", "adapter", "version_number")
 # Percentiles group by the tenant's id, not its slug: no join with the tenants table, and an integer sort key for
-# the ordered-set aggregate (its sort of the period's records was the cost of a day's table: docs/scale.md).
+# the ordered-set aggregate (its sort of the period's records was the cost of a day's table: docs/scale-usage.md).
 PCT_GROUP = ("tenant_id", "adapter", "version_number")
 WANTED = {"latency_ms_p50": ("latency_ms", 0.5), "latency_ms_p95": ("latency_ms", 0.95),
           "latency_ms_p99": ("latency_ms", 0.99), "ttft_ms_p50": ("ttft_ms", 0.5), "ttft_ms_p95": ("ttft_ms", 0.95)}
@@ -105,7 +105,7 @@ class BucketIndex(Func):
     """PostgreSQL: which bucket of ``width`` from ``first`` a timestamp falls in, ``floor((t - first) / width)``, as
     an integer. The sparkline groups by it instead of ``date_trunc``: a truncated timestamp comes back as a datetime
     Django makes timezone-aware row by row, most of the Python time of a table with thousands of (version, minute)
-    rows (2,000 versions over an hour: ~7,000 rows, ~40 ms of web CPU; docs/scale.md)."""
+    rows (2,000 versions over an hour: ~7,000 rows, ~40 ms of web CPU; docs/scale-usage.md)."""
 
     output_field = IntegerField()
 

@@ -1,4 +1,4 @@
-"""Usage reads at a year of traffic (docs/scale.md): one (tenant, created_at) index on the raw records instead of the
+"""Usage reads at a year of traffic (docs/scale-usage.md): one (tenant, created_at) index on the raw records instead of the
 tenant-only one, and the hourly sums (``UsageHour``), filled here from every raw record already stored.
 
 On a large table this migration holds locks for its duration: ``CREATE INDEX`` (not ``CONCURRENTLY``: it must run on

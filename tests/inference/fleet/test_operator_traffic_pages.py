@@ -1,7 +1,7 @@
 """The operator's traffic table is paged (``GET /api/v1/operator/traffic?limit=&offset=&ordering=``): walking every
 page gives the unpaged table's rows, in its order, each version once, with the same percentiles (computed for the
 page's versions only, over the same latest records); a page costs the same queries however many versions had
-traffic. The nodes page counts its nodes' recent failures in one grouped query (docs/scale.md, "Operator pages at
+traffic. The nodes page counts its nodes' recent failures in one grouped query (docs/scale-usage.md, "Operator pages at
 64 nodes")."""
 
 from __future__ import annotations

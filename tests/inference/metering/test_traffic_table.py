@@ -1,7 +1,7 @@
 """The traffic table's counts, tokens and sparklines, now one grouped read per part with the bucket computed in
 PostgreSQL and the (version, bucket) cells summed there per version, equal a count of the records in Python: every
 record in its bucket (edges included: on a minute, on ``since``, just before ``until``), every version once, whether
-called by name or pinned, from the records alone and with the hourly sums (docs/scale.md, "Operator pages at 64
+called by name or pinned, from the records alone and with the hourly sums (docs/scale-usage.md, "Operator pages at 64
 nodes")."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Usage totals, hourly series, traffic and per-version figures read from the hourly sums (``UsageHour``) for the
 whole final hours and from the raw records for the rest give the same figures as from the raw records alone; their
-percentiles read a period's latest records only (docs/scale.md, "Usage at a year of traffic")."""
+percentiles read a period's latest records only (docs/scale-usage.md, "Usage at a year of traffic")."""
 
 from __future__ import annotations
 
