@@ -250,6 +250,18 @@ QUIVER_NODE_STALE_AFTER_S = env.int("QUIVER_NODE_STALE_AFTER_S", default=30)
 # token flooding the listener slowed every node's accepts (attack round). Agents send one every
 # QUIVER_HEARTBEAT_SECONDS (5 s by default); 0 turns the floor off.
 QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S = env.float("QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S", default=0.5)
+# Capacity ceilings (inference.policy.node_capacity): the max_loras / max_cpu_loras a node's heartbeat reports are
+# used up to these, unless quiver_node_register set the node's own (--max-loras, --max-cpu-loras); a stolen node
+# credential reporting 100,000 CPU slots was sent warms for every tenant's adapters (attack round). Defaults: the
+# engine figures this repository ships (docker-compose.yml and platform/k8s/base: --max-loras 8, --max-cpu-loras 32),
+# above vLLM's own defaults (max_loras 1, max_cpu_loras = max_loras; vLLM sets no upper limit). The rank's ceiling is
+# the base model's max_lora_rank (--max-lora-rank per node).
+QUIVER_NODE_MAX_LORAS_CEILING = env.int("QUIVER_NODE_MAX_LORAS_CEILING", default=8)
+QUIVER_NODE_MAX_CPU_LORAS_CEILING = env.int("QUIVER_NODE_MAX_CPU_LORAS_CEILING", default=32)
+if not 1 <= QUIVER_NODE_MAX_LORAS_CEILING <= QUIVER_NODE_MAX_CPU_LORAS_CEILING <= 2**31 - 1:
+    raise ImproperlyConfigured(
+        f"QUIVER_NODE_MAX_LORAS_CEILING={QUIVER_NODE_MAX_LORAS_CEILING}, QUIVER_NODE_MAX_CPU_LORAS_CEILING="
+        f"{QUIVER_NODE_MAX_CPU_LORAS_CEILING}: use 1 <= max_loras ceiling <= max_cpu_loras ceiling (vLLM's rule).")
 # Node gauges kept over time for the console's fleet charts (inference.fleet.node_samples): one row per node per
 # interval, deleted after the retention.
 QUIVER_NODE_SAMPLE_INTERVAL_S = env.float("QUIVER_NODE_SAMPLE_INTERVAL_S", default=10.0)

@@ -24,8 +24,10 @@ from tenants.models import Tenant
 class Node(models.Model):
     """One inference node: a vLLM engine serving ``base_model`` plus Quiver's node agent.
 
-    Registered by an operator with its URLs; capacities and gauges come from its authenticated heartbeats. ``kv_cache_usage_perc`` is vLLM's
-    ``vllm:kv_cache_usage_perc`` gauge, 0..1.
+    Registered by an operator with its URLs and capacity ceilings; gauges come from its authenticated heartbeats.
+    ``max_loras`` / ``max_cpu_loras`` / ``max_lora_rank`` are the figures placement and routing use: the heartbeat's,
+    clamped to the ceilings (``inference.policy.node_capacity``; what the node reported stays in ``state``).
+    ``kv_cache_usage_perc`` is vLLM's ``vllm:kv_cache_usage_perc`` gauge, 0..1.
     """
 
     name = models.CharField(max_length=100, unique=True)
@@ -44,6 +46,11 @@ class Node(models.Model):
     max_loras = models.PositiveIntegerField(default=0)
     max_cpu_loras = models.PositiveIntegerField(default=0)
     max_lora_rank = models.PositiveIntegerField(default=0)
+    # Set by an operator at registration (quiver_node_register --max-loras ...), never by a heartbeat; null = the
+    # fleet's default (QUIVER_NODE_MAX_LORAS_CEILING, QUIVER_NODE_MAX_CPU_LORAS_CEILING, the base model's rank).
+    max_loras_ceiling = models.PositiveIntegerField(null=True, blank=True)
+    max_cpu_loras_ceiling = models.PositiveIntegerField(null=True, blank=True)
+    max_lora_rank_ceiling = models.PositiveIntegerField(null=True, blank=True)
     kv_cache_usage_perc = models.FloatField(null=True)
     num_requests_running = models.IntegerField(null=True)
     num_requests_waiting = models.IntegerField(null=True)
@@ -63,6 +70,10 @@ class Node(models.Model):
 
 class Placement(models.Model):
     """Where an adapter version lives on a node: ``cold | staged | warm | hot | errored`` plus ``pinned``.
+
+    ``pinned`` is an operator's pin (``VersionIntent``) carried to this row, never the node's word: a node's report
+    or load answer cannot mark a row pinned, which would keep it from being trimmed (attack round). What the engine
+    says it pinned is kept in ``Node.state`` (the reconciler's repin check reads it there).
 
     ``warming_since`` marks an in-flight warm so concurrent gateway requests enqueue it once; ``load_issued_at``
     records that the control plane asked this node to load the version, which a heartbeat needs to record it.

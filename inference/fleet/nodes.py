@@ -27,6 +27,13 @@ from inference.fleet.heartbeat import HeartbeatInvalid, heartbeat_parse
 from inference.fleet.models import RESIDENT, Node, NodeSample, Placement
 from inference.fleet.node_keys import NodeCredentials, node_credentials, token_matches, token_node_name
 from inference.fleet.node_samples import node_sample_after
+from inference.policy.node_capacity import (
+    CAPACITY_FIELDS,
+    NodeCapacity,
+    capacity_effective,
+    ceilings_check,
+    ceilings_resolve,
+)
 from inference.policy.node_report import PlacementRow, ReportedAdapter, report_changes, report_digest
 
 logger = logging.getLogger(__name__)
@@ -59,8 +66,13 @@ class NodeRefused(Exception):
 
 
 def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name: str,
-                  rotate: bool = False) -> tuple[Node, NodeCredentials]:
-    """Register node ``name`` (or change its URLs and base model) and return its credentials.
+                  rotate: bool = False, ceilings: Mapping[str, int | None] | None = None) -> tuple[Node, NodeCredentials]:
+    """Register node ``name`` (or change its URLs, base model or capacity ceilings) and return its credentials.
+
+    ``ceilings``: the node's own capacity ceilings by field (``max_loras``, ``max_cpu_loras``, ``max_lora_rank``);
+    None sets a field back to the fleet's default, an absent field keeps what the node had (a new node: the
+    default). The figures placement and routing use are the heartbeat's clamped to them (``node_ceilings``),
+    applied at once to the node's last report.
 
     Re-registering keeps the node's credentials unless ``rotate``, which moves it to a new key generation: the old
     key and token stop working and the node is unhealthy until it heartbeats with the new ones. Registering a
@@ -69,7 +81,8 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
 
     Raises:
         NodeRefused: 400 ``invalid`` (name not 1-63 lowercase letters, digits or hyphens; a URL not http(s)),
-            400 ``base_model_not_found``.
+            400 ``base_model_not_found``; 400 ``invalid`` naming the ceiling (not an integer in [1, 2**31 - 1], or a
+            ``max_cpu_loras`` ceiling below the ``max_loras`` one, the node's or the fleet's).
     """
     if not NODE_NAME_RE.match(name):
         raise NodeRefused(400, "invalid", f"Node name {name!r}: use 1-63 lowercase letters, digits or hyphens.")
@@ -81,6 +94,9 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
     if base is None:
         raise NodeRefused(400, "base_model_not_found",
                           f"Unknown base model {base_model_name!r}; register it first (quiver_base_model_register).")
+    unknown = set(ceilings or ()) - set(CAPACITY_FIELDS)
+    if unknown:
+        raise NodeRefused(400, "invalid", f"Unknown capacity ceiling {sorted(unknown)[0]!r}; use {CAPACITY_FIELDS}.")
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(name=name).first()
         if node is None:
@@ -88,6 +104,13 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
         elif rotate or node.deregistered_at is not None:
             node.key_generation += 1
             node.healthy = False
+        for field, value in (ceilings or {}).items():
+            setattr(node, f"{field}_ceiling", value)
+        try:
+            ceilings_check(ceilings_resolve(_own_ceilings(node), _fleet_ceilings(None)))
+        except ValueError as exc:  # raised out of the transaction: nothing of this registration is written
+            field, message = exc.args
+            raise NodeRefused(400, "invalid", f"{field} ceiling (--{field.replace('_', '-')}): {message}.") from exc
         if node.pk is not None and node.base_model_id != base.pk:
             # Another base model: what it held was for the old one. Unhealthy until its engine reports the new model
             # (the heartbeat refuses a mismatch), so no queued warm or routed request sends it the old model's adapters.
@@ -98,9 +121,42 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
         node.agent_url, node.engine_url = agent_url.rstrip("/"), engine_url.rstrip("/")
         node.base_model = base
         node.registered_at = timezone.now()
+        if node.state:  # new ceilings apply to the last report now, not at the next heartbeat
+            capacity = capacity_effective(node.state, node_ceilings(node))
+            node.max_loras, node.max_cpu_loras = capacity.max_loras, capacity.max_cpu_loras
+            node.max_lora_rank = capacity.max_lora_rank
+            _log_clamps(node, capacity, previous={})
         node.save()
-    logger.info("node.registered", extra={"node": name, "generation": node.key_generation, "rotated": rotate})
+    logger.info("node.registered", extra={"node": name, "generation": node.key_generation, "rotated": rotate,
+                                          **{f"{f}_ceiling": getattr(node, f"{f}_ceiling") for f in CAPACITY_FIELDS}})
     return node, node_credentials(name, node.key_generation)
+
+
+def _own_ceilings(node: Node) -> dict[str, int | None]:
+    return {field: getattr(node, f"{field}_ceiling") for field in CAPACITY_FIELDS}
+
+
+def _fleet_ceilings(base_model: BaseModel | None) -> dict[str, int | None]:
+    return {"max_loras": settings.QUIVER_NODE_MAX_LORAS_CEILING,
+            "max_cpu_loras": settings.QUIVER_NODE_MAX_CPU_LORAS_CEILING,
+            "max_lora_rank": base_model.max_lora_rank if base_model is not None else None}
+
+
+def node_ceilings(node: Node) -> dict[str, int | None]:
+    """The capacity ceilings of ``node`` by field: its operator-set ones, else the fleet's
+    (``QUIVER_NODE_MAX_LORAS_CEILING``, ``QUIVER_NODE_MAX_CPU_LORAS_CEILING``, its base model's ``max_lora_rank``;
+    None: no base model, no rank ceiling)."""
+    return ceilings_resolve(_own_ceilings(node), _fleet_ceilings(node.base_model))
+
+
+def _log_clamps(node: Node, capacity: NodeCapacity, *, previous: Mapping[str, Any]) -> None:
+    """Log each figure ``node`` reports above its ceiling once, when it starts to (``previous``: the node's last
+    stored report, whose figure was within the ceiling), not on every heartbeat that repeats it."""
+    for clamp in capacity.clamped:
+        if int(previous.get(clamp.field) or 0) > clamp.ceiling:
+            continue
+        logger.warning("node.capacity_clamped", extra={"node": node.name, "field": clamp.field,
+                                                       "reported": clamp.reported, "ceiling": clamp.ceiling})
 
 
 def node_deregister(node: Node) -> Node:
@@ -242,9 +298,12 @@ def _record(node: Node, state: Mapping[str, Any], last_sample: datetime | None) 
     digest = node.residency_digest
     if not digest or report_digest(reported, rows, unplaced) != digest:
         digest = _record_report(node, reported, rows, {**versions, **unplaced}, unplaced, previous=previous, now=now)
+    # The node's figures up to its ceilings: the report is the node's word, the ceilings the operator's.
+    capacity = capacity_effective(state, node_ceilings(node))
+    _log_clamps(node, capacity, previous=node.state or {})
     fields = {"healthy": bool(state.get("healthy")), "last_heartbeat_at": now,
-              "max_loras": state.get("max_loras") or 0, "max_cpu_loras": state.get("max_cpu_loras") or 0,
-              "max_lora_rank": state.get("max_lora_rank") or 0,
+              "max_loras": capacity.max_loras, "max_cpu_loras": capacity.max_cpu_loras,
+              "max_lora_rank": capacity.max_lora_rank,
               "kv_cache_usage_perc": state.get("kv_cache_usage_perc"),
               "num_requests_running": state.get("num_requests_running"),
               "num_requests_waiting": state.get("num_requests_waiting"),

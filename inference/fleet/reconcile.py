@@ -7,7 +7,8 @@ nothing new for a converged fleet. It adds replicas and pins, the replicas only 
 hottest first (``inference.policy.placement.slotted``; a version past them loads on its next request), and it trims:
 replicas above a version's ``max_replicas`` (the plan's nodes kept), then tenants over their ``max_gpu_bytes`` quota
 lose their own GPU-resident adapters, least used first (``inference.policy.eviction.choose_victims``). Pins are never
-trimmed. Making room on a full node is the agent's job (``QUIVER_EVICTION_POLICY`` on the node); an operator can
+trimmed (a row's ``pinned`` is an operator's pin; a node's report cannot set it). Node capacities are the
+heartbeats' clamped to the operators' ceilings (``inference.policy.node_capacity``). Making room on a full node is the agent's job (``QUIVER_EVICTION_POLICY`` on the node); an operator can
 evict now through the API.
 """
 
@@ -182,7 +183,8 @@ def _backoff_settled(states: dict[tuple[int, str], WarmBackoff], pair: tuple[int
 
 def _engine_pinned(node: Node, version_id: int) -> bool:
     """Whether the node's last heartbeat (its engine's own report, ``Node.state``) says ``version_id`` is pinned;
-    the placement row's ``pinned`` is also written from operators' intent, so it cannot tell."""
+    the placement row's ``pinned`` is the operator's pin, so it cannot tell. Only asked for a version an operator
+    pinned on the node: a node that lies here only goes without its repin."""
     return any(a.get("lora_int_id") == version_id and a.get("pinned") for a in (node.state or {}).get("adapters", []))
 
 

@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 def placement_warm_task(placement_id: int) -> None:
     """Warm one placement row's version on its node; failures are recorded on the row (tier ``errored``).
 
-    The pin comes from the operator's intent (``VersionIntent``), not only from the row: heartbeats rewrite the row's
-    ``pinned`` with what the engine reports, and one may land between a pin and this task.
+    The pin comes from the operator's intent (``VersionIntent``), not only from the row: a heartbeat may clear the
+    row's ``pinned`` where no intent covered it when it was read, and one may land between a pin and this task. A
+    node's own word never makes a pin (``inference.policy.node_report.report_changes``).
     """
     placement = Placement.objects.select_related("node", "adapter_version__adapter__tenant").filter(pk=placement_id).first()
     if placement is None:

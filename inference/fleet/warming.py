@@ -119,7 +119,8 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
     adapter_version_effect_record(version, verdict=str(answer.get("effect", "")), served=True)
     placement.tier = answer.get("tier", Placement.Tier.WARM)
     placement.served = True
-    placement.pinned = bool(answer.get("pinned", pin))
+    # The pin is the operator's (``pin``, from the intent); the node's answer can only say the engine did not take it.
+    placement.pinned = pin and bool(answer.get("pinned", pin))
     placement.load_ms = answer.get("load_ms")
     placement.last_error = ""
     placement.warming_since = None

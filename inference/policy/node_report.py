@@ -111,8 +111,10 @@ def report_changes(*, reported: Sequence[ReportedAdapter], owned: Collection[int
     Returns:
         The changes. Only rows the control plane asked to load (``load_issued_at`` set) take a reported version's
         tier; a row written since ``previous`` takes from this report, which may predate the write, only that a
-        load it asked for is resident (``may_predate``). A pinned mark stays while the engine reports the pin, an
-        operator's pin covers the row, or the row was written since ``previous``. A warm in flight keeps its mark
+        load it asked for is resident (``may_predate``). The pinned mark is an operator's: the engine's report of a
+        pin marks the row only where an operator's pin covers it (``pinned_fleet``/``pinned_here``), a mark stays
+        while one does or the row was written since ``previous``, and a node's word alone never sets it (a host
+        with a stolen node credential marked rows pinned, which the reconciler never trims; attack round). A warm in flight keeps its mark
         until the version is reported resident. Rows the node no longer reports (and not written since
         ``previous``, nor warming) drop from resident or staged to cold; a pin naming the node keeps its mark there
         (the report may predate the pinned load; the reconciler reloads a named pin that really went).
@@ -130,7 +132,7 @@ def report_changes(*, reported: Sequence[ReportedAdapter], owned: Collection[int
         if version_id in newer and may_predate(row, tier, previous):
             continue
         intended = row.pinned_fleet or row.pinned_here
-        pinned = entry.pinned or (row.pinned and (intended or version_id in newer))
+        pinned = ((entry.pinned or row.pinned) and intended) or (row.pinned and version_id in newer)
         served = entry.served if entry.served is not None else tier in RESIDENT
         wanted: dict[str, Any] = {"tier": tier, "pinned": pinned, "served": served, "warming_since": None}
         if row.warming_since is not None and tier not in RESIDENT:

@@ -29,10 +29,12 @@ from common.moments import MomentField
 from common.pagination import BoundedPage
 from inference.fleet.models import Node, Placement
 from inference.fleet.node_samples import node_samples, slots_used
+from inference.fleet.nodes import node_ceilings
 from inference.fleet.selectors import TIERS, node_failures, node_residency_counts, residency_map_versions
 from inference.metering.api import TrafficQuerySerializer, TrafficRowSerializer, drain_quietly
 from inference.metering.models import UsageHour, UsageRecord
 from inference.metering.traffic import ORDERINGS, order_rows, traffic_totals, with_percentiles
+from inference.policy.node_capacity import CAPACITY_FIELDS
 from tenants.authentication import ApiKeyAuthentication, TenantPrincipal
 
 # A tenant's key is recognised here (not ignored), so it gets 403 ``staff_required`` rather than a misleading
@@ -86,6 +88,10 @@ def failures_since() -> datetime:
     return timezone.now() - timedelta(minutes=5)
 
 
+_CAPACITY_SCHEMA = {"type": "object", "required": list(CAPACITY_FIELDS),
+                    "properties": {f: {"type": "integer", "nullable": True} for f in CAPACITY_FIELDS}}
+
+
 class NodeOutputSerializer(serializers.ModelSerializer):
     """A node's health, slots, gauges (``kv_cache_usage_perc`` 0..1) and residency counts.
 
@@ -93,7 +99,9 @@ class NodeOutputSerializer(serializers.ModelSerializer):
     last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
     with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure);
     ``tiers``: its placement rows per tier (every tier present), ``pinned``: how many are pinned (the placements
-    themselves: ``GET /api/v1/operator/residency``).
+    themselves: ``GET /api/v1/operator/residency``). ``max_loras`` / ``max_cpu_loras`` / ``max_lora_rank``: the
+    figures placement and routing use, the heartbeat's clamped to the node's ceilings; ``reported``: what its last
+    heartbeat claimed (null: not said), ``ceilings``: the ceilings in force (the operator's or the fleet's).
     """
     base_model = serializers.CharField(source="base_model.base_model_name", allow_null=True, default=None)
     gpu_used = serializers.SerializerMethodField()
@@ -102,12 +110,14 @@ class NodeOutputSerializer(serializers.ModelSerializer):
     failed_requests_5m = serializers.SerializerMethodField()
     tiers = serializers.SerializerMethodField()
     pinned = serializers.SerializerMethodField()
+    reported = serializers.SerializerMethodField()
+    ceilings = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
         fields = ["name", "base_model", "healthy", "last_heartbeat_at", "max_loras", "max_cpu_loras", "max_lora_rank",
                   "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting", "num_preemptions_total",
-                  "gpu_used", "cpu_used", "failed_requests_5m", "tiers", "pinned"]
+                  "gpu_used", "cpu_used", "failed_requests_5m", "tiers", "pinned", "reported", "ceilings"]
 
     def get_gpu_used(self, node: Node) -> int:
         """Adapters in GPU slots."""
@@ -147,6 +157,17 @@ class NodeOutputSerializer(serializers.ModelSerializer):
     def get_pinned(self, node: Node) -> int:
         """Pinned placement rows on the node."""
         return int(self._counts(node)["pinned"])
+
+    @extend_schema_field(_CAPACITY_SCHEMA)
+    def get_reported(self, node: Node) -> dict[str, int | None]:
+        """The capacity the node's last heartbeat claimed, by field (null: not said)."""
+        state = node.state or {}
+        return {f: state[f] if isinstance(state.get(f), int) else None for f in CAPACITY_FIELDS}
+
+    @extend_schema_field(_CAPACITY_SCHEMA)
+    def get_ceilings(self, node: Node) -> dict[str, int | None]:
+        """The node's capacity ceilings by field (null: none)."""
+        return node_ceilings(node)
 
 
 class SamplesQuerySerializer(serializers.Serializer):

@@ -93,7 +93,9 @@ def test_an_unchanged_heartbeat_writes_no_placement_row_and_reads_no_version(int
 
 def test_a_changed_heartbeat_writes_exactly_the_changed_rows(internal: Client, fleet: dict[str, Any]) -> None:
     """Only the rows whose tier, pin or served mark moved are written (and stamped), one UPDATE per distinct set of
-    values: here two rows left their GPU slots alike, one was reloaded from disk, one was pinned by the engine."""
+    values: here two rows left their GPU slots alike, one was reloaded from disk, one was pinned by the engine (where
+    an operator pinned it: the intent, made before, writes no row)."""
+    VersionIntent.objects.create(adapter_version=fleet["versions"][5], pinned_nodes=["n1"])
     _beat(internal, fleet)
     before = _rows()
     adapters = [dict(a) for a in fleet["state"]["adapters"]]

@@ -14,7 +14,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from adapters_app.models import Purge
-from inference.fleet.models import Node, Placement
+from inference.fleet.models import Node, Placement, VersionIntent
 from inference.fleet.node_keys import node_credentials
 from inference.fleet.nodes import node_register
 from inference.fleet.warming import placement_mark_load_issued
@@ -322,6 +322,7 @@ def test_evicted_pinned_restarted_and_dead_nodes_keep_what_they_were_sent(
     assert _routes_to(bot) is None
     _beat(internal, token, _state("n1", adapters=[_entry(bot, "staged")]))  # the name is still served from disk
     assert _routes_to(bot) == "n1"
+    VersionIntent.objects.create(adapter_version=bot, pinned_nodes=["n1"])  # an operator pinned it there
     _beat(internal, token, _state("n1", adapters=[_entry(bot, "hot", pinned=True)]))  # reloaded by a request; pinned
     row = Placement.objects.get(node=node, adapter_version=bot)
     assert (row.tier, row.pinned, row.served) == ("hot", True, True)

@@ -14,7 +14,7 @@ from django.utils import timezone
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_version_upload, adapter_version_validate
 from inference.fleet import tasks as fleet_tasks
-from inference.fleet.models import Node, Placement
+from inference.fleet.models import Node, Placement, VersionIntent
 from inference.fleet.nodes import node_heartbeat, node_mark_stale, node_register
 from inference.fleet.warming import (
     placement_mark_load_issued,
@@ -79,6 +79,9 @@ def ready_version(make_client, base_model, tiny_adapters) -> AdapterVersion:  # 
 
 
 def test_heartbeat_upserts_node_and_reconciles_residency(ready_version: AdapterVersion) -> None:
+    """The engine's report of a pin marks the row where an operator pinned the version there (a node's word alone
+    does not: ``test_node_capacity``)."""
+    VersionIntent.objects.create(adapter_version=ready_version, pinned_nodes=["n1"])
     entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "hot", "pinned": True}
     node = _beat(_state("n1", [entry, {"lora_name": "gone", "lora_int_id": 999999, "tier": "warm"}],
                                        kv_cache_usage_perc=0.42))

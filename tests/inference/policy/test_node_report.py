@@ -123,3 +123,13 @@ def test_the_digest_ignores_order_and_timestamps() -> None:
     reported, rows = [_entry(1), _entry(2, "hot")], [_row(1), _row(2, "hot")]
     later = [replace(r, updated_at=T0 + timedelta(hours=1)) for r in reversed(rows)]
     assert report_digest(list(reversed(reported)), later) == report_digest(reported, rows)
+
+
+def test_a_nodes_word_alone_never_marks_a_row_pinned() -> None:
+    """The pinned mark is an operator's: an engine reporting a pin marks the row only where the version's intent pins
+    it there or fleet-wide; a host with a stolen node credential marked rows pinned, and pinned rows are never
+    trimmed (attack round). An unpinned row stays unpinned; a stale mark no operator pin covers goes."""
+    rows = [_row(1), _row(2, pinned_here=True), _row(3, pinned_fleet=True), _row(4, pinned=True)]
+    reported = [_entry(v, "hot", pinned=True) for v in (1, 2, 3, 4)]
+    changes = report_changes(reported=reported, owned={1, 2, 3, 4}, ours={1, 2, 3, 4}, rows=rows, previous=T0)
+    assert {r.pk: r.pinned for r in changes.rows_after} == {1: False, 2: True, 3: True, 4: False}
