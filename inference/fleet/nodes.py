@@ -104,8 +104,8 @@ def node_register(*, name: str, agent_url: str, engine_url: str, base_model_name
         elif rotate or node.deregistered_at is not None:
             node.key_generation += 1
             node.healthy = False
-        for field, value in (ceilings or {}).items():
-            setattr(node, f"{field}_ceiling", value)
+        for field, ceiling in (ceilings or {}).items():
+            setattr(node, f"{field}_ceiling", ceiling)
         try:
             ceilings_check(ceilings_resolve(_own_ceilings(node), _fleet_ceilings(None)))
         except ValueError as exc:  # raised out of the transaction: nothing of this registration is written

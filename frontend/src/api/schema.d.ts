@@ -1310,7 +1310,9 @@ export interface components {
          *     last heartbeat; ``num_preemptions_total``: vLLM's counter; ``failed_requests_5m``: requests this node answered
          *     with status >= 500 in the last 5 minutes (gateway metering; a caller's own 4xx is not the node's failure);
          *     ``tiers``: its placement rows per tier (every tier present), ``pinned``: how many are pinned (the placements
-         *     themselves: ``GET /api/v1/operator/residency``).
+         *     themselves: ``GET /api/v1/operator/residency``). ``max_loras`` / ``max_cpu_loras`` / ``max_lora_rank``: the
+         *     figures placement and routing use, the heartbeat's clamped to the node's ceilings; ``reported``: what its last
+         *     heartbeat claimed (null: not said), ``ceilings``: the ceilings in force (the operator's or the fleet's).
          */
         NodeOutput: {
             name: string;
@@ -1345,13 +1347,30 @@ export interface components {
             };
             /** @description Pinned placement rows on the node. */
             readonly pinned: number;
+            readonly reported: {
+                max_loras: number | null;
+                max_cpu_loras: number | null;
+                max_lora_rank: number | null;
+            };
+            readonly ceilings: {
+                max_loras: number | null;
+                max_cpu_loras: number | null;
+                max_lora_rank: number | null;
+            };
         };
-        /** @description A node to register: its name, the URLs the control plane reaches it at, and the base model it serves. */
+        /**
+         * @description A node to register: its name, the URLs the control plane reaches it at, the base model it serves, and
+         *     optionally its capacity ceilings (``max_loras``, ``max_cpu_loras``, ``max_lora_rank``: the most of each its
+         *     heartbeats may claim; absent or null: the fleet's, ``inference.policy.node_capacity``).
+         */
         NodeRegisterInput: {
             name: string;
             agent_url: string;
             engine_url: string;
             base_model: string;
+            max_loras?: number | null;
+            max_cpu_loras?: number | null;
+            max_lora_rank?: number | null;
         };
         /** @description A registration or rotation: the node and, this once, its credentials. */
         NodeRegistered: {

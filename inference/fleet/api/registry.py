@@ -24,15 +24,21 @@ from inference.fleet.api.operator import NodeViewSet
 from inference.fleet.models import FleetAuditRecord, Node
 from inference.fleet.node_keys import NodeCredentials
 from inference.fleet.nodes import NodeRefused, node_deregister, node_register
+from inference.policy.node_capacity import CAPACITY_FIELDS, MAX_CEILING
 
 
 class NodeRegisterInputSerializer(serializers.Serializer):
-    """A node to register: its name, the URLs the control plane reaches it at, and the base model it serves."""
+    """A node to register: its name, the URLs the control plane reaches it at, the base model it serves, and
+    optionally its capacity ceilings (``max_loras``, ``max_cpu_loras``, ``max_lora_rank``: the most of each its
+    heartbeats may claim; absent or null: the fleet's, ``inference.policy.node_capacity``)."""
 
     name = serializers.CharField(max_length=63)
     agent_url = serializers.CharField(max_length=300)
     engine_url = serializers.CharField(max_length=300)
     base_model = serializers.CharField(max_length=200)
+    max_loras = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_CEILING)
+    max_cpu_loras = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_CEILING)
+    max_lora_rank = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_CEILING)
 
 
 class NodeCredentialsSerializer(serializers.Serializer):
@@ -96,7 +102,8 @@ class NodeRegistryViewSet(mixins.RetrieveModelMixin, NodeViewSet):
                                 status=status.HTTP_409_CONFLICT)
             try:
                 node, creds = node_register(name=data["name"], agent_url=data["agent_url"],
-                                            engine_url=data["engine_url"], base_model_name=data["base_model"])
+                                            engine_url=data["engine_url"], base_model_name=data["base_model"],
+                                            ceilings={f: data.get(f) for f in CAPACITY_FIELDS})
             except NodeRefused as exc:
                 return _refused(exc)
             _audit(request, "node_register", node, {"key_generation": existing.key_generation} if existing else {})

@@ -102,3 +102,23 @@ def test_non_staff_cannot_register_rotate_or_deregister(make_client: Any, make_s
         assert client.get("/api/v1/operator/nodes/gpu-7").status_code == status
     node = Node.objects.get(name="gpu-7")
     assert node.key_generation == 1 and node.deregistered_at is None and not Node.objects.filter(name="gpu-8").exists()
+
+
+def test_ceilings_are_set_at_registration_and_the_view_shows_reported_and_used(staff: APIClient,
+                                                                               base_model: Any) -> None:
+    """The register body may set the node's capacity ceilings (a bad one is a 400 naming the field); the node view
+    shows what the node claimed (``reported``), the ``ceilings`` and the figures used (``max_loras`` ...)."""
+    bad = staff.post("/api/v1/operator/nodes", {**NODE, "max_cpu_loras": 0}, format="json")
+    assert bad.status_code == 400 and "max_cpu_loras" in bad.json()["detail"]
+    bad = staff.post("/api/v1/operator/nodes", {**NODE, "max_loras": 8, "max_cpu_loras": 4}, format="json")
+    assert bad.status_code == 400 and "max_cpu_loras" in bad.json()["detail"], bad.json()
+    assert not Node.objects.filter(name="gpu-7").exists()
+    created = staff.post("/api/v1/operator/nodes", {**NODE, "max_loras": 2, "max_cpu_loras": 3}, format="json")
+    assert created.status_code == 201, created.json()
+    node_heartbeat_accept(token=created.json()["credentials"]["QUIVER_NODE_TOKEN"], body={
+        "node": "gpu-7", "healthy": True, "max_loras": 100, "max_cpu_loras": 100_000, "max_lora_rank": 16,
+        "adapters": []})
+    view = staff.get("/api/v1/operator/nodes/gpu-7").json()
+    assert view["reported"] == {"max_loras": 100, "max_cpu_loras": 100_000, "max_lora_rank": 16}
+    assert view["ceilings"] == {"max_loras": 2, "max_cpu_loras": 3, "max_lora_rank": 16}  # the rank: the base model's
+    assert (view["max_loras"], view["max_cpu_loras"], view["max_lora_rank"]) == (2, 3, 16)

@@ -80,8 +80,8 @@ def ready_version(make_client, base_model, tiny_adapters) -> AdapterVersion:  # 
 
 def test_heartbeat_upserts_node_and_reconciles_residency(ready_version: AdapterVersion) -> None:
     """The engine's report of a pin marks the row where an operator pinned the version there (a node's word alone
-    does not: ``test_node_capacity``)."""
-    VersionIntent.objects.create(adapter_version=ready_version, pinned_nodes=["n1"])
+    does not: ``test_node_capacity``); a fleet-wide pin, whose mark goes with the copy."""
+    VersionIntent.objects.create(adapter_version=ready_version, pinned_fleet=True)
     entry = {"lora_name": ready_version.served_name, "lora_int_id": ready_version.pk, "tier": "hot", "pinned": True}
     node = _beat(_state("n1", [entry, {"lora_name": "gone", "lora_int_id": 999999, "tier": "warm"}],
                                        kv_cache_usage_perc=0.42))
