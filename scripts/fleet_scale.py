@@ -142,9 +142,11 @@ def start_control_plane(procs: Processes, env: dict[str, str], gateways: int, li
         procs.start(name, [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level",
                            "warning", "--no-access-log"], env)
     # As docker-compose.yml and platform/k8s run them: placement (and beat's default queue) apart from validation,
-    # each Celery's default prefork pool (2 children on this box), so a reconcile pass shares no GIL with an evict.
-    for name, queues in (("worker", "celery,placement"), ("worker-validation", "validation")):
-        procs.start(name, [PY, "-m", "celery", "-A", "config", "worker", "--concurrency=2", "-Q", queues,
+    # each on Celery's prefork pool, so a reconcile pass shares no GIL with an evict. Placement's tasks wait on node
+    # agents (I/O), so it has 8 children, as the 8 threads it had before: with 2, the warms of 2,000 uploads did not
+    # settle in 5 minutes.
+    for name, queues, children in (("worker", "celery,placement", 8), ("worker-validation", "validation", 2)):
+        procs.start(name, [PY, "-m", "celery", "-A", "config", "worker", f"--concurrency={children}", "-Q", queues,
                            "-n", f"{name}@%h", "--loglevel=WARNING", "--include", "devtools.hollow.probe_tasks"], env)
     procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING", "-s",
                          str(Path(env["QUIVER_HOLLOW_PROBE_DIR"]).parent / "beat-schedule")], env)
