@@ -97,6 +97,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="usage records seeded for the first tenant over --usage-days before the replay (0: none)")
     p.add_argument("--usage-days", type=float, default=365.0)
     p.add_argument("--workdir", type=Path, default=REPO / ".cache" / "fleet-scale")
+    p.add_argument("--record", type=Path, default=None,
+                   help="write the run's per-request record here (JSON: the trace, the engines' events, the operator's "
+                        "evictions, node names and version ids) for devtools.hollow.compare")
     return p.parse_args(argv)
 
 
@@ -257,8 +260,9 @@ def db_bytes() -> int:
         return int(cursor.fetchone()[0])
 
 
-def evict_one(operator: httpx.Client, probe_dir: Path, rng: Any) -> None:
-    """Evict one served adapter from one node as an operator and mark it for the gateways' probes."""
+def evict_one(operator: httpx.Client, probe_dir: Path, rng: Any, log: list[tuple[float, int, int]]) -> None:
+    """Evict one served adapter from one node as an operator and mark it for the gateways' probes; ``log`` gets
+    ``(wall time s, node id, version id)`` of each accepted eviction."""
     from inference.fleet.models import Placement
 
     rows = list(Placement.objects.filter(served=True, pinned=False, tier__in=("hot", "warm"))
@@ -268,9 +272,30 @@ def evict_one(operator: httpx.Client, probe_dir: Path, rng: Any) -> None:
     pk, node_id, version_id = rows[int(rng.integers(len(rows)))]
     t0 = time.time()
     if operator.post(f"/api/v1/operator/placements/{pk}/evict").status_code == 202:
+        log.append((t0, node_id, version_id))
         marker = {"id": f"{pk}-{t0}", "node_id": node_id, "version_id": version_id, "t0": t0}
         (probe_dir / "marker.tmp").write_text(json.dumps(marker))
         (probe_dir / "marker.tmp").replace(probe_dir / "marker.json")
+
+
+def record(path: Path, trace: Any, t0: float, evictions: list[tuple[float, int, int]], probe_dir: Path) -> None:
+    """Write ``--record``: the trace (times s from ``t0``, adapter indexes), each adapter's version id (its
+    ``lora_int_id`` and HRW key), the node names, the operator's evictions and every engine's events
+    (``devtools.hollow.engine.HollowEngine.events``), times in s from ``t0``."""
+    from adapters_app.models import AdapterVersion
+    from inference.fleet.models import Node
+
+    names = dict(Node.objects.values_list("pk", "name"))
+    version = {name: pk for pk, name in AdapterVersion.objects.values_list("pk", "adapter__name")}
+    engines: dict[str, list[tuple[float, int, str]]] = {}
+    for host in figures.read_probes(probe_dir, "host"):
+        for node, stats in host.get("engines", {}).items():
+            engines[node] = [(at - t0, v, what) for at, v, what in stats.get("events", [])]
+    path.write_text(json.dumps({
+        "times": trace.times.tolist(), "adapters": trace.adapters.tolist(), "rank_of": list(trace.rank_of),
+        "tenant_of": list(trace.tenant_of), "ids": [version[adapter_name(a)] for a in range(len(trace.rank_of))],
+        "nodes": sorted(names.values()), "evictions": [(at - t0, names[n], v) for at, n, v in evictions],
+        "engines": engines}))
 
 
 def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one linear scenario
@@ -359,13 +384,16 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         hosts_before = figures.engine_totals(figures.read_probes(probe_dir, "host"))
         db_before = db_bytes()
         cpu0, wall0 = process_cpu(procs), time.monotonic()
-        samplers = [Sampler(memory, 2.0), Sampler(pages.once, 3.0),
-                    Sampler(lambda: evict_one(operator, probe_dir, rng), args.evict_every_s)]
+        evictions: list[tuple[float, int, int]] = []
+        samplers = [Sampler(memory, 2.0), Sampler(pages.once, 3.0)]
+        if args.evict_every_s > 0:
+            samplers.append(Sampler(lambda: evict_one(operator, probe_dir, rng, evictions), args.evict_every_s))
         for s in samplers:
             s.start()
         gateways = [urls[f"gateway-{i}"] for i in range(1, args.gateways + 1)]
         requests = [(keys[trace.tenant_of[a]], adapter_name(a)) for a in trace.adapters.tolist()]
         say(f"replaying {len(requests)} requests over {trace.times[-1]:.0f} s through {len(gateways)} gateways")
+        replay_t0 = time.time()
         result = replay(trace.times.tolist(), requests, gateways, max_tokens=args.max_tokens)
         time.sleep(figures.PROBE_DUMP_S + 1)  # the probes' last files
         for s in samplers:
@@ -389,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
             if wall > 0:
                 shares.append((f["totals"].get("fleet_cpu_ms", 0.0) - fleet_cpu0) / 1000 / wall)
         load = os.getloadavg()
+        if args.record:
+            record(args.record, trace, replay_t0, evictions, probe_dir)
     served = {k: hosts_after[k] - hosts_before[k] for k in hosts_after}
     n = sum(result.statuses.values())
     pages_all = [v for values in pages.samples.values() for v in values]

@@ -103,6 +103,10 @@ class HollowEngine:
         self.steps: Counter[int] = Counter()
         self.last_used: dict[int, float] = {}
         self.arrival_tiers: Counter[str] = Counter()  # tier of each adapter request's adapter when it arrived
+        # (wall time s, lora_int_id, what): "arrive:<tier>" per adapter request, "load:<source>" per disk → CPU
+        # load, "drop:lru" / "drop:remove" when it leaves the CPU cache: the scale run compares them per request
+        # with the simulator's decisions (devtools.hollow.compare).
+        self.events: list[tuple[float, int, str]] = []
         self.moves = {"disk_to_cpu": 0, "cpu_to_gpu": 0, "disk_to_cpu_s": 0.0, "cpu_to_gpu_s": 0.0}
         self.eviction_policy = "lru"
         self.busy_ms = 0.0
@@ -134,6 +138,7 @@ class HollowEngine:
         ms = self.costs.disk_to_cpu_ms(self.sizes.get(lora_int_id, 0))
         self.loads[lora_int_id] += 1
         self.load_sources[source] += 1
+        self.events.append((time.time(), lora_int_id, f"load:{source}"))
         self.moves["disk_to_cpu"] += 1
         self.moves["disk_to_cpu_s"] += ms / 1000
         return ms
@@ -147,12 +152,16 @@ class HollowEngine:
     def _forget(self, evicted: list[int]) -> None:
         for lora_int_id in evicted:
             self.fresh_loads.pop(lora_int_id, None)
+            self.events.append((time.time(), lora_int_id, "drop:lru"))
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """vLLM's ``remove_lora``: out of both tiers (and unpinned)."""
         self.last_used.pop(lora_int_id, None)
         self.fresh_loads.pop(lora_int_id, None)
-        return self.loras.remove_lora(lora_int_id)
+        removed = self.loras.remove_lora(lora_int_id)
+        if removed:
+            self.events.append((time.time(), lora_int_id, "drop:remove"))
+        return removed
 
     def pin_lora(self, lora_int_id: int) -> None:
         """vLLM's ``pin_lora`` (CPU copy only, as Quiver's worker extension makes it).
@@ -175,7 +184,9 @@ class HollowEngine:
             # gateway warms a version through the control plane, then sends it): it counts as a miss, "warmed".
             loaded = self.fresh_loads.pop(lora_int_id, None)
             fresh = loaded is not None and time.monotonic() - loaded < FRESH_LOAD_S
-            self.arrival_tiers["warmed" if fresh else self.loras.tier(lora_int_id).value] += 1
+            tier = "warmed" if fresh else self.loras.tier(lora_int_id).value
+            self.arrival_tiers[tier] += 1
+            self.events.append((time.time(), lora_int_id, f"arrive:{tier}"))
             self.requests[lora_int_id] += 1
         self.waiting.append(seq)
         self._ensure_running()

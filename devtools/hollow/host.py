@@ -76,7 +76,8 @@ def engine_stats(engines: dict[str, HollowEngine]) -> dict[str, Any]:
                    "arrival_tiers": dict(e.arrival_tiers),
                    "requests": int(sum(e.arrival_tiers.values())), "success": e.request_success,
                    "generation_tokens": e.generation_tokens, "busy_s": round(e.busy_ms / 1000, 3),
-                   "preemptions": e.preemptions, "gpu": len(e.loras.gpu), "cpu": len(e.loras.cpu)}
+                   "preemptions": e.preemptions, "gpu": len(e.loras.gpu), "cpu": len(e.loras.cpu),
+                   "events": e.events[-50000:]}
             for name, e in engines.items()}
 
 
