@@ -137,7 +137,8 @@ async def evict_lora(engine: HollowEngine, body: dict[str, Any]) -> dict[str, An
 
 
 async def eviction_policy(engine: HollowEngine, body: dict[str, Any]) -> dict[str, Any]:
-    """``engine_ext.eviction_policy`` (recorded and reported; reloads inside the emulator evict by vLLM's LRU)."""
+    """``engine_ext.eviction_policy``: the order the engine's own loads evict by from now on
+    (``HollowEngine._make_room``, as the worker extension's ``quiver_set_eviction_policy``)."""
     policy = _str(body, "policy")
     if policy not in EVICTION_POLICIES:
         raise ExtensionError(400, "invalid_policy", f"policy must be one of {', '.join(EVICTION_POLICIES)}")
@@ -146,13 +147,18 @@ async def eviction_policy(engine: HollowEngine, body: dict[str, Any]) -> dict[st
 
 
 async def eviction_hints(engine: HollowEngine, body: dict[str, Any]) -> dict[str, Any]:
-    """``engine_ext.eviction_hints`` (checked and counted)."""
-    counts = {}
+    """``engine_ext.eviction_hints``: checked, counted, and ranked by in the engine's own loads for ``valid_s``
+    seconds (the worker extension's ``quiver_set_eviction_hints``)."""
+    counts, ids = {}, {}
     for key in ("over_quota", "elsewhere"):
         value = body.get(key, [])
         if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
             raise ExtensionError(400, "invalid_request", f"'{key}' must be a list of at most 10,000 integers")
-        counts[key] = len(value)
+        counts[key], ids[key] = len(value), frozenset(value)
+    valid_s = body.get("valid_s", 0)
+    if not isinstance(valid_s, int | float) or isinstance(valid_s, bool) or not 0 <= valid_s <= 3600:
+        raise ExtensionError(400, "invalid_request", "'valid_s' must be a number of seconds in 0..3600")
+    engine.hints = (time.monotonic() + float(valid_s), ids["over_quota"], ids["elsewhere"])
     return counts
 
 

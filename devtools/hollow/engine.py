@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 
 from devtools.hollow.costs import EngineCosts
 from inference.policy.engine_model import LoRAEngineModel
+from inference.policy.eviction import AllPinnedError, EvictionConfig, EvictionPolicy, decayed_hits
+from inference.policy.node_eviction import NodeResident, is_fresh, node_victims
 from inference.policy.tiers import Tier
 
 FRESH_LOAD_S = 2.0
+HALF_LIFE_S = EvictionConfig().half_life_s  # the worker extension's decay of request counts (seconds)
 
 
 @dataclass
@@ -108,7 +111,13 @@ class HollowEngine:
         # with the simulator's decisions (devtools.hollow.compare).
         self.events: list[tuple[float, int, str]] = []
         self.moves = {"disk_to_cpu": 0, "cpu_to_gpu": 0, "disk_to_cpu_s": 0.0, "cpu_to_gpu_s": 0.0}
-        self.eviction_policy = "lru"
+        # The worker extension's rule for a load into a full CPU cache (``worker_ext.policy_victim``, production's
+        # ``QUIVER_EVICTION_POLICY`` default ``lfu``; the agent may set another); vLLM's LRU only when it declines.
+        self.eviction_policy = "lfu"
+        self.grace_s = 5.0  # QUIVER_EVICTION_GRACE_MS's default
+        self.hits: dict[int, tuple[float, float]] = {}  # id -> (decayed requests, at): worker_ext.HITS
+        self.loaded_at: dict[int, tuple[float, int]] = {}  # id -> (last load, requests then): worker_ext.LOADED
+        self.hints: tuple[float, frozenset[int], frozenset[int]] = (-1.0, frozenset(), frozenset())
         self.busy_ms = 0.0
         self.stall_ms = 0.0  # moves asked outside steps (``add_lora``), charged to the next step
         self.deferred = 0
@@ -125,6 +134,7 @@ class HollowEngine:
         self.sizes[lora.lora_int_id] = lora.size
         ms = 0.0
         if self.loras.tier(lora.lora_int_id) is Tier.COLD:
+            self._make_room(self._adapters_running())
             ms += self._count_load(lora.lora_int_id, "add_lora")
             self.fresh_loads[lora.lora_int_id] = time.monotonic()
         if self.loras.tier(lora.lora_int_id) is not Tier.GPU:
@@ -138,6 +148,9 @@ class HollowEngine:
         ms = self.costs.disk_to_cpu_ms(self.sizes.get(lora_int_id, 0))
         self.loads[lora_int_id] += 1
         self.load_sources[source] += 1
+        now = time.monotonic()
+        self.last_used[lora_int_id] = now  # a fresh load counts as a use for recency (worker_ext.counted_load)
+        self.loaded_at[lora_int_id] = (now, self.requests[lora_int_id])
         self.events.append((time.time(), lora_int_id, f"load:{source}"))
         self.moves["disk_to_cpu"] += 1
         self.moves["disk_to_cpu_s"] += ms / 1000
@@ -149,10 +162,42 @@ class HollowEngine:
         self.moves["cpu_to_gpu_s"] += ms / 1000
         return ms
 
-    def _forget(self, evicted: list[int]) -> None:
+    def _make_room(self, in_use: set[int]) -> None:
+        """Before a load into a full CPU cache, drop the victim of production's worker extension
+        (``inference.node.worker_ext.policy_victim``: ``node_victims`` over decayed requests, recency, the grace of a
+        fresh load and the control plane's hints, never the running batch ``in_use``); when it declines (every
+        resident pinned or in use), vLLM's LRU decides in ``activate``."""
+        if len(self.loras.cpu) < self.loras.max_cpu_loras:
+            return
+        now = time.monotonic()
+        until, over_quota, elsewhere = self.hints
+        if now > until:
+            over_quota = elsewhere = frozenset()
+        config = EvictionConfig(policy=EvictionPolicy(self.eviction_policy), half_life_s=HALF_LIFE_S)
+        residents = []
+        for i in self.loras.cpu:
+            hits, hits_at = self.hits.get(i, (0.0, now))
+            loaded, then = self.loaded_at.get(i, (-1e18, 0))
+            idle = now - self.last_used.get(i, -1e12)
+            residents.append(NodeResident(
+                version_id=i, size_bytes=self.sizes.get(i, 0), pinned=i in self.loras.pinned, idle_s=idle,
+                requests=decayed_hits(hits, hits_at, now, config.half_life_s), busy=i in in_use,
+                fresh=is_fresh(loaded_ago_s=now - loaded, requests_since_load=self.requests[i] - then, idle_s=idle,
+                               grace_s=self.grace_s),
+                planned_elsewhere=i in elsewhere, tenant_over_quota=i in over_quota))
+        try:
+            victims = node_victims(residents, capacity=len(residents), now_s=now, config=config)
+        except AllPinnedError:
+            return
+        if victims:
+            self.loras.remove_lora(victims[0])
+            self.last_used.pop(victims[0], None)
+            self._forget([victims[0]], "drop:policy")
+
+    def _forget(self, evicted: list[int], what: str = "drop:lru") -> None:
         for lora_int_id in evicted:
             self.fresh_loads.pop(lora_int_id, None)
-            self.events.append((time.time(), lora_int_id, "drop:lru"))
+            self.events.append((time.time(), lora_int_id, what))
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """vLLM's ``remove_lora``: out of both tiers (and unpinned)."""
@@ -186,6 +231,9 @@ class HollowEngine:
             fresh = loaded is not None and time.monotonic() - loaded < FRESH_LOAD_S
             tier = "warmed" if fresh else self.loras.tier(lora_int_id).value
             self.arrival_tiers[tier] += 1
+            hits, at = self.hits.get(lora_int_id, (0.0, time.monotonic()))
+            now = time.monotonic()
+            self.hits[lora_int_id] = (decayed_hits(hits, at, now, HALF_LIFE_S) + 1.0, now)
             self.events.append((time.time(), lora_int_id, f"arrive:{tier}"))
             self.requests[lora_int_id] += 1
         self.waiting.append(seq)
@@ -264,6 +312,7 @@ class HollowEngine:
                 if lora not in adapters:
                     tier = self.loras.tier(lora)
                     if tier is Tier.COLD:
+                        self._make_room(adapters)
                         moves_ms += self._count_load(lora, "request")
                     if tier is not Tier.GPU:
                         moves_ms += self._count_swap()

@@ -118,3 +118,29 @@ def test_the_first_request_after_a_warm_counts_as_warmed_not_resident() -> None:
         assert engine.load_sources == {"add_lora": 1}
 
     asyncio.run(run())
+
+
+def test_a_reload_into_a_full_cpu_cache_evicts_by_the_worker_extensions_rule() -> None:
+    """Production's worker extension (``worker_ext.policy_victim``: LFU by default) picks the victim of the engine's
+    own reloads, not vLLM's LRU: the adapter with more requests stays though it was used less recently."""
+    async def run() -> None:
+        engine = _engine(max_loras=1, max_cpu_loras=2)
+        engine.grace_s = 0.0
+        for i, name in enumerate("abc", start=1):
+            _serve(engine, name, i)
+        for _ in range(3):
+            engine.submit(4, 1, 1)
+        engine.step()
+        engine.submit(4, 1, 2)
+        engine.step()  # "b" now the most recent, "a" the most requested
+        assert list(engine.loras.cpu) == [1, 2]
+        engine.submit(4, 1, 3)
+        engine.step()
+        assert engine.loras.tier(1) is not Tier.COLD and engine.loras.tier(2) is Tier.COLD
+        assert [what for _, i, what in engine.events if what.startswith("drop")] == ["drop:policy"]
+        engine.eviction_policy = "lru"
+        engine.submit(4, 1, 2)
+        engine.step()  # LRU: "a" (used before "c") leaves
+        assert engine.loras.tier(1) is Tier.COLD
+
+    asyncio.run(run())
