@@ -106,6 +106,7 @@ class HollowEngine:
         self.steps: Counter[int] = Counter()
         self.last_used: dict[int, float] = {}
         self.arrival_tiers: Counter[str] = Counter()  # tier of each adapter request's adapter when it arrived
+        self.probes = 0  # the node agent's effect probes (requests of its own after a load; not in arrival_tiers)
         # (wall time s, lora_int_id, what): "arrive:<tier>" per adapter request, "load:<source>" per disk → CPU
         # load, "drop:lru" / "drop:remove" when it leaves the CPU cache: the scale run compares them per request
         # with the simulator's decisions (devtools.hollow.compare).
@@ -219,12 +220,16 @@ class HollowEngine:
     # -- requests --------------------------------------------------------------------------------------------------
 
     def submit(self, prompt_tokens: int, max_tokens: int, lora_int_id: int | None, *,
-               event: asyncio.Event | None = None, first: bool = True) -> Sequence:
+               event: asyncio.Event | None = None, first: bool = True, probe: bool = False) -> Sequence:
         """Queue one sequence and wake the scheduler; ``event`` is shared by a request's sequences, ``first`` marks
-        the request's first sequence (counted once per request)."""
+        the request's first sequence (counted once per request), ``probe`` the node agent's effect probe (counted in
+        ``probes`` only: not a client's request, so neither its tier nor the fresh load it follows)."""
         seq = Sequence(prompt_tokens=max(1, prompt_tokens), max_tokens=max(1, max_tokens), lora_int_id=lora_int_id,
                        event=event or asyncio.Event())
-        if lora_int_id is not None and first:
+        if lora_int_id is not None and first and probe:
+            self.probes += 1
+            self.events.append((time.time(), lora_int_id, "probe"))
+        elif lora_int_id is not None and first:
             # The first request within FRESH_LOAD_S of a load by ``add_lora`` is the one that load was for (the
             # gateway warms a version through the control plane, then sends it): it counts as a miss, "warmed".
             loaded = self.fresh_loads.pop(lora_int_id, None)

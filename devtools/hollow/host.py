@@ -73,7 +73,7 @@ def _server(app: Any, port: int) -> uvicorn.Server:
 def engine_stats(engines: dict[str, HollowEngine]) -> dict[str, Any]:
     """Per-engine counters for the scale run's figures."""
     return {name: {"loads_total": sum(e.loads.values()), "load_sources": dict(e.load_sources),
-                   "arrival_tiers": dict(e.arrival_tiers),
+                   "arrival_tiers": dict(e.arrival_tiers), "probes": e.probes,
                    "requests": int(sum(e.arrival_tiers.values())), "success": e.request_success,
                    "generation_tokens": e.generation_tokens, "busy_s": round(e.busy_ms / 1000, 3),
                    "preemptions": e.preemptions, "gpu": len(e.loras.gpu), "cpu": len(e.loras.cpu),

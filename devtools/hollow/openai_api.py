@@ -21,6 +21,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from devtools.hollow.engine import HollowEngine, Sequence
+from inference.node.effect_probe import PROBE_PROMPT
 
 VOCAB = 1024
 MAX_MODEL_LEN = 4096
@@ -124,7 +125,11 @@ class Exchange:
         self.rid = f"{'chatcmpl' if chat else 'cmpl'}-{engine.next_id():x}"
         self.created = int(time.time())
         self.event = asyncio.Event()
-        self.seqs: list[Sequence] = [engine.submit(p, self.max_tokens, lora, event=self.event, first=k == 0)
+        # The node agent's effect probe after a load (its fixed prompt) runs like any request but is not a client's:
+        # the engine's per-request counters (arrival tiers, request counts) leave it out.
+        probe = not chat and body.get("prompt") == PROBE_PROMPT
+        self.seqs: list[Sequence] = [engine.submit(p, self.max_tokens, lora, event=self.event, first=k == 0,
+                                                   probe=probe)
                                      for k, p in enumerate(p for p in prompts for _ in range(self.n))]
 
     def abort(self) -> None:

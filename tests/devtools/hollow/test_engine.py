@@ -144,3 +144,17 @@ def test_a_reload_into_a_full_cpu_cache_evicts_by_the_worker_extensions_rule() -
         assert engine.loras.tier(1) is Tier.COLD
 
     asyncio.run(run())
+
+
+def test_the_agents_effect_probe_is_not_counted_as_a_request() -> None:
+    """The probe after a load is the agent's own request: it neither counts as a client's arrival nor takes the
+    "warmed" mark from the request the load was for (the scale run compares client requests with the simulator)."""
+    async def run() -> None:
+        engine = _engine(max_loras=1, max_cpu_loras=2)
+        _serve(engine, "a", 1)
+        engine.add_lora(engine.served["a"])
+        engine.submit(4, 4, 1, probe=True)
+        engine.submit(4, 1, 1)
+        assert engine.arrival_tiers == {"warmed": 1} and engine.probes == 1 and engine.requests[1] == 1
+
+    asyncio.run(run())
