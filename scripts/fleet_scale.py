@@ -278,24 +278,30 @@ def evict_one(operator: httpx.Client, probe_dir: Path, rng: Any, log: list[tuple
         (probe_dir / "marker.tmp").replace(probe_dir / "marker.json")
 
 
-def record(path: Path, trace: Any, t0: float, evictions: list[tuple[float, int, int]], probe_dir: Path) -> None:
-    """Write ``--record``: the trace (times s from ``t0``, adapter indexes), each adapter's version id (its
-    ``lora_int_id`` and HRW key), the node names, the operator's evictions and every engine's events
-    (``devtools.hollow.engine.HollowEngine.events``), times in s from ``t0``."""
+def run_keys(trace: Any, t0: float, evictions: list[tuple[float, int, int]]) -> dict[str, Any]:
+    """What the simulator needs of the live run to model it: ``ids`` (each trace adapter's version id, its
+    ``lora_int_id`` and HRW key), ``nodes`` (the node names, HRW keys too) and ``evictions`` (the operator's, as
+    (s from the replay's start ``t0``, node name, version id))."""
     from adapters_app.models import AdapterVersion
     from inference.fleet.models import Node
 
     names = dict(Node.objects.values_list("pk", "name"))
     version = {name: pk for pk, name in AdapterVersion.objects.values_list("pk", "adapter__name")}
+    return {"ids": [version[adapter_name(a)] for a in range(len(trace.rank_of))], "nodes": sorted(names.values()),
+            "evictions": [(at - t0, names[n], v) for at, n, v in evictions]}
+
+
+def record(path: Path, trace: Any, keys: dict[str, Any], probe_dir: Path, t0: float) -> None:
+    """Write ``--record``: the trace (times s, adapter indexes, ranks, tenants), :func:`run_keys` and every
+    engine's events (``devtools.hollow.engine.HollowEngine.events``), times in s from the replay's start ``t0``
+    (``python -m devtools.hollow.compare`` reads it)."""
     engines: dict[str, list[tuple[float, int, str]]] = {}
     for host in figures.read_probes(probe_dir, "host"):
         for node, stats in host.get("engines", {}).items():
             engines[node] = [(at - t0, v, what) for at, v, what in stats.get("events", [])]
     path.write_text(json.dumps({
         "times": trace.times.tolist(), "adapters": trace.adapters.tolist(), "rank_of": list(trace.rank_of),
-        "tenant_of": list(trace.tenant_of), "ids": [version[adapter_name(a)] for a in range(len(trace.rank_of))],
-        "nodes": sorted(names.values()), "evictions": [(at - t0, names[n], v) for at, n, v in evictions],
-        "engines": engines}))
+        "tenant_of": list(trace.tenant_of), **keys, "engines": engines}))
 
 
 def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one linear scenario
@@ -417,8 +423,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
             if wall > 0:
                 shares.append((f["totals"].get("fleet_cpu_ms", 0.0) - fleet_cpu0) / 1000 / wall)
         load = os.getloadavg()
+        live_keys = run_keys(trace, replay_t0, evictions)
         if args.record:
-            record(args.record, trace, replay_t0, evictions, probe_dir)
+            record(args.record, trace, live_keys, probe_dir, replay_t0)
     served = {k: hosts_after[k] - hosts_before[k] for k in hosts_after}
     n = sum(result.statuses.values())
     pages_all = [v for values in pages.samples.values() for v in values]
@@ -452,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         "loads_per_1k_by_source": {"agent_add_lora": 1000 * served["loads_add_lora"] / n if n else None,
                                    "engine_reload": 1000 * served["loads_request"] / n if n else None},
         "warmed_share": served["warmed"] / served["requests"] if served["requests"] else None,
-        **figures.simulated(trace, costs, nodes=args.nodes, gpu_slots=args.gpu_slots, cpu_slots=args.cpu_slots,
+        **figures.simulated(trace, costs, nodes=live_keys["nodes"], ids=live_keys["ids"],
+                            evictions=live_keys["evictions"], gpu_slots=args.gpu_slots, cpu_slots=args.cpu_slots,
                             max_tokens=args.max_tokens, seed=args.seed),
         "db_bytes_per_1m_requests": (db_after - db_before) / n * 1e6 if n else None,
         "placements_routable": routable,

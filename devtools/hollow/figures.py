@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,11 @@ import numpy as np
 
 from devtools.hollow.costs import EngineCosts
 from devtools.simulate.fleet import FleetSpec, SimNode
-from devtools.simulate.policies import Policy, QuiverPolicy
+from devtools.simulate.policies import Policy, QuiverPolicy, Reconciler
 from devtools.simulate.run import simulate
 from devtools.simulate.workload import Trace
 from inference.policy.eviction import EvictionPolicy
+from inference.policy.tiers import Tier
 
 PROBE_DUMP_S = 2.0  # devtools.hollow.probes.DUMP_EVERY_S
 
@@ -76,36 +76,70 @@ def engine_totals(hosts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return totals
 
 
-def simulated(trace: Trace, costs: EngineCosts, *, nodes: int, gpu_slots: int, cpu_slots: int,
-              max_tokens: int, seed: int) -> dict[str, float]:
-    """The simulator's Quiver policy on ``trace`` with the emulator's move costs and a service time from its step
-    cost. The live fleet starts warm (every version is warmed at upload), the simulator cold; so the trace is also
-    replayed twice in a row and the second pass's figures taken (``sim_served_resident_share``,
-    ``sim_loads_per_1k``), beside the cold single pass (``sim_cold_…``)."""
-    sim_costs = costs.to_sim()
-    sizes = [sim_costs.size(r) for r in trace.rank_of]
-    service_s = max_tokens * costs.step_ms(1, 1, 0) / 1000 + costs.prefill_ms_per_token * 8 / 1000
-    fleet = FleetSpec(nodes=nodes, gpu_slots=gpu_slots, cpu_slots=cpu_slots, concurrency=costs.max_num_seqs,
-                      service_s=service_s)
-
-    def make(sim_nodes: list[SimNode]) -> Policy:
-        return QuiverPolicy(sim_nodes, seed=seed, sizes=sizes, ranks=trace.rank_of, tenants=trace.tenant_of,
-                            costs=sim_costs, eviction=EvictionPolicy("lfu"))
-
-    n = len(trace.times)
-    span = float(trace.times[-1]) + float(trace.times[0])
-    twice = replace(trace, times=np.concatenate([trace.times, trace.times + span]),
-                    adapters=np.concatenate([trace.adapters, trace.adapters]))
-    once = simulate(trace, fleet, sim_costs, sizes, make, seed=seed).figures
-    both = simulate(twice, fleet, sim_costs, sizes, make, seed=seed).figures
+def simulated(trace: Trace, costs: EngineCosts, *, nodes: Sequence[str], ids: Sequence[int],
+              evictions: Sequence[tuple[float, str, int]] = (), gpu_slots: int, cpu_slots: int, max_tokens: int,
+              seed: int) -> dict[str, float]:
+    """The simulator's Quiver policy on the run's ``trace`` with the emulator's move costs and a service time from
+    its step cost, modelling what the live run does (:func:`simulate_like_live`): its node names and version ids
+    (``nodes``; ``ids[adapter]``: the HRW keys), the upload-time warms before the trace, production's reconciler
+    and the operator's ``evictions`` ((s from the replay's start, node name, version id)) at their times
+    (``sim_served_resident_share``, ``sim_loads_per_1k``); beside it the same from a cold fleet (``sim_cold_…``)."""
+    rec = {"times": trace.times.tolist(), "adapters": trace.adapters.tolist(), "rank_of": list(trace.rank_of),
+           "tenant_of": list(trace.tenant_of), "ids": list(ids), "nodes": list(nodes), "evictions": list(evictions)}
+    warm = simulate_like_live(rec, costs, None, gpu_slots=gpu_slots, cpu_slots=cpu_slots, max_tokens=max_tokens,
+                              seed=seed)
+    cold = simulate_like_live(rec, costs, {}, gpu_slots=gpu_slots, cpu_slots=cpu_slots, max_tokens=max_tokens,
+                              seed=seed)
 
     def resident(f: Mapping[str, float]) -> float:
         return f["served_gpu"] + f["served_cpu"]
 
-    return {"sim_served_resident_share": 2 * resident(both) - resident(once),
-            "sim_loads_per_1k": 2 * both["loads_per_1k"] - once["loads_per_1k"],
-            "sim_cold_served_resident_share": resident(once), "sim_cold_loads_per_1k": once["loads_per_1k"],
-            "sim_requests": float(n)}
+    return {"sim_served_resident_share": resident(warm), "sim_loads_per_1k": warm["loads_per_1k"],
+            "sim_cold_served_resident_share": resident(cold), "sim_cold_loads_per_1k": cold["loads_per_1k"],
+            "sim_requests": float(len(trace.times))}
+
+
+def simulate_like_live(rec: Mapping[str, Any], costs: EngineCosts, start: Mapping[str, set[int]] | None, *,
+                       gpu_slots: int, cpu_slots: int, max_tokens: int, seed: int,
+                       choices: list[tuple[str, Tier, bool]] | None = None) -> dict[str, float]:
+    """The simulator on a run's record (``scripts/fleet_scale --record``'s keys ``times``, ``adapters``,
+    ``rank_of``, ``tenant_of``, ``ids``, ``nodes``, ``evictions``): the live node names and version ids (the HRW
+    keys), the operator's evictions at their times, production's reconciler (``Reconciler``: the requests of the
+    last 600 s over 600 s, a pass every 30 s, as ``fleet_reconcile`` on beat) and, as the fleet's state at the
+    replay's start, ``start`` (node → version ids its engine held; ``{}``: a cold fleet) or, when None, the
+    upload-time warms in version order (``QuiverPolicy.upload_warms``: every version on ``warm_target``'s node, as
+    ``placement_on_ready`` does as each becomes ready). ``choices`` gets each request's (node, tier on arrival,
+    found in the engine). Returns the simulator's figures (``devtools.simulate.run.METRICS``)."""
+    trace = Trace(times=np.asarray(rec["times"], dtype=np.float64), adapters=np.asarray(rec["adapters"]),
+                  total_adapters=len(rec["rank_of"]), tenant_of=list(rec["tenant_of"]), rank_of=list(rec["rank_of"]))
+    sim_costs = costs.to_sim()
+    sizes = [sim_costs.size(r) for r in trace.rank_of]
+    service_s = max_tokens * costs.step_ms(1, 1, 0) / 1000 + costs.prefill_ms_per_token * 8 / 1000
+    names = list(rec["nodes"])
+    fleet = FleetSpec(nodes=len(names), gpu_slots=gpu_slots, cpu_slots=cpu_slots, concurrency=costs.max_num_seqs,
+                      service_s=service_s)
+    index = {v: a for a, v in enumerate(rec["ids"])}
+    unloads = [(float(at), node, index[v]) for at, node, v in rec["evictions"] if v in index]
+
+    def make(sim_nodes: list[SimNode]) -> Policy:
+        return QuiverPolicy(sim_nodes, seed=seed, sizes=sizes, ranks=trace.rank_of, tenants=trace.tenant_of,
+                            costs=sim_costs, eviction=EvictionPolicy("lfu"), ids=rec["ids"], reconciler=Reconciler(),
+                            unloads=unloads)
+
+    def prepare(sim_nodes: list[SimNode], policy: Policy) -> None:
+        assert isinstance(policy, QuiverPolicy)
+        if start is None:
+            policy.upload_warms(sorted(range(len(sizes)), key=lambda a: rec["ids"][a]))
+            return
+        for node in sim_nodes:
+            for v in sorted(start.get(node.name, ())):
+                if v in index:
+                    node.disk[index[v]] = sizes[index[v]]
+                    node.disk_used += sizes[index[v]]
+                    node.engine.add_lora(index[v])
+
+    return simulate(trace, fleet, sim_costs, sizes, make, seed=seed, prepare=prepare, node_names=names,
+                    choices=choices).figures
 
 
 def verdict(key: str, value: Any) -> str:

@@ -190,8 +190,11 @@ class QuiverPolicy(Policy):
                  replan_s: float = 30.0, rate_memory: float = 0.8, prewarm: bool = True, half_life_s: float = 600.0,
                  placement: PlacementConfig | None = None, routing: RouteConfig | None = None,
                  grace_s: float = 5.0, ids: Sequence[int] | None = None, warm_s: float = WARM_S,
-                 reconciler: Reconciler | None = None) -> None:
+                 reconciler: Reconciler | None = None, unloads: Sequence[tuple[float, str, int]] = ()) -> None:
         super().__init__(nodes, seed=seed)
+        # (s, node, adapter index), ascending: an operator's evictions (``placement_evict``: the engine drops the
+        # version and the node no longer serves its name), as a scale run performs them during its replay.
+        self._unloads = deque(sorted(unloads))
         # Adapter index -> the version id production hashes (HRW in routing, placement and warm_target).
         self.ids = list(ids) if ids is not None else list(range(len(sizes)))
         self.index = {v: a for a, v in enumerate(self.ids)}
@@ -224,6 +227,9 @@ class QuiverPolicy(Policy):
         while self._warms and self._warms[0][0] <= t:
             due, adapter, name = heapq.heappop(self._warms)
             self._load(self.by_name[name], adapter, due)
+        while self._unloads and self._unloads[0][0] <= t:
+            _, name, adapter = self._unloads.popleft()
+            self.unload(self.by_name[name], adapter)
         rec = self.reconciler
         if rec is not None and rec.passes is not None:
             if rec.next_pass >= len(rec.passes) or t < rec.passes[rec.next_pass]:
@@ -338,6 +344,25 @@ class QuiverPolicy(Policy):
             decision = route(plan_candidates(holders, (), ()), config=self.routing)
             assert decision is not None
         return self.by_name[decision.node]
+
+    def unload(self, node: SimNode, adapter: int) -> None:
+        """An operator's eviction of ``adapter`` from ``node`` (``inference.fleet.warming.placement_evict``): out of
+        the engine, and its placement ``staged`` and not served, so routing no longer counts the node a holder (the
+        file stays on the node's disk, but nothing is served from it)."""
+        node.engine.remove_lora(adapter)
+        if adapter in node.disk:
+            node.disk_used -= node.disk.pop(adapter)
+
+    def upload_warms(self, order: Sequence[int]) -> None:
+        """The warms a fleet performs as versions become ready (``inference.fleet.warming.placement_on_ready``):
+        each adapter of ``order`` in turn loaded on ``warm_target``'s node (no plan yet: its HRW-first node), the
+        node's rule making room. Before the trace: nothing is counted."""
+        for adapter in order:
+            home = warm_target(self.ids[adapter], r=self.ranks[adapter], candidates=self._warm_candidates,
+                               homes=self.plan.get(adapter, ()))
+            if home is not None:
+                self._load(self.by_name[home], adapter, 0.0)
+        self.extra_loads = self.extra_fetches = self.extra_bytes = 0
 
     def _move(self, adapter: int, name: str, t: float) -> None:
         """The gateway's background warm of ``adapter`` on its new home ``name`` (``GatewayApp._move``), at most
