@@ -278,17 +278,21 @@ def evict_one(operator: httpx.Client, probe_dir: Path, rng: Any, log: list[tuple
         (probe_dir / "marker.tmp").replace(probe_dir / "marker.json")
 
 
-def run_keys(trace: Any, t0: float, evictions: list[tuple[float, int, int]]) -> dict[str, Any]:
+def run_keys(trace: Any, t0: float, evictions: list[tuple[float, int, int]], passes: list[float],
+             prior: dict[int, int]) -> dict[str, Any]:
     """What the simulator needs of the live run to model it: ``ids`` (each trace adapter's version id, its
-    ``lora_int_id`` and HRW key), ``nodes`` (the node names, HRW keys too) and ``evictions`` (the operator's, as
-    (s from the replay's start ``t0``, node name, version id))."""
+    ``lora_int_id`` and HRW key), ``nodes`` (the node names, HRW keys too), ``evictions`` (the operator's, as
+    (s from the replay's start ``t0``, node name, version id)), ``reconciles`` (the reconciler's pass start times
+    ``passes``, wall s, as s from ``t0``) and ``prior`` (adapter index → its requests before the replay: the
+    gateways' first reads)."""
     from adapters_app.models import AdapterVersion
     from inference.fleet.models import Node
 
     names = dict(Node.objects.values_list("pk", "name"))
     version = {name: pk for pk, name in AdapterVersion.objects.values_list("pk", "adapter__name")}
     return {"ids": [version[adapter_name(a)] for a in range(len(trace.rank_of))], "nodes": sorted(names.values()),
-            "evictions": [(at - t0, names[n], v) for at, n, v in evictions]}
+            "evictions": [(at - t0, names[n], v) for at, n, v in evictions],
+            "reconciles": sorted(at - t0 for at in passes), "prior": prior}
 
 
 def record(path: Path, trace: Any, keys: dict[str, Any], probe_dir: Path, t0: float) -> None:
@@ -423,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
             if wall > 0:
                 shares.append((f["totals"].get("fleet_cpu_ms", 0.0) - fleet_cpu0) / 1000 / wall)
         load = os.getloadavg()
-        live_keys = run_keys(trace, replay_t0, evictions)
+        live_keys = run_keys(trace, replay_t0, evictions, figures.samples(worker_files, "fleet_reconcile_task_at"),
+                             prior={int(trace.adapters[0]): args.gateways})
         if args.record:
             record(args.record, trace, live_keys, probe_dir, replay_t0)
     served = {k: hosts_after[k] - hosts_before[k] for k in hosts_after}
@@ -460,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
                                    "engine_reload": 1000 * served["loads_request"] / n if n else None},
         "warmed_share": served["warmed"] / served["requests"] if served["requests"] else None,
         **figures.simulated(trace, costs, nodes=live_keys["nodes"], ids=live_keys["ids"],
-                            evictions=live_keys["evictions"], gpu_slots=args.gpu_slots, cpu_slots=args.cpu_slots,
+                            evictions=live_keys["evictions"], reconciles=live_keys["reconciles"],
+                            prior=live_keys["prior"], gpu_slots=args.gpu_slots, cpu_slots=args.cpu_slots,
                             max_tokens=args.max_tokens, seed=args.seed),
         "db_bytes_per_1m_requests": (db_after - db_before) / n * 1e6 if n else None,
         "placements_routable": routable,

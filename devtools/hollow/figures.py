@@ -77,15 +77,19 @@ def engine_totals(hosts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def simulated(trace: Trace, costs: EngineCosts, *, nodes: Sequence[str], ids: Sequence[int],
-              evictions: Sequence[tuple[float, str, int]] = (), gpu_slots: int, cpu_slots: int, max_tokens: int,
+              evictions: Sequence[tuple[float, str, int]] = (), reconciles: Sequence[float] | None = None,
+              prior: Mapping[int, int] | None = None, gpu_slots: int, cpu_slots: int, max_tokens: int,
               seed: int) -> dict[str, float]:
     """The simulator's Quiver policy on the run's ``trace`` with the emulator's move costs and a service time from
     its step cost, modelling what the live run does (:func:`simulate_like_live`): its node names and version ids
     (``nodes``; ``ids[adapter]``: the HRW keys), the upload-time warms before the trace, production's reconciler
-    and the operator's ``evictions`` ((s from the replay's start, node name, version id)) at their times
-    (``sim_served_resident_share``, ``sim_loads_per_1k``); beside it the same from a cold fleet (``sim_cold_…``)."""
+    and the operator's ``evictions`` ((s from the replay's start, node name, version id)) at their times, re-planning
+    at the live reconciler's pass times ``reconciles`` (s from the replay's start; None: every 30 s from it) with
+    ``prior`` (adapter index → requests before the replay) in its rate window (``sim_served_resident_share``,
+    ``sim_loads_per_1k``); beside it the same from a cold fleet (``sim_cold_…``)."""
     rec = {"times": trace.times.tolist(), "adapters": trace.adapters.tolist(), "rank_of": list(trace.rank_of),
-           "tenant_of": list(trace.tenant_of), "ids": list(ids), "nodes": list(nodes), "evictions": list(evictions)}
+           "tenant_of": list(trace.tenant_of), "ids": list(ids), "nodes": list(nodes), "evictions": list(evictions),
+           "reconciles": None if reconciles is None else list(reconciles), "prior": dict(prior or {})}
     warm = simulate_like_live(rec, costs, None, gpu_slots=gpu_slots, cpu_slots=cpu_slots, max_tokens=max_tokens,
                               seed=seed)
     cold = simulate_like_live(rec, costs, {}, gpu_slots=gpu_slots, cpu_slots=cpu_slots, max_tokens=max_tokens,
@@ -105,7 +109,8 @@ def simulate_like_live(rec: Mapping[str, Any], costs: EngineCosts, start: Mappin
     """The simulator on a run's record (``scripts/fleet_scale --record``'s keys ``times``, ``adapters``,
     ``rank_of``, ``tenant_of``, ``ids``, ``nodes``, ``evictions``): the live node names and version ids (the HRW
     keys), the operator's evictions at their times, production's reconciler (``Reconciler``: the requests of the
-    last 600 s over 600 s, a pass every 30 s, as ``fleet_reconcile`` on beat) and, as the fleet's state at the
+    last 600 s over 600 s, ``prior`` ones included, at the live pass times ``reconciles`` when recorded, else every
+    30 s as ``fleet_reconcile`` on beat) and, as the fleet's state at the
     replay's start, ``start`` (node → version ids its engine held; ``{}``: a cold fleet) or, when None, the
     upload-time warms in version order (``QuiverPolicy.upload_warms``: every version on ``warm_target``'s node, as
     ``placement_on_ready`` does as each becomes ready). ``choices`` gets each request's (node, tier on arrival,
@@ -120,11 +125,14 @@ def simulate_like_live(rec: Mapping[str, Any], costs: EngineCosts, start: Mappin
                       service_s=service_s)
     index = {v: a for a, v in enumerate(rec["ids"])}
     unloads = [(float(at), node, index[v]) for at, node, v in rec["evictions"] if v in index]
+    passes = rec.get("reconciles")  # the live passes after the replay's start (earlier ones planned idle versions)
+    passes = None if passes is None else [float(t) for t in passes if t >= 0]
+    prior = rec.get("prior") or {}
 
     def make(sim_nodes: list[SimNode]) -> Policy:
         return QuiverPolicy(sim_nodes, seed=seed, sizes=sizes, ranks=trace.rank_of, tenants=trace.tenant_of,
-                            costs=sim_costs, eviction=EvictionPolicy("lfu"), ids=rec["ids"], reconciler=Reconciler(),
-                            unloads=unloads)
+                            costs=sim_costs, eviction=EvictionPolicy("lfu"), ids=rec["ids"], unloads=unloads,
+                            reconciler=Reconciler(passes=passes, prior={int(a): int(n) for a, n in prior.items()}))
 
     def prepare(sim_nodes: list[SimNode], policy: Policy) -> None:
         assert isinstance(policy, QuiverPolicy)

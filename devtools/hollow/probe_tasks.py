@@ -54,3 +54,5 @@ def _postrun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     with _lock:
         _recorder.add(f"{short}_ms", (time.perf_counter() - began[0]) * 1000)
         _recorder.add(f"{short}_cpu_ms", (time.thread_time() - began[1]) * 1000)
+        # When it began (wall clock, s): the scale run's simulator re-plans at the live reconciler's pass times.
+        _recorder.add(f"{short}_at", time.time() - (time.perf_counter() - began[0]))

@@ -83,3 +83,22 @@ def test_the_simulated_run_starts_from_the_upload_warms_and_replays_the_operator
     # Warmed at upload, both versions are resident for their first requests; a cold fleet loads each.
     assert keys["sim_served_resident_share"] > keys["sim_cold_served_resident_share"]
     assert keys["sim_cold_loads_per_1k"] > keys["sim_loads_per_1k"]
+
+
+def test_the_simulated_reconciler_plans_at_the_live_pass_times() -> None:
+    costs = calibration("h100-8b")
+    rec = {**_record(), "prior": {"0": 2}}
+    plans: list[float] = []
+    original = QuiverPolicy._demands
+
+    def demands(self: QuiverPolicy, t: float) -> Any:
+        plans.append(t)
+        return original(self, t)
+
+    QuiverPolicy._demands = demands  # type: ignore[method-assign]
+    try:
+        simulate_like_live({**rec, "reconciles": [-4.0, 0.7, 1.9]}, costs, None, gpu_slots=1, cpu_slots=2,
+                           max_tokens=4, seed=1)
+    finally:
+        QuiverPolicy._demands = original  # type: ignore[method-assign]
+    assert plans == [1.0, 2.0]  # at the first request after each pass in the replay (the one before it ignored)
