@@ -283,7 +283,7 @@ def run_keys(trace: Any, t0: float, evictions: list[tuple[float, int, int]], pas
     """What the simulator needs of the live run to model it: ``ids`` (each trace adapter's version id, its
     ``lora_int_id`` and HRW key), ``nodes`` (the node names, HRW keys too), ``evictions`` (the operator's, as
     (s from the replay's start ``t0``, node name, version id)), ``reconciles`` (the reconciler's pass start times
-    ``passes``, wall s, as s from ``t0``) and ``prior`` (adapter index → its requests before the replay: the
+    ``passes``, wall s, as s from ``t0``; None when there are none) and ``prior`` (adapter index → its requests before the replay: the
     gateways' first reads)."""
     from adapters_app.models import AdapterVersion
     from inference.fleet.models import Node
@@ -292,7 +292,8 @@ def run_keys(trace: Any, t0: float, evictions: list[tuple[float, int, int]], pas
     version = {name: pk for pk, name in AdapterVersion.objects.values_list("pk", "adapter__name")}
     return {"ids": [version[adapter_name(a)] for a in range(len(trace.rank_of))], "nodes": sorted(names.values()),
             "evictions": [(at - t0, names[n], v) for at, n, v in evictions],
-            "reconciles": sorted(at - t0 for at in passes), "prior": prior}
+            # None (a pass every 30 s in the simulator) when the worker's probe recorded none at all
+            "reconciles": sorted(at - t0 for at in passes) if passes else None, "prior": prior}
 
 
 def record(path: Path, trace: Any, keys: dict[str, Any], probe_dir: Path, t0: float) -> None:
