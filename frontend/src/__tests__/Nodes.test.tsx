@@ -30,6 +30,8 @@ const node = (i: number): Node => ({
   max_cpu_loras: 8, max_lora_rank: 16, kv_cache_usage_perc: 0.1, num_requests_running: 0, num_requests_waiting: 0,
   num_preemptions_total: null, gpu_used: 1, cpu_used: 2, failed_requests_5m: 0,
   tiers: { hot: 1, warm: 2, staged: 0, cold: 3, errored: 0 }, pinned: i % 2,
+  reported: { max_loras: 4, max_cpu_loras: 8, max_lora_rank: 16 },
+  ceilings: { max_loras: 8, max_cpu_loras: 32, max_lora_rank: 16 },
 })
 const FLEET = Array.from({ length: 30 }, (_, i) => node(i))
 
