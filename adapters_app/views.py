@@ -31,7 +31,6 @@ from common.exceptions import QuiverError
 from common.parsers import JSONParser
 from tenants.models import Membership
 from tenants.permissions import DEFAULT_ROLE_MAP
-from tenants.scopes import KEYS_MANAGE
 from tenants.viewsets import TenantScopedViewSet
 
 
@@ -136,10 +135,7 @@ class AdapterViewSet(
         """Raise 403 ``limit_owner_only`` when ``changes`` clear or raise a limit set on ``adapter`` and the caller is
         not an owner (a session's role, or a key with ``keys:manage``), as for keys' limits (``tenants.views``): a
         member lifted the rpm and tpm limits an owner had set on an adapter (attack round). Tightening stays open."""
-        access = self.principal
-        owner = access.has_role(Membership.Role.OWNER) if access.user is not None else (
-            access.api_key is not None and KEYS_MANAGE in access.api_key.scopes)
-        if owner:
+        if self.principal.acts_as_owner():
             return
         for name in ("rpm_limit", "tpm_limit"):
             if name not in changes:

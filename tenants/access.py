@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from common.echo import clip
 from tenants.authentication import TenantPrincipal
 from tenants.models import ApiKey, Membership, Tenant
+from tenants.scopes import KEYS_MANAGE
 
 TENANT_HEADER = "HTTP_X_QUIVER_TENANT"
 SESSION_TENANT_KEY = "quiver_tenant"
@@ -35,6 +36,13 @@ class Access:
     def has_role(self, needed: str) -> bool:
         """True when a session caller's role is at least ``needed`` (viewer < member < owner)."""
         return self.role is not None and ROLE_RANK[Membership.Role(self.role)] >= ROLE_RANK[Membership.Role(needed)]
+
+    def acts_as_owner(self) -> bool:
+        """Whether the caller may loosen limits an owner set (on keys and adapters): a session caller who is an
+        owner, or a key with ``keys:manage`` (only owners and operators can grant that scope)."""
+        if self.user is not None:
+            return self.has_role(Membership.Role.OWNER)
+        return self.api_key is not None and KEYS_MANAGE in self.api_key.scopes
 
 
 def _session_user(request: Request) -> User | None:

@@ -124,8 +124,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             if over:
                 raise QuiverError(f"This key cannot set '{over}' looser than its own; an owner can, from the console "
                                   "or with an unlimited key.", code="limit_owner_only", status_code=403)
-        owner = access.has_role(Membership.Role.OWNER) if access.user is not None else (
-            access.api_key is not None and KEYS_MANAGE in access.api_key.scopes)
+        owner = access.acts_as_owner()
         if not owner:
             loosened = _loosened(key, data.validated_data)
             if loosened:

@@ -33,7 +33,7 @@ from inference.gateway.answers import (
 )
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
-from inference.gateway.limits import RateLimiter
+from inference.gateway.limits import CHAT_TEMPLATE_ROOM, RateLimiter
 from inference.gateway.relay import RecordedResponse, bill_cut, relay_response
 from inference.gateway.snapshot import KeyView, NodeView, TargetView
 from inference.gateway.upstream import (
@@ -73,9 +73,6 @@ class Gateway(Protocol):
 
 # A usage count past int4 made PostgreSQL refuse the usage row, which the drain drops: the request went unbilled.
 MAX_USAGE_COUNT = 2**31 - 1
-# Room for the special tokens and a chat template's own text, beside the body's bytes (a prompt's tokens are never
-# more than its UTF-8 bytes in a byte-level BPE tokenizer, plus specials: limits.prompt_token_bound).
-PROMPT_TEMPLATE_ROOM = 64
 
 
 def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, body_bytes: int) -> dict[str, Any] | None:
@@ -84,7 +81,7 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
 
     Completion tokens are at most the budget the engine honours (``max_completion_tokens``/``max_tokens`` × ``n`` ×
     the prompts, ``hygiene.requested_tokens``) when the request sets one; prompt tokens at most the upstream body's
-    bytes plus :data:`PROMPT_TEMPLATE_ROOM` (never below the real count for text and token ids: a token covers at
+    bytes plus ``limits.CHAT_TEMPLATE_ROOM`` (never below the real count for text and token ids: a token covers at
     least one byte, a token id at least two of the JSON), unless a chat carries a part other than text (an image's
     tokens are not bounded by its URL's bytes); both at most :data:`MAX_USAGE_COUNT`. A node's engine billed a
     ``max_tokens`` 3 request 900,000,000 tokens each way (attack round).
@@ -93,6 +90,11 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
         usage: ``{"prompt_tokens", "completion_tokens", ...}`` as the engine reported it, or None.
         upstream: the body sent to the engine.
         body_bytes: its length as sent, in bytes.
+
+    Returns:
+        ``usage`` itself when no count was over (or it is empty/None); else a copy with ``prompt_tokens``,
+        ``completion_tokens`` and ``total_tokens`` bounded (a count that is not a non-negative integer counts 0).
+        Never raises.
     """
     if not usage:
         return usage
@@ -102,7 +104,7 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
     if budget is not None:
         completion = min(completion, budget)
     if not _has_non_text_part(upstream):
-        prompt = min(prompt, body_bytes + PROMPT_TEMPLATE_ROOM)
+        prompt = min(prompt, body_bytes + CHAT_TEMPLATE_ROOM)
     prompt, completion = min(prompt, MAX_USAGE_COUNT), min(completion, MAX_USAGE_COUNT)
     if (prompt, completion) == reported:
         return usage

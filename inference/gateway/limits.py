@@ -234,6 +234,11 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
     return total
 
 
+# Tokens a chat template adds around the messages' own text (role markers, a default system line): the room every
+# byte bound of a chat allows beside its JSON (here, and the billing cap in ``exchange.usage_bounded``).
+CHAT_TEMPLATE_ROOM = 64
+
+
 def prompt_token_bound(text: str) -> int:
     """A count never below ``text``'s real token count in a byte-level BPE tokenizer (Llama 3, GPT-2 and their
     kin: every token covers at least one UTF-8 byte), plus two for special tokens: the fallback when the engine's
@@ -280,7 +285,7 @@ async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None
         rendered = json.dumps([body["messages"], body.get("tools")], ensure_ascii=False, default=str)
         asked = engine_url is not None and (max_chars is None or len(rendered) <= max_chars)
         count = await engine_token_count(engine_url, node_key=node_key, body=chat) if asked else None  # type: ignore[arg-type]
-        return [count if count is not None else prompt_token_bound(rendered) + 64]
+        return [count if count is not None else prompt_token_bound(rendered) + CHAT_TEMPLATE_ROOM]
     prompt = body.get("prompt")
     items = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else [prompt]
 

@@ -114,10 +114,10 @@ def report_changes(*, reported: Sequence[ReportedAdapter], owned: Collection[int
         load it asked for is resident (``may_predate``). The pinned mark is an operator's: the engine's report of a
         pin marks the row only where an operator's pin covers it (``pinned_fleet``/``pinned_here``), a mark stays
         while one does or the row was written since ``previous``, and a node's word alone never sets it (a host
-        with a stolen node credential marked rows pinned, which the reconciler never trims; attack round). A warm in flight keeps its mark
-        until the version is reported resident. Rows the node no longer reports (and not written since
-        ``previous``, nor warming) drop from resident or staged to cold; a pin naming the node keeps its mark there
-        (the report may predate the pinned load; the reconciler reloads a named pin that really went).
+        with a stolen node credential marked rows pinned, which the reconciler never trims; attack round). A warm in
+        flight keeps its mark until the version is reported resident. Rows the node no longer reports (and not
+        written since ``previous``, nor warming) drop from resident or staged to cold; a pin naming the node keeps
+        its mark there (the report may predate the pinned load; the reconciler reloads a named pin that really went).
     """
     by_id = {entry.lora_int_id: entry for entry in reported}
     newer = {row.version_id for row in rows if previous is not None and row.updated_at is not None
