@@ -40,6 +40,7 @@ from devtools.frontend import ensure_console_built
 from devtools.proc import free_port
 from devtools.services import start_seaweedfs
 from inference.node.launch import EngineConfig, engine_argv, engine_env
+from workers import schedule
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--pool=threads",
                 "--concurrency=4",
                 "-Q",
-                "celery,validation,placement",
+                ",".join(schedule.ALL_QUEUES),
                 "--loglevel=WARNING",
             ],
             env,

@@ -74,6 +74,7 @@ from demo.tiny_model import make_random_adapter  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
 from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
+from workers import schedule  # noqa: E402
 
 PY = sys.executable
 REDIS_DB = 12
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                          **({"QUIVER_GATEWAY_ROUTE_LOG": "INFO"} if args.trace_out and policy == "affinity" else {}),
                          **({"QUIVER_ROUTING_LOAD_BOUND": str(args.route_bound)} if args.route_bound else {})})
         procs.start("worker", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads", "--concurrency=4",
-                               "-Q", "celery,validation,placement", "-n", "bench@%h", "--loglevel=WARNING"], env)
+                               "-Q", ",".join(schedule.ALL_QUEUES), "-n", "bench@%h", "--loglevel=WARNING"], env)
         # Beat as in production: the usage drain gives the reconcile loop its request rates, and every 30 s it
         # re-plans replicas from them (hot adapters on more nodes, inference.policy.placement.place).
         procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING",

@@ -56,6 +56,7 @@ from devtools.hollow.replay import PageTimer, Sampler, operator_client, replay, 
 from devtools.proc import free_port, free_port_outside_ephemeral  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
 from devtools.simulate.workload import WorkloadSpec, generate  # noqa: E402
+from workers import schedule  # noqa: E402
 
 PY = sys.executable
 REDIS_DB = 12
@@ -144,11 +145,12 @@ def start_control_plane(procs: Processes, env: dict[str, str], gateways: int, li
         urls[name] = f"http://127.0.0.1:{port}"
         procs.start(name, [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level",
                            "warning", "--no-access-log"], env)
-    # As docker-compose.yml and platform/k8s run them: placement (and beat's default queue) apart from validation,
-    # each on Celery's prefork pool, so a reconcile pass shares no GIL with an evict. Placement's tasks wait on node
-    # agents (I/O), so it has 8 children, as the 8 threads it had before: with 2, the warms of 2,000 uploads did not
-    # settle in 5 minutes.
-    for name, queues, children in (("worker", "celery,placement", 8), ("worker-validation", "validation", 2)):
+    # As docker-compose.yml and platform/k8s run them: placement (and beat's default queue), validation and the
+    # reconcile pass each in their own worker on Celery's prefork pool. Placement's tasks wait on node agents (I/O),
+    # so it has 8 children, as the 8 threads it had before: with 2, the warms of 2,000 uploads did not settle in 5
+    # minutes. The reconcile pass has one long-lived child, whose HRW memo stays warm (workers.schedule).
+    for name, queues, children in (("worker", "celery,placement", 8), ("worker-validation", "validation", 2),
+                                   ("worker-reconcile", schedule.RECONCILE_QUEUE, 1)):
         procs.start(name, [PY, "-m", "celery", "-A", "config", "worker", f"--concurrency={children}", "-Q", queues,
                            "-n", f"{name}@%h", "--loglevel=WARNING", "--include", "devtools.hollow.probe_tasks"], env)
     procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING", "-s",

@@ -61,6 +61,7 @@ from demo.run import node_process_env  # noqa: E402
 from devtools.proc import free_port  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
 from inference.node.launch import EngineConfig, engine_argv, engine_env  # noqa: E402
+from workers import schedule  # noqa: E402
 
 PY = sys.executable
 REDIS_DB = 11  # the suite's worker uses db 0: separate queues
@@ -571,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one linear scena
                 env, "quiver_node_register", node, "--agent-url", agent_url, "--engine-url",
                 f"http://127.0.0.1:{engine_port}", "--base-model", assets.served_name).splitlines() if "=" in line)
             procs.start(f"worker-{i}", [PY, "-m", "celery", "-A", "config", "worker", "--pool=threads",
-                                        "--concurrency=2", "-Q", "celery,validation,placement",
+                                        "--concurrency=2", "-Q", ",".join(schedule.ALL_QUEUES),
                                         "-n", f"scaleout-{i}@%h", "--loglevel=WARNING"], env)
             engine = EngineConfig.cpu_dev(assets.base_dir, assets.served_name, port=engine_port,
                                           api_key=creds["QUIVER_NODE_KEY"])

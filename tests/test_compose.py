@@ -15,6 +15,8 @@ from pathlib import Path
 import compose
 import pytest
 
+from workers import schedule
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
@@ -123,11 +125,16 @@ def test_nodes_heartbeat_to_the_unpublished_internal_listener(tmp_path: Path) ->
     assert "QUIVER_NODE_SECRET" in services["web"]["environment"]
 
 
-def test_validation_and_placement_run_on_separate_worker_pools(tmp_path: Path) -> None:
+def test_validation_placement_and_reconcile_run_on_separate_worker_pools(tmp_path: Path) -> None:
     services = _rendered(tmp_path)["services"]
     queues = {name: svc["command"][svc["command"].index("-Q") + 1].split(",")
               for name, svc in services.items() if "worker" in (svc.get("command") or [])}
-    assert queues == {"worker": ["celery", "placement"], "worker-validation": ["validation"]}
+    assert queues == {"worker": ["celery", "placement"], "worker-validation": ["validation"],
+                      "worker-reconcile": [schedule.RECONCILE_QUEUE]}
+    # Every routed queue has a consumer, and the reconcile pass one long-lived child (its HRW memo stays warm).
+    assert {r["queue"] for r in schedule.TASK_ROUTES.values()} | {"celery"} <= {q for qs in queues.values() for q in qs}
+    command = services["worker-reconcile"]["command"]
+    assert command[command.index("--concurrency") + 1] == "1"
 
 
 def test_the_public_side_is_https_only_through_the_proxy(tmp_path: Path) -> None:

@@ -266,6 +266,11 @@ def test_one_worker_deployment_per_queue_covers_every_routed_queue(overlay: str)
     assert {"validation", "placement"} <= routed
     assert routed | {"celery"} <= set(consumed), consumed
     assert consumed["validation"] != consumed["placement"]
+    # One pod with one child for the reconcile pass: its HRW memo stays warm, passes never overlap.
+    reconcile = objects(render(overlay), "Deployment")[consumed["reconcile"]]
+    assert reconcile["spec"]["replicas"] == 1 and reconcile["spec"]["strategy"] == {"type": "Recreate"}
+    command = container(reconcile["spec"]["template"], "worker")["command"]
+    assert command[command.index("--queues") + 1] == "reconcile" and command[command.index("--concurrency") + 1] == "1"
 
 
 def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
@@ -441,7 +446,8 @@ def test_network_policies_let_only_gateway_and_workers_reach_nodes(overlay: str)
     for other in ("web", "beat", "migrate"):
         for port in (8000, 8100):
             assert not can({**inside, "source_labels": component(other)}, node, port), other
-    assert not can({**inside, "source_labels": component("worker", **{"quiver.io/queue": "validation"})}, node, 8100)
+    for queue in ("validation", "reconcile"):  # the reconcile pass only enqueues: it never calls a node itself
+        assert not can({**inside, "source_labels": component("worker", **{"quiver.io/queue": queue})}, node, 8100)
     assert not can({**inside, "source_labels": {"app": "stranger"}}, node, 8000)
     # Heartbeats: node agents reach the internal listener, and only they do; it is not the public port.
     assert can({**inside, "source_labels": node}, component("web-internal"), 8001)
@@ -453,6 +459,7 @@ def test_network_policies_let_only_gateway_and_workers_reach_nodes(overlay: str)
     for sts in node_sets(docs):
         assert selects({"matchLabels": node}, labels[f"StatefulSet/{sts['metadata']['name']}"])
     assert selects({"matchLabels": {"quiver.io/queue": "placement"}}, labels["Deployment/worker-placement"])
+    assert labels["Deployment/worker-reconcile"]["quiver.io/queue"] == "reconcile"
 
 
 @pytest.mark.parametrize("path", ["/internal/v1/nodes/heartbeat", "/admin/", "/admin/login/"])

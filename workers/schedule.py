@@ -23,24 +23,34 @@ USAGE_DRAIN = "inference.gateway.tasks.usage_drain_task"
 USAGE_ROLLUP = "inference.gateway.tasks.usage_rollup_task"
 USAGE_RETENTION = "inference.gateway.tasks.usage_retention_task"
 
+# The reconcile pass has a queue of its own, consumed by one worker process with one child (compose
+# ``worker-reconcile``, Kubernetes ``Deployment/worker-reconcile``): its placement decision memoises HRW ranks
+# (``inference.policy.placement``) in the process, and in a shared prefork pool each pass landed in a different
+# child whose memo was cold (a first pass costs about twice a steady one: scripts/bench_fleet_view). Passes never
+# overlap, and warms and evictions never wait behind one. Small stacks (the demo, tests) consume it with the rest.
+RECONCILE_QUEUE = "reconcile"
+RECONCILE_EXPIRES_S = 30.0  # one beat period: a pass still queued when the next is sent is dropped, not run twice
+
 TASK_ROUTES: dict[str, dict[str, str]] = {
     VALIDATE: {"queue": "validation"},
     UPLOAD_VERIFY: {"queue": "validation"},
     PLACEMENT_WARM: {"queue": "placement"},
     PLACEMENT_EVICT: {"queue": "placement"},
-    FLEET_RECONCILE: {"queue": "placement"},
+    FLEET_RECONCILE: {"queue": RECONCILE_QUEUE},
 }
+# Every queue a worker must consume, for stacks that run one worker for all of them (the demo, tests, benches).
+ALL_QUEUES = ("celery", "validation", "placement", RECONCILE_QUEUE)
 
 
 def beat_schedule(*, validation_sweep_s: float) -> dict[str, dict[str, object]]:
-    """Celery beat's schedule: ``{entry name: {"task": name, "schedule": seconds}}``.
+    """Celery beat's schedule: ``{entry name: {"task": name, "schedule": seconds[, "options": apply_async's]}}``.
 
     Args:
         validation_sweep_s: seconds between sweeps for versions left ``uploaded`` (``QUIVER_SWEEP_INTERVAL_S``).
     """
     return {
         "node-mark-stale": {"task": NODE_MARK_STALE, "schedule": 15.0},
-        "fleet-reconcile": {"task": FLEET_RECONCILE, "schedule": 30.0},
+        "fleet-reconcile": {"task": FLEET_RECONCILE, "schedule": 30.0, "options": {"expires": RECONCILE_EXPIRES_S}},
         # Nothing stuck, nothing orphaned (adapters_app.purge).
         "validation-sweep": {"task": VALIDATION_SWEEP, "schedule": validation_sweep_s},
         "purge-reconcile": {"task": PURGE_RECONCILE, "schedule": 30.0},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,23 @@ import httpx
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_PATH = "/internal/v1/nodes/heartbeat"
+# Each wait is the interval times a factor drawn from [1 - J, 1 + J]. Agents started together (a host's or a rollout's
+# nodes, a power event) otherwise beat in lock step for ever, and their accepts queue behind each other in the
+# listener: at 64 emulated nodes started per host, heartbeat p99 was 582 ms for 23 ms of CPU (docs/scale.md). The
+# field's pattern: Kubernetes' ``wait.JitterUntil`` (k8s.io/apimachinery/pkg/util/wait), AWS Architecture Blog
+# "Exponential Backoff And Jitter". Symmetric, so the mean interval (and the control plane's staleness timer, a few
+# intervals) is unchanged, and 0.8 x the interval stays above the listener's floor (QUIVER_NODE_HEARTBEAT_MIN_INTERVAL_S).
+HEARTBEAT_JITTER = 0.2
+
+
+def heartbeat_wait_s(interval_s: float, draw: float) -> float:
+    """Seconds to wait before the next heartbeat: ``interval_s`` x (1 - J + 2 J ``draw``), J = ``HEARTBEAT_JITTER``.
+
+    Args:
+        interval_s: the configured interval (``QUIVER_HEARTBEAT_SECONDS``), seconds.
+        draw: a uniform draw in [0, 1).
+    """
+    return interval_s * (1.0 - HEARTBEAT_JITTER + 2.0 * HEARTBEAT_JITTER * draw)
 
 
 async def send_heartbeat(
@@ -58,8 +76,10 @@ async def heartbeat_loop(
     get_state: Callable[[], Awaitable[dict[str, Any]]],
     interval_s: float,
     on_answer: Callable[[dict[str, Any]], None] | None = None,
+    draw: Callable[[], float] = random.random,
 ) -> None:
-    """Send a heartbeat every `interval_s` seconds until cancelled; no error ends the loop.
+    """Send a heartbeat about every `interval_s` seconds until cancelled (the first at once, then each after
+    :func:`heartbeat_wait_s`); no error ends the loop.
 
     Args:
         http: client to send with.
@@ -68,6 +88,7 @@ async def heartbeat_loop(
         get_state: coroutine function building the state report.
         interval_s: seconds between heartbeats (`QUIVER_HEARTBEAT_SECONDS`).
         on_answer: called with each accepted heartbeat's answer (``send_heartbeat``'s return).
+        draw: uniform draws in [0, 1) for the jitter (tests pass their own).
     """
     while True:
         try:
@@ -78,4 +99,4 @@ async def heartbeat_loop(
             raise
         except Exception as exc:  # a broken state read must not stop heartbeats
             logger.warning("heartbeat.state_failed", extra={"error": str(exc)})
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(heartbeat_wait_s(interval_s, draw()))

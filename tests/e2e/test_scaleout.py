@@ -41,6 +41,7 @@ from tests.fixtures.stack import (
     start_uvicorn,
 )
 from tests.fixtures.vllm import TEST_NODE_NAME, TINY_SERVED_NAME, RunningEngine, engine_running
+from workers import schedule
 from workers.celery_app import app as celery_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,7 +65,7 @@ def _start_workers(stack: ExitStack, log_dir: Path) -> list[ChildProcess]:
     for i in (1, 2):
         name = f"scaleout-worker-{i}"
         child = start_child(name, [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
-                                   "--concurrency=2", "-Q", "celery,validation,placement", "-n", f"{name}@%h",
+                                   "--concurrency=2", "-Q", ",".join(schedule.ALL_QUEUES), "-n", f"{name}@%h",
                                    "--loglevel=WARNING"], django_process_env(name), log_dir)
         stack.callback(child.stop)
         workers.append(child)
