@@ -136,6 +136,22 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def autogroup_nice(pid: int, nice: int) -> bool:
+    """Give ``pid``'s scheduler autogroup (its session) the nice value ``nice``; returns whether it took.
+
+    With ``kernel.sched_autogroup_enabled`` (Linux's default since 2.6.38), the CPU is shared fairly between
+    sessions first, and a process's own nice only ranks it against its session's other processes (sched(7),
+    "The autogroup feature"). A child started in a session of its own (``start_new_session``) under ``nice -n 10``
+    therefore competed as hard as any other session; this writes the session's nice to ``/proc/<pid>/autogroup``.
+    False where there is no autogroup (the feature off or absent: then plain nice already works) or the write is
+    refused (raising needs root or ``CAP_SYS_NICE``)."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        return False
+    return True
+
+
 def wait_until(probe: Callable[[], bool], *, timeout_s: float, what: str,
                proc: subprocess.Popen[bytes] | None = None, log_path: os.PathLike[str] | str | None = None,
                interval_s: float = 0.05) -> None:

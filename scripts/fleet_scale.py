@@ -53,7 +53,7 @@ from devtools.hollow import figures  # noqa: E402
 from devtools.hollow.adapters import adapter_name, make_adapters, tenant_slug  # noqa: E402
 from devtools.hollow.costs import calibration  # noqa: E402
 from devtools.hollow.replay import PageTimer, Sampler, operator_client, replay, tree_rss_bytes  # noqa: E402
-from devtools.proc import free_port, free_port_outside_ephemeral  # noqa: E402
+from devtools.proc import autogroup_nice, free_port, free_port_outside_ephemeral  # noqa: E402
 from devtools.services import backing_services  # noqa: E402
 from devtools.simulate.workload import WorkloadSpec, generate  # noqa: E402
 from workers import schedule  # noqa: E402
@@ -189,9 +189,12 @@ def start_nodes(procs: Processes, env: dict[str, str], args: argparse.Namespace,
                                            for n in names[h:h + args.nodes_per_host]]}
         spec_path = workdir / f"host-{h // args.nodes_per_host}.spec.json"
         spec_path.write_text(json.dumps(spec))
-        procs.start(f"host-{h // args.nodes_per_host}",
-                    ["nice", "-n", str(args.host_nice), PY, "-m", "devtools.hollow.host", str(spec_path)],
+        name = f"host-{h // args.nodes_per_host}"
+        procs.start(name, ["nice", "-n", str(args.host_nice), PY, "-m", "devtools.hollow.host", str(spec_path)],
                     {k: v for k, v in env.items() if k not in ("QUIVER_NODE_SECRET", "DATABASE_URL")})
+        # Each child has a session of its own, and the scheduler shares the CPU between sessions before nice counts
+        # (autogroup): without this the hosts' nice did nothing and they competed as hard as the control plane.
+        autogroup_nice(procs.procs[name].pid, args.host_nice)
     return nodes
 
 
@@ -392,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         internal_skip = {k: figures.counts(internal_files, k) for k in ("heartbeat_ms", "heartbeat_cpu_ms")}
         worker_files = figures.read_probes(probe_dir, "worker")
         worker_skip = {k: figures.counts(worker_files, k)
-                       for k in ("fleet_reconcile_task_ms", "fleet_reconcile_task_cpu_ms", "placement_evict_task_ms")}
+                       for k in ("fleet_reconcile_task_ms", "fleet_reconcile_task_cpu_ms", "placement_evict_task_ms",
+                                 "placement_evict_task_at")}
         cpu_before = [(f["totals"].get("fleet_cpu_ms", 0.0), f["totals"]["at"]) for f in gateway_files]
         hosts_before = figures.engine_totals(figures.read_probes(probe_dir, "host"))
         db_before = db_bytes()
@@ -454,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
         # the operator evict's own run (node call and writes): the part of propagation_ms spent in the worker
         "evict_task_ms_p99": figures.pct(figures.samples(worker_files, "placement_evict_task_ms",
                                                          worker_skip["placement_evict_task_ms"]), 99),
+        # from the operator's evict call to the task's start: the part of propagation_ms spent queued
+        "evict_wait_ms_p99": figures.pct(figures.waits([t0 for t0, _, _ in evictions], figures.samples(
+            worker_files, "placement_evict_task_at", worker_skip.get("placement_evict_task_at"))), 99),
         "api_ms_p99": figures.pct(pages_all, 99),
         **{f"api_ms_p99_{k}": figures.pct(v, 99) for k, v in sorted(pages.samples.items())},
         "usage_rows": usage_rows,

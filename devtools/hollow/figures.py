@@ -174,3 +174,19 @@ def table(figures: Mapping[str, Any]) -> list[str]:
             goal = "sim ± 15 %"
         lines.append(f"| {key} | {shown} | {goal} | {verdict(key, value)} |")
     return lines
+
+
+def waits(sent: Sequence[float], began: Sequence[float], within_s: float = 60.0) -> list[float]:
+    """Milliseconds from each time in ``sent`` to the first time in ``began`` at or after it (within ``within_s``),
+    each ``began`` used once: how long each of a run's operator evictions waited in the queue before its task ran
+    (both in Unix seconds, from one clock)."""
+    starts = sorted(began)
+    out: list[float] = []
+    i = 0
+    for t in sorted(sent):
+        while i < len(starts) and starts[i] < t:
+            i += 1
+        if i < len(starts) and starts[i] - t <= within_s:
+            out.append((starts[i] - t) * 1000)
+            i += 1
+    return out

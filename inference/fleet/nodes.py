@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from adapters_app.models import AdapterVersion, BaseModel, served_name
 from adapters_app.purge import purge_node_orphans
+from common.bus import invalidation_publish_on_commit
 from inference.fleet.heartbeat import HeartbeatInvalid, heartbeat_parse
 from inference.fleet.models import RESIDENT, Node, NodeSample, Placement
 from inference.fleet.node_keys import NodeCredentials, node_credentials, token_matches, token_node_name
@@ -383,6 +384,11 @@ def _record_report(node: Node, reported: list[ReportedAdapter], rows: list[Place
         gone.filter(pk__in=changes.to_cold).update(tier=Placement.Tier.COLD, pinned=False, served=False)
     if changes.to_cold_keep_pin:
         gone.filter(pk__in=changes.to_cold_keep_pin).update(tier=Placement.Tier.COLD, served=False)
+    if changes.to_cold or changes.to_cold_keep_pin or any(not (w.get("served", True) or w.get("tier") in RESIDENT)
+                                                          for w in changes.updates.values()):
+        # The node dropped copies (its own eviction): every gateway re-reads now instead of routing requests there
+        # until its next refresh, each then a 404 and a reroute.
+        invalidation_publish_on_commit("placements")
     return report_digest(reported, changes.rows_after, unplaced) if changes.settled else ""
 
 

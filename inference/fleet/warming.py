@@ -19,6 +19,7 @@ from adapters_app.models import AdapterVersion
 from adapters_app.selectors import adapter_version_no_effect_refused, adapter_version_untrained
 from adapters_app.services import adapter_version_effect_record
 from adapters_app.storage import presign_get
+from common.bus import invalidation_publish_on_commit
 from inference.fleet.models import RESIDENT, Node, Placement
 from inference.fleet.node_client import NodeCallFailed, node_call
 from inference.fleet.nodes import nodes_live
@@ -144,6 +145,7 @@ def placement_evict(placement: Placement) -> Placement:
     # engine has unloaded the copy either way (a whole-suite run: DatabaseError "did not affect any rows").
     Placement.objects.filter(pk=placement.pk).update(tier=placement.tier, pinned=False, served=False,
                                                      updated_at=placement.updated_at)
+    invalidation_publish_on_commit("placements")  # every gateway stops routing here now, not at its next refresh
     return placement
 
 

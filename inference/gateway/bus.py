@@ -1,7 +1,8 @@
 """Cache invalidation across gateway processes: Redis pub/sub on ``QUIVER_GATEWAY_BUS_CHANNEL``.
 
-Writers (signal receivers in ``inference.gateway.signals``) publish ``{"kind", "id"}`` after their transaction
-commits; every gateway process subscribes and drops the matching cache entries (``Directory.invalidate``). Pub/sub
+Writers publish ``{"kind", "id"}`` after their transaction commits (``common.bus``: the signal receivers in
+``inference.gateway.signals``, and the fleet when a placement stops serving); every gateway process subscribes and
+applies each message to its caches (``Directory.invalidate``). Pub/sub
 is at-most-once, so a (re)subscription flushes every cache, and while the subscription is down the caches fall back
 to TTLs of ``QUIVER_GATEWAY_CACHE_TTL_NO_BUS_S``: a revoked key stops within about a second either way.
 """
@@ -11,30 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
-import redis
 from django.conf import settings
 
-from common.redis import async_client, sync_client
+from common.redis import async_client
 from inference.gateway.directory import Directory
 
 logger = logging.getLogger(__name__)
 # Seconds between liveness pings on an idle subscription (and redis-py's health check interval).
 PING_S = 5.0
-
-def invalidation_publish(kind: str, ident: Any = None) -> None:
-    """Tell every gateway process to drop cached ``kind`` entries for ``ident`` (see ``Directory.invalidate``).
-
-    Never raises: a lost message is covered by the subscribers' flush on reconnect and the TTL fallback.
-    """
-    client = sync_client()
-    if client is None:
-        return
-    try:
-        client.publish(settings.QUIVER_GATEWAY_BUS_CHANNEL, json.dumps({"kind": kind, "id": ident}))
-    except redis.RedisError as exc:
-        logger.warning("gateway.bus_publish_failed", extra={"kind": kind, "error": str(exc)})
 
 
 async def subscribe_forever(directory: Directory) -> None:

@@ -213,6 +213,7 @@ class TtlCache(Generic[V]):
         self._max_misses = max_misses
         self._misses: dict[tuple[Hashable, ...], _Entry[V]] = {}
         self._loading: dict[tuple[Hashable, ...], asyncio.Task[V]] = {}
+        self._again: set[tuple[Hashable, ...]] = set()  # keys to read once more when their load in flight ends
         self.generation = 0
 
     async def get(self, *key: Hashable) -> V:
@@ -245,12 +246,25 @@ class TtlCache(Generic[V]):
             self._loading[key] = task
         return task
 
+    def refresh(self, *key: Hashable) -> None:
+        """Start reading ``key`` again now, in the background, serving its current value until the read is in
+        (nothing when absent: the next :meth:`get` loads it). A read already in flight may have begun before the
+        change that asked for this one, so another follows it. Must run on the event loop's thread."""
+        key = tuple(key)
+        if key in self._loading:
+            self._again.add(key)
+        elif key in self._entries or key in self._misses:
+            self._shared(key).add_done_callback(_log_failure)
+
     async def _fill(self, key: tuple[Hashable, ...]) -> V:
         generation = self.generation
         try:
             value = await db_call(self._loader, *key)
         finally:
             self._loading.pop(key, None)
+            if key in self._again:
+                self._again.discard(key)
+                self._shared(key).add_done_callback(_log_failure)
         if generation == self.generation:  # an invalidation during the load must not be overwritten by stale data
             self._entries.pop(key, None)
             self._misses.pop(key, None)
@@ -343,7 +357,8 @@ class Directory:
 
     def invalidate(self, kind: str, ident: Any = None) -> None:
         """Apply one invalidation message: ``key`` (key_id), ``tenant`` (tenant id: its keys and targets),
-        ``targets`` (tenant id, or None for every tenant), ``fleet``, or ``all``."""
+        ``targets`` (tenant id, or None for every tenant), ``fleet`` (the next request waits for a fresh read),
+        ``placements`` (a fresh read starts now, in the background), or ``all``."""
         if kind == "key":
             self.keys.invalidate(lambda k: k[0] == ident)
         elif kind == "tenant":
@@ -353,6 +368,10 @@ class Directory:
             self.targets.invalidate(None if ident is None else (lambda k: k[0] == ident))
         elif kind == "fleet":
             self._fleet.invalidate()  # the next read (of what changed) is as fresh as a full one
+        elif kind == "placements":
+            # A placement stopped serving (an eviction; a heartbeat dropped a copy): read what changed now rather
+            # than at the next refresh, still routing by the current view meanwhile (fleet_scale's propagation_ms).
+            self._fleet.refresh()
         else:
             self.keys.invalidate()
             self.targets.invalidate()

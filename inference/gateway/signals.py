@@ -1,23 +1,18 @@
 """Publish cache invalidations for the gateway when keys, tenants, adapters or versions change.
 
 Receivers run on ``post_save``/``post_delete`` (a revoke, a limit edit, a deleted adapter, a new ready version)
-and publish after the transaction commits, so no gateway process reloads a row before it is visible. Nodes and
-placements need no message: every process re-reads the fleet each ``QUIVER_GATEWAY_FLEET_REFRESH_S``.
+and publish after the transaction commits, so no gateway process reloads a row before it is visible. Placements
+that stop serving are announced by the fleet itself (``placements``: an eviction, a heartbeat that dropped a copy);
+otherwise every process re-reads what changed in the fleet each ``QUIVER_GATEWAY_FLEET_REFRESH_S``.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from inference.gateway.bus import invalidation_publish
-
-
-def _publish_on_commit(kind: str, ident: Any) -> None:
-    transaction.on_commit(partial(invalidation_publish, kind, ident))
+from common.bus import invalidation_publish_on_commit as _publish_on_commit
 
 
 def _key_changed(sender: Any, instance: Any, **kwargs: Any) -> None:

@@ -22,6 +22,7 @@ from inference.fleet.services import (
     version_unpin,
 )
 from tests.factories import TenantFactory
+from tests.fixtures.bus import bus_listener
 
 pytestmark = pytest.mark.django_db
 
@@ -100,7 +101,10 @@ def test_evict_is_pending_until_the_node_answers_then_records_its_outcome(
     assert sent == [(placement.pk, record.pk)]
 
     if node_answer == "ok":
-        fleet_tasks.placement_evict_task(*sent[0])
+        with bus_listener() as drain:  # every gateway re-reads now, not at its next refresh (propagation_ms)
+            with django_capture_on_commit_callbacks(execute=True):
+                fleet_tasks.placement_evict_task(*sent[0])
+            assert drain() == [("placements", None)]
         after = {"node": "n0", "tier": "staged", "served": False, "outcome": "evicted"}
     else:
         with pytest.raises(NodeCallFailed):

@@ -20,6 +20,7 @@ from inference.fleet.models import Node, Placement, TenantResidencyQuota, Versio
 from inference.fleet.nodes import node_register
 from inference.fleet.plan import plan_publish
 from tests.factories import TenantFactory
+from tests.fixtures.bus import bus_listener
 
 pytestmark = pytest.mark.django_db
 URL = "/internal/v1/nodes/heartbeat"
@@ -223,3 +224,18 @@ def test_the_answer_is_the_same_whether_the_report_changed_or_not(internal: Clie
     assert first["node"] == "n1" and first["healthy"] is True
     assert first["elsewhere"] == [v[0].pk, v[30].pk]
     assert first["over_quota"] == sorted(x.pk for x in v)
+
+
+def test_a_heartbeat_that_drops_copies_tells_the_gateways_to_reread_now(internal: Client, fleet: dict[str, Any],
+                                                                        django_capture_on_commit_callbacks: Any) -> None:
+    """Without the message each gateway kept routing to the dropped copies until its next refresh (each request a
+    404 from the engine and a reroute); an unchanged report sends nothing."""
+    with bus_listener() as drain:
+        with django_capture_on_commit_callbacks(execute=True):
+            _beat(internal, fleet)
+            _beat(internal, fleet)
+        assert ("placements", None) not in drain()
+        adapters = [dict(a) for a in fleet["state"]["adapters"]][:-3]  # the node evicted three copies itself
+        with django_capture_on_commit_callbacks(execute=True):
+            _beat(internal, fleet, adapters=adapters)
+        assert drain().count(("placements", None)) == 1

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from common.bus import invalidation_publish
 from inference.gateway import bus
 
 
@@ -34,7 +35,7 @@ def test_pings_on_an_idle_subscription_flush_nothing_and_messages_still_apply(mo
             await asyncio.sleep(0.05)
         assert directory.bus_ok
         await asyncio.sleep(1.0)  # about ten pings and health checks, each answered by a "pong"
-        await asyncio.to_thread(bus.invalidation_publish, "key", "abc123")
+        await asyncio.to_thread(invalidation_publish, "key", "abc123")
         for _ in range(40):
             if ("key", "abc123") in directory.calls:
                 break
