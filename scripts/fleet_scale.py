@@ -145,13 +145,15 @@ def start_control_plane(procs: Processes, env: dict[str, str], gateways: int, li
         urls[name] = f"http://127.0.0.1:{port}"
         procs.start(name, [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level",
                            "warning", "--no-access-log"], env)
-    # As docker-compose.yml and platform/k8s run them: placement (and beat's default queue), validation and the
-    # reconcile pass each in their own worker on Celery's prefork pool. Placement's tasks wait on node agents (I/O),
-    # so it has 8 children, as the 8 threads it had before: with 2, the warms of 2,000 uploads did not settle in 5
-    # minutes. The reconcile pass has one long-lived child, whose HRW memo stays warm (workers.schedule).
-    for name, queues, children in (("worker", "celery,placement", 8), ("worker-validation", "validation", 2),
-                                   ("worker-reconcile", schedule.RECONCILE_QUEUE, 1)):
-        procs.start(name, [PY, "-m", "celery", "-A", "config", "worker", f"--concurrency={children}", "-Q", queues,
+    # As docker-compose.yml runs them: placement (and beat's default queue) on 32 threads, since its warms wait on
+    # node agents for their whole load (8 prefork children spent 70 % of a 64-node run waiting, and an operator's
+    # evict queued behind them for 16.5 s p99); validation and the reconcile pass on Celery's prefork pool, the
+    # reconcile pass with one long-lived child whose HRW memo stays warm (workers.schedule).
+    for name, queues, pool, children in (("worker", "celery,placement", "threads", 32),
+                                         ("worker-validation", "validation", "prefork", 2),
+                                         ("worker-reconcile", schedule.RECONCILE_QUEUE, "prefork", 1)):
+        procs.start(name, [PY, "-m", "celery", "-A", "config", "worker", f"--pool={pool}", f"--concurrency={children}",
+                           "-Q", queues,
                            "-n", f"{name}@%h", "--loglevel=WARNING", "--include", "devtools.hollow.probe_tasks"], env)
     procs.start("beat", [PY, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING", "-s",
                          str(Path(env["QUIVER_HOLLOW_PROBE_DIR"]).parent / "beat-schedule")], env)

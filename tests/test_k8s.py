@@ -271,6 +271,8 @@ def test_one_worker_deployment_per_queue_covers_every_routed_queue(overlay: str)
     assert reconcile["spec"]["replicas"] == 1 and reconcile["spec"]["strategy"] == {"type": "Recreate"}
     command = container(reconcile["spec"]["template"], "worker")["command"]
     assert command[command.index("--queues") + 1] == "reconcile" and command[command.index("--concurrency") + 1] == "1"
+    placement = container(objects(render(overlay), "Deployment")[consumed["placement"]]["spec"]["template"], "worker")
+    assert placement["command"][placement["command"].index("--pool") + 1] == "threads"  # warms wait on agents
 
 
 def test_web_and_gateway_autoscale_and_wait_for_migrations() -> None:
