@@ -264,8 +264,7 @@ class GatewayApp:
                 raise GatewayError(409, f"Adapter `{model}` has no ready version: wait if one is being validated, "
                                    "or upload a new one if it was rejected (its report says why).",
                                    code="adapter_not_ready", param="model")
-            raise GatewayError(404, f"The model `{model}` does not exist. GET /v1/models lists the models this key can "
-                               "call: your adapters' names and the base models.", code="model_not_found", param="model")
+            raise GatewayError(404, key.not_found_message(clip(model)), code="model_not_found", param="model")
         return rule.pick(user=user if isinstance(user, str) else None, draw=random.random())  # noqa: S311 (a split)
 
     async def node_for(self, target: TargetView) -> NodeView:

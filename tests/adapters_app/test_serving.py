@@ -226,7 +226,13 @@ def test_name_at_n_and_scoped_keys_on_the_resolve_path(base_model) -> None:  # t
     assert message(everything, "alpha@9").startswith("Adapter `alpha` has no ready version 9;")
     assert message(everything, "alpha@3").startswith("Adapter `alpha` has no ready version 3;")  # rejected
     assert message(everything, "gamma@1").startswith("The model `gamma@1` does not exist.")  # no such adapter
-    assert message(only_alpha, "beta@9").startswith("The model `beta@9` does not exist.")  # outside the key's scope
+    # Outside a scoped key's list: the key is told its own scope, and never that base models are callable (fresh-user
+    # round: a key limited to adapters was pointed at "the base models", which it cannot call).
+    scoped = message(only_alpha, "beta@9")
+    assert scoped.startswith("The model `beta@9` does not exist or is outside this key's scope.")
+    assert "only `alpha`" in scoped and "base model" not in scoped
+    assert "base models" in message(everything, "gamma@1")  # an unscoped key can call them
+    assert "base model" not in message(only_alpha, "tiny-llama")
     # However the number is written, the target (and so usage) names the version one way (attack round: alpha@01
     # and alpha@0001 were separate usage rows).
     for spelled in ("alpha@02", "alpha@0002"):
