@@ -31,6 +31,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from common import auth_hints
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -112,7 +114,7 @@ def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, st
     from tenants.scopes import ADAPTERS_WRITE
     from tenants.services import ApiKeyInvalid, api_key_verify
 
-    invalid = (401, "invalid_api_key", "Invalid, revoked or expired API key or session.")
+    invalid = (401, "invalid_api_key", auth_hints.invalid_key())
     scope = (403, "insufficient_scope", f"Uploading needs an API key with scope '{ADAPTERS_WRITE}' (or a console "
              "session of a tenant owner or member).")
     token = bearer_token(authorization) if authorization else None
@@ -150,15 +152,15 @@ def credentials_refusal(authorization: str, session_key: str | None) -> tuple[in
     if authorization:
         token = bearer_token(authorization)
         if token is None:
-            return 401, "invalid_auth_header", "Use 'Authorization: Bearer <api key>'."
+            return 401, "invalid_auth_header", auth_hints.malformed_header()
         try:
             api_key_verify(token)
         except ApiKeyInvalid:
-            return 401, "invalid_api_key", "Invalid, revoked or expired API key."
+            return 401, "invalid_api_key", auth_hints.invalid_key()
         return None
     if session_key and import_module(settings.SESSION_ENGINE).SessionStore(session_key).get("_auth_user_id"):
         return None
-    return 401, "not_authenticated", "Your session has expired or is not logged in; log in again."
+    return 401, "not_authenticated", auth_hints.missing_credentials()
 
 
 DATABASE_UNAVAILABLE = (503, "database_unavailable", "The database is unavailable right now; retry in a few seconds.")
@@ -243,8 +245,7 @@ class FrontDoor:
         rule = rule_for(scope.get("method", "GET"), path, has_credentials=bool(authorization or session_key),
                         content_type=headers.get("content-type", ""))
         if rule.needs_credentials and not (authorization or session_key):
-            await _respond(send, path, 401, "not_authenticated",
-                           "Authentication credentials were not provided; send 'Authorization: Bearer <api key>'.")
+            await _respond(send, path, 401, "not_authenticated", auth_hints.missing_credentials())
             return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > rule.max_bytes:
