@@ -1572,11 +1572,13 @@ export interface components {
          */
         ScopesEnum: "adapters:read" | "adapters:write" | "keys:manage" | "inference";
         /**
-         * @description One audited change of the serving rule or settings: who (username, ``key:<id>`` or ``system``), what, when,
-         *     before → after (rules as ``[[version, weight], ...]``).
+         * @description One audited change of the serving rule or settings: who (username, ``key:<id>`` or ``system``; ``key_name``:
+         *     that key's name, null for any other actor or a key no longer stored), what, when, before → after (rules as
+         *     ``[[version, weight], ...]``).
          */
         ServingChange: {
             actor: string;
+            key_name: string | null;
             action: string;
             before: unknown;
             after: unknown;
