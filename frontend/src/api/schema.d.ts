@@ -1334,7 +1334,7 @@ export interface components {
             readonly num_preemptions_total: number | null;
             /** @description Adapters in GPU slots. */
             readonly gpu_used: number;
-            /** @description Adapters in the engine's CPU cache. */
+            /** @description Adapters in the engine's CPU cache, those in GPU slots included (vLLM's ``max_cpu_loras`` counts them). */
             readonly cpu_used: number;
             /** @description Requests the node answered with status >= 500 in the last 5 minutes. */
             readonly failed_requests_5m: number;
