@@ -5,7 +5,8 @@ import { afterEach, describe, expect, it, vi } from 'vitest'
 import { api, type Node } from '../api/client'
 import { renderWithMantine } from '../components/__tests__/render'
 import { pageCount, pageQuery } from '../components/paging'
-import { NODES_PAGE, Nodes, capacityRows, slotFigures } from '../pages/Nodes'
+import { NODES_PAGE, Nodes } from '../pages/Nodes'
+import { capacityRows, slotFigures } from '../pages/nodeFigures'
 
 describe('slotFigures', () => {
   it('labels capacity by the engine setting, never as GPU (the node API reports no device, and CPU nodes have slots too)', () => {

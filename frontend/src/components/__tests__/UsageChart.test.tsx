@@ -1,7 +1,8 @@
 import { screen } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
 import type { UsageSeriesRow } from '../../api/client'
-import { OTHER, PALETTE, UsageChart, groupModels, pivot, usageSeries } from '../UsageChart'
+import { UsageChart } from '../UsageChart'
+import { OTHER, PALETTE, groupModels, pivot, usageSeries } from '../usageSeries'
 import { renderWithMantine } from './render'
 
 const row = (t: string, model: string, requests: number): UsageSeriesRow => ({
