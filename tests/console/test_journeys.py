@@ -238,11 +238,13 @@ def test_operator_pins_and_evicts_with_confirmation_and_sees_the_audit_log(
     expect(page.get_by_label("Node gpu-1")).to_contain_text("KV-cache pressure 35 %")
     capacity = page.get_by_role("table", name="Capacity of gpu-1")
     cells = [capacity.get_by_role("row", name=re.compile(f"^{label}")).get_by_role("cell")
-             for label in ("LoRA slots", "CPU cache")]
+             for label in ("LoRA slots", "CPU cache", "LoRA rank")]
     expect(cells[0]).to_have_text(["LoRA slots", "12", "4", "4 (ceiling, report clamped)"])
     expect(cells[1]).to_have_text(["CPU cache", "8", "8", "8 (reported = ceiling)"])
+    expect(cells[2]).to_have_text(["LoRA rank", "—", "16", "0 (nothing reported)"])  # the base model's rank: the fleet's
     expect(page.get_by_label("Node gpu-1")).to_contain_text("CPU cache, LoRA slots included (max_cpu_loras)2/8"
                                                             "1 in LoRA slots + 1 in the CPU cache only")
+    screenshot(page, "operator-fleet")
     assert failed == []
     nav = page.get_by_role("navigation", name="Main")
     expect(nav.get_by_role("link", name="API keys")).to_have_count(0)  # a viewer of acme: listed, disabled

@@ -22,14 +22,15 @@ describe('slotFigures', () => {
 describe('capacityRows', () => {
   it("shows the node's reported capacity beside its ceilings, and which one is in force", () => {
     const n = {
-      max_loras: 8, max_cpu_loras: 16, max_lora_rank: 16,
+      max_loras: 8, max_cpu_loras: 16, max_lora_rank: 0,
       reported: { max_loras: 12, max_cpu_loras: 16, max_lora_rank: null },
       ceilings: { max_loras: 8, max_cpu_loras: 32, max_lora_rank: 16 },
     } as unknown as Node
     expect(capacityRows(n)).toEqual([
       { label: 'LoRA slots', reported: 12, ceiling: 8, inForce: 8, source: 'ceiling, report clamped' },
       { label: 'CPU cache', reported: 16, ceiling: 32, inForce: 16, source: 'reported' },
-      { label: 'LoRA rank', reported: null, ceiling: 16, inForce: 16, source: 'ceiling, nothing reported' },
+      // not reported: 0 in force whatever the ceiling (the control plane counts it as 0 until a heartbeat says)
+      { label: 'LoRA rank', reported: null, ceiling: 16, inForce: 0, source: 'nothing reported' },
     ])
     const equal = { ...n, max_loras: 8, reported: { ...n.reported, max_loras: 8 } } as Node
     expect(capacityRows(equal)[0].source).toBe('reported = ceiling')

@@ -24,19 +24,20 @@ const CAPACITY: { field: keyof Node['reported']; label: string }[] = [
   { field: 'max_lora_rank', label: 'LoRA rank' },
 ]
 
-export type CapacityRow = { label: string; reported: number | null; ceiling: number | null; inForce: number | null; source: string }
+export type CapacityRow = { label: string; reported: number | null; ceiling: number | null; inForce: number; source: string }
 
 /** Per capacity figure, what the node's last heartbeat reported, the ceiling the operator (or the fleet default) set,
  * and the figure in force: the node's stored one, which placement and routing use (the reported figure clamped to
- * the ceiling, i.e. the smaller of the two). `source` says which of the two it is. */
+ * the ceiling, i.e. the smaller of the two; 0 while the node has not reported it). `source` says which it is. */
 export function capacityRows(n: Node): CapacityRow[] {
   return CAPACITY.map(({ field, label }) => {
     const reported = n.reported[field]
     const ceiling = n.ceilings[field]
-    const known = [reported, ceiling].filter((v): v is number => v != null)
-    const inForce = n[field] ?? (known.length ? Math.min(...known) : null)
+    // The stored figure is the truth; the schema marks it optional, so derive it the server's way if absent.
+    const inForce = n[field] ?? (reported == null ? 0 : Math.min(reported, ceiling ?? reported))
     let source: string
-    if (reported == null) source = ceiling == null ? 'nothing reported' : 'ceiling, nothing reported'
+    // Not reported counts as 0 (inference/policy/node_capacity.py): nothing is placed against it until a heartbeat says.
+    if (reported == null) source = 'nothing reported'
     else if (ceiling == null || reported < ceiling) source = 'reported'
     else if (reported === ceiling) source = 'reported = ceiling'
     else source = 'ceiling, report clamped'
