@@ -15,6 +15,8 @@ export function UsageChart({ rows, metric, label }: { rows: UsageSeriesRow[]; me
         dataKey="t"
         withLegend
         series={usageSeries(models, groupModels(rows).other.length)}
+        // Recharts sorts legend items by label, which put "other" first; keep pivot's order (by name, other last).
+        legendProps={{ itemSorter: (item) => models.indexOf(String(item.dataKey)) }}
         curveType="monotone"
       />
     </div>

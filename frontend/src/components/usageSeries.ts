@@ -5,12 +5,13 @@ import { formatTime, modelLabel } from '../format'
 
 export type Metric = 'requests' | 'completion_tokens' | 'prompt_tokens' | 'latency_ms_avg' | 'failures'
 
-/** Hues far enough apart to tell lines apart on a light background; one per line, never reused (issue 30: eight
- * colours cycled, so the ninth model drew in the first one's colour). */
-export const PALETTE = ['indigo.6', 'orange.6', 'teal.6', 'grape.6', 'red.6', 'lime.7', 'cyan.7', 'pink.5', 'yellow.7']
-/** The line that sums the models past the palette: grey, so it never reads as one more model. */
+/** Tableau 10 (Maureen Stone's categorical palette, Tableau's and Vega's default: hues chosen to stay apart), its
+ * first nine for models, one per line and never reused (issue 30: eight Mantine colours cycled, so the ninth model
+ * drew in the first one's colour, and cyan beside teal read as one line). */
+export const PALETTE = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7', '#9c755f']
+/** The line that sums the models past the palette: Tableau 10's grey, so it never reads as one more model. */
 export const OTHER = '(other)'
-const OTHER_COLOR = 'gray.6'
+const OTHER_COLOR = '#bab0ac'
 
 /** Which models get a line of their own: every model when there are no more than PALETTE's colours, else the
  * busiest `PALETTE.length - 1` by requests over the period (ties by name) and the rest, two or more, summed into one

@@ -41,7 +41,7 @@ describe('many models', () => {
     expect(new Set(series.map((s) => s.color)).size).toBe(series.length)
     expect(series.length).toBeLessThanOrEqual(PALETTE.length)
     expect(keys).toEqual([...models.slice(0, PALETTE.length - 1), OTHER])
-    expect(series.at(-1)).toEqual({ name: OTHER, label: 'other (4 models)', color: 'gray.6' })
+    expect(series.at(-1)).toEqual({ name: OTHER, label: 'other (4 models)', color: '#bab0ac' })
     // the tail's requests are summed: m08..m11 = 92 + 91 + 90 + 89
     expect(data[0][OTHER]).toBe(92 + 91 + 90 + 89)
   })
