@@ -115,9 +115,13 @@ def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, st
     from tenants.services import ApiKeyInvalid, api_key_verify
 
     invalid = (401, "invalid_api_key", auth_hints.invalid_key())
+    # No key and no live session (the code stays invalid_api_key, as before): the text says what to send.
+    ended = (401, "invalid_api_key", auth_hints.missing_credentials())
     scope = (403, "insufficient_scope", f"Uploading needs an API key with scope '{ADAPTERS_WRITE}' (or a console "
              "session of a tenant owner or member).")
     token = bearer_token(authorization) if authorization else None
+    if authorization and token is None:
+        return 401, "invalid_auth_header", auth_hints.malformed_header()
     if token is not None:
         try:
             key = api_key_verify(token)
@@ -127,10 +131,10 @@ def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, st
     if session_key:
         user_id = import_module(settings.SESSION_ENGINE).SessionStore(session_key).get("_auth_user_id")
         if not user_id:
-            return invalid
+            return ended
         writer = Membership.objects.filter(user_id=user_id, role__in=[Membership.Role.OWNER, Membership.Role.MEMBER])
         return None if writer.exists() else scope
-    return invalid
+    return ended
 
 
 def credentials_refusal(authorization: str, session_key: str | None) -> tuple[int, str, str] | None:
@@ -245,7 +249,9 @@ class FrontDoor:
         rule = rule_for(scope.get("method", "GET"), path, has_credentials=bool(authorization or session_key),
                         content_type=headers.get("content-type", ""))
         if rule.needs_credentials and not (authorization or session_key):
-            await _respond(send, path, 401, "not_authenticated", auth_hints.missing_credentials())
+            # The gateway (/v1/) takes keys only; the control plane takes a console session too.
+            missing = auth_hints.missing_key() if path.startswith("/v1/") else auth_hints.missing_credentials()
+            await _respond(send, path, 401, "not_authenticated", missing)
             return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > rule.max_bytes:
