@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from django.db.models import QuerySet
 
 from adapters_app.models import Adapter, AdapterVersion, ServingChange
-from tenants.models import Tenant
+from tenants.models import ApiKey, Tenant
 
 
 def adapter_get(tenant: Tenant, *, name: str) -> Adapter | None:
@@ -69,11 +69,24 @@ def _entries(rule: object) -> list[dict[str, int]]:
     return [{"version": e[0], "weight": e[1]} for e in (rule or []) if isinstance(e, list) and len(e) == 2]  # type: ignore[attr-defined]
 
 
+def _key_names(tenant_id: int, actors: Iterable[str]) -> dict[str, str]:
+    """``{"key:<key_id>": name}`` for the actors that are keys of this tenant (one query; the audit stores the key's
+    id, which people do not recognise, and the name is looked up when read so a renamed key reads as it is now)."""
+    key_ids = {actor.removeprefix("key:") for actor in actors if actor.startswith("key:")}
+    if not key_ids:
+        return {}
+    rows = ApiKey.objects.filter(tenant_id=tenant_id, key_id__in=key_ids).values_list("key_id", "name")
+    return {f"key:{key_id}": name for key_id, name in rows}
+
+
 def serving_state(adapter: Adapter, *, history: int = 20) -> dict[str, object]:
     """An adapter's serving state for the API: ``rule`` (what the gateway applies: the stored rule's ready versions,
     else the first ready version) and ``previous_rule`` as ``[{version, weight}]``, settings
-    (``auto_promote``, ``rpm_limit``, ``tpm_limit``) and its latest ``history`` changes, newest first."""
-    changes = ServingChange.objects.filter(adapter=adapter).order_by("-created_at", "-pk")[:history]
+    (``auto_promote``, ``rpm_limit``, ``tpm_limit``) and its latest ``history`` changes, newest first, each with
+    ``key_name``: the name of the tenant's key that acted (actor ``key:<key_id>``; null for a user, ``system`` or a
+    key no longer stored)."""
+    changes = list(ServingChange.objects.filter(adapter=adapter).order_by("-created_at", "-pk")[:history])
+    key_names = _key_names(adapter.tenant_id, [c.actor for c in changes])
     ready = set(AdapterVersion.objects.filter(adapter=adapter, status=AdapterVersion.Status.READY)
                 .values_list("number", flat=True))
     rule = [e for e in _entries(adapter.serving_rule) if e["version"] in ready and e["weight"] > 0]
@@ -84,6 +97,6 @@ def serving_state(adapter: Adapter, *, history: int = 20) -> dict[str, object]:
         "auto_promote": adapter.auto_promote,
         "rpm_limit": adapter.rpm_limit,
         "tpm_limit": adapter.tpm_limit,
-        "history": [{"actor": c.actor, "action": c.action, "before": c.before, "after": c.after,
-                     "created_at": c.created_at} for c in changes],
+        "history": [{"actor": c.actor, "key_name": key_names.get(c.actor), "action": c.action, "before": c.before,
+                     "after": c.after, "created_at": c.created_at} for c in changes],
     }

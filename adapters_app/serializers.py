@@ -100,9 +100,11 @@ class AdapterOutputSerializer(serializers.ModelSerializer):
 
 
 class ServingChangeSerializer(serializers.Serializer):
-    """One audited change of the serving rule or settings: who (username, ``key:<id>`` or ``system``), what, when,
-    before → after (rules as ``[[version, weight], ...]``)."""
+    """One audited change of the serving rule or settings: who (username, ``key:<id>`` or ``system``; ``key_name``:
+    that key's name, null for any other actor or a key no longer stored), what, when, before → after (rules as
+    ``[[version, weight], ...]``)."""
     actor = serializers.CharField()
+    key_name = serializers.CharField(allow_null=True)
     action = serializers.CharField()
     before = serializers.JSONField()
     after = serializers.JSONField()

@@ -10,7 +10,7 @@ from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
-from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -28,7 +28,7 @@ from adapters_app.serializers import (
     ServingSettingsInputSerializer,
 )
 from common.exceptions import QuiverError
-from common.parsers import JSONParser
+from common.parsers import FormParser, JSONParser
 from tenants.models import Membership
 from tenants.permissions import DEFAULT_ROLE_MAP
 from tenants.viewsets import TenantScopedViewSet

@@ -16,6 +16,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from common import auth_hints
 from common.echo import clip
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,45 @@ def _first_message(detail: Any) -> str:
     return str(detail)
 
 
+JSON_FIX = ("Send one JSON object (e.g. `{\"version\": 2}`) with `Content-Type: application/json`; the position "
+            "above counts from the body's first character.")
+CSRF_FIX = ("A console session must send the `csrftoken` cookie's value as the `X-CSRFToken` header on every POST, PUT, "
+            "PATCH and DELETE (the console does); scripts should send an API key instead.")
+
+
+def _fix(exc: exceptions.APIException, context: dict[str, Any]) -> str | None:
+    """The fix to append to DRF's generic parse, media-type and authentication errors, or None (fresh-user round,
+    issue 30: "JSON parse error - Expecting value" and "Authentication credentials were not provided." named none)."""
+    detail = str(exc.detail)
+    if isinstance(exc, exceptions.NotAuthenticated):
+        return auth_hints.missing_credentials()
+    if isinstance(exc, exceptions.ParseError) and detail.startswith("JSON parse error") and "send" not in detail:
+        return JSON_FIX
+    if isinstance(exc, exceptions.ParseError) and detail.startswith("Multipart form parse error"):
+        return ("Send the files as multipart/form-data and let the client write the Content-Type with its boundary "
+                "(curl: `-F files=@adapter_config.json`; never set that header by hand).")
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        accepted = [p.media_type for p in getattr(context.get("request"), "parsers", None) or []]
+        fix = ("Send a JSON body with `Content-Type: application/json`" if "application/json" in accepted
+               else f"Send `Content-Type: {accepted[0]}`" if accepted else "Send a body this endpoint reads")
+        return f"{fix} (this endpoint reads {', '.join(accepted)})." if accepted else f"{fix}."
+    if isinstance(exc, exceptions.PermissionDenied) and detail.startswith("CSRF Failed"):
+        return CSRF_FIX
+    return None
+
+
+def _with_fix(exc: exceptions.APIException, context: dict[str, Any]) -> None:
+    """Append :func:`_fix`'s text to ``exc``'s detail in place: DRF set the status, the code and, for a 401, the
+    ``WWW-Authenticate`` header on this very object, so it is kept rather than replaced."""
+    fix = _fix(exc, context)
+    if fix is None or isinstance(exc.detail, (list, dict)):
+        return
+    if isinstance(exc, exceptions.NotAuthenticated):  # DRF's sentence says nothing the fix does not
+        exc.detail = exceptions.ErrorDetail(fix, code=exc.detail.code)
+        return
+    exc.detail = exceptions.ErrorDetail(f"{str(exc.detail).rstrip('.')}. {fix}", code=exc.detail.code)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render every API exception as ``{"detail", "code"[, "fields"]}``.
 
@@ -94,6 +134,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                               "out of range); remove it and retry.", code="invalid_value")
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
+    elif isinstance(exc, exceptions.APIException) and not isinstance(exc, QuiverError):
+        _with_fix(exc, context)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -23,3 +23,22 @@ class JSONParser(parsers.JSONParser):
             return super().parse(stream, media_type, parser_context)
         except RecursionError as exc:
             raise ParseError("JSON parse error - nested too deeply; send a flat JSON object.") from exc
+
+
+class FormParser(parsers.FormParser):
+    """``rest_framework.parsers.FormParser`` that refuses a JSON body sent as a form.
+
+    ``curl -d '{"version": 2}'`` without ``-H 'Content-Type: application/json'`` sends
+    ``application/x-www-form-urlencoded``, which parses as one field named after the whole JSON text, and the view
+    then answered "version: This field is required." about a body that held it (fresh-user round, issue 30).
+    """
+
+    def parse(self, stream: IO[Any], media_type: str | None = None,
+              parser_context: Mapping[str, Any] | None = None) -> Any:
+        """Parse like DRF; raises ``ParseError`` (400) when the only field's name opens like JSON (``{`` or ``[``)."""
+        data = super().parse(stream, media_type, parser_context)
+        keys = list(data.keys())
+        if len(keys) == 1 and keys[0].lstrip()[:1] in ("{", "["):
+            raise ParseError("This body is JSON sent as a form (Content-Type: application/x-www-form-urlencoded, "
+                             "what `curl -d` sends by default): add `-H 'Content-Type: application/json'`.")
+        return data

@@ -31,6 +31,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from common import auth_hints
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -112,10 +114,14 @@ def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, st
     from tenants.scopes import ADAPTERS_WRITE
     from tenants.services import ApiKeyInvalid, api_key_verify
 
-    invalid = (401, "invalid_api_key", "Invalid, revoked or expired API key or session.")
+    invalid = (401, "invalid_api_key", auth_hints.invalid_key())
+    # No key and no live session (the code stays invalid_api_key, as before): the text says what to send.
+    ended = (401, "invalid_api_key", auth_hints.missing_credentials())
     scope = (403, "insufficient_scope", f"Uploading needs an API key with scope '{ADAPTERS_WRITE}' (or a console "
              "session of a tenant owner or member).")
     token = bearer_token(authorization) if authorization else None
+    if authorization and token is None:
+        return 401, "invalid_auth_header", auth_hints.malformed_header()
     if token is not None:
         try:
             key = api_key_verify(token)
@@ -125,10 +131,10 @@ def upload_refusal(authorization: str, session_key: str | None) -> tuple[int, st
     if session_key:
         user_id = import_module(settings.SESSION_ENGINE).SessionStore(session_key).get("_auth_user_id")
         if not user_id:
-            return invalid
+            return ended
         writer = Membership.objects.filter(user_id=user_id, role__in=[Membership.Role.OWNER, Membership.Role.MEMBER])
         return None if writer.exists() else scope
-    return invalid
+    return ended
 
 
 def credentials_refusal(authorization: str, session_key: str | None) -> tuple[int, str, str] | None:
@@ -150,15 +156,15 @@ def credentials_refusal(authorization: str, session_key: str | None) -> tuple[in
     if authorization:
         token = bearer_token(authorization)
         if token is None:
-            return 401, "invalid_auth_header", "Use 'Authorization: Bearer <api key>'."
+            return 401, "invalid_auth_header", auth_hints.malformed_header()
         try:
             api_key_verify(token)
         except ApiKeyInvalid:
-            return 401, "invalid_api_key", "Invalid, revoked or expired API key."
+            return 401, "invalid_api_key", auth_hints.invalid_key()
         return None
     if session_key and import_module(settings.SESSION_ENGINE).SessionStore(session_key).get("_auth_user_id"):
         return None
-    return 401, "not_authenticated", "Your session has expired or is not logged in; log in again."
+    return 401, "not_authenticated", auth_hints.missing_credentials()
 
 
 DATABASE_UNAVAILABLE = (503, "database_unavailable", "The database is unavailable right now; retry in a few seconds.")
@@ -243,8 +249,9 @@ class FrontDoor:
         rule = rule_for(scope.get("method", "GET"), path, has_credentials=bool(authorization or session_key),
                         content_type=headers.get("content-type", ""))
         if rule.needs_credentials and not (authorization or session_key):
-            await _respond(send, path, 401, "not_authenticated",
-                           "Authentication credentials were not provided; send 'Authorization: Bearer <api key>'.")
+            # The gateway (/v1/) takes keys only; the control plane takes a console session too.
+            missing = auth_hints.missing_key() if path.startswith("/v1/") else auth_hints.missing_credentials()
+            await _respond(send, path, 401, "not_authenticated", missing)
             return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > rule.max_bytes:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from common import auth_hints
 from tenants.models import ApiKey, Tenant
 from tenants.services import ApiKeyInvalid, api_key_verify
 
@@ -42,14 +43,12 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             return None
         token = bearer_token(header)
         if token is None:
-            raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.", code="invalid_auth_header")
+            raise exceptions.AuthenticationFailed(auth_hints.malformed_header(), code="invalid_auth_header")
         try:
             key = api_key_verify(token)
         except ApiKeyInvalid as exc:
             logger.info("api_key.rejected", extra={"reason": exc.reason})
-            raise exceptions.AuthenticationFailed(
-                "Invalid, revoked or expired API key.", code="invalid_api_key"
-            ) from exc
+            raise exceptions.AuthenticationFailed(auth_hints.invalid_key(), code="invalid_api_key") from exc
         return TenantPrincipal(tenant=key.tenant, api_key=key), key
 
     def authenticate_header(self, request: Request) -> str:

@@ -169,7 +169,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": [
         "common.parsers.JSONParser",
         "rest_framework.parsers.MultiPartParser",
-        "rest_framework.parsers.FormParser",
+        "common.parsers.FormParser",
     ],
     "EXCEPTION_HANDLER": "common.exceptions.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

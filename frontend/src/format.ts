@@ -81,19 +81,22 @@ export function versionLabel(model: string, version: number | null): string {
   return version == null ? `${name} (base)` : `${name} v${version}`
 }
 
-/** A model name as sent, where the version that answered is not known (usage charts): `name@3` reads `name v3`,
- * anything else as it is. */
+/** A model name as the application sent it, where the version that answered is not known (usage charts): the
+ * served name itself (`capitals`, `capitals@3`: what a client puts in `model`), `(no model)` for a refused request
+ * whose model was never found. */
 export function modelLabel(model: string): string {
-  if (!model) return NO_MODEL
-  const { name, pinned } = splitModel(model)
-  return pinned == null ? model : versionLabel(name, pinned)
+  return model || NO_MODEL
 }
 
-/** A request rate for people: per second from 1/s up (`2.5/s`), per minute below it (`0.3/min`, `16/min`), so a
- * low but real rate never reads as `0.00/s`. `perSecond` is requests per second (≥ 0). */
+/** Whole from 10 up, else two significant digits (`2.5`, `0.27`, `0.0042`): never rounded to 0. */
+const twoDigits = (v: number) => (v >= 10 ? Math.round(v).toString() : String(Number(v.toPrecision(2))))
+
+/** A rate for people, of requests or tokens: per second from 1/s up (`2.5/s`, `42/s`), per minute from 1/min
+ * (`30/min`), per hour below (`16/h`, `0.042/h`), two significant digits under 10, so a low but real rate never
+ * reads as `0.0/s` (1 token in a day is `0.042/h`). `perSecond` is events per second (≥ 0). */
 export function formatRate(perSecond: number): string {
   if (!Number.isFinite(perSecond) || perSecond <= 0) return '0/s'
-  if (perSecond >= 1) return `${perSecond >= 10 ? perSecond.toFixed(0) : perSecond.toFixed(1)}/s`
-  const perMinute = perSecond * 60
-  return `${perMinute >= 10 ? perMinute.toFixed(0) : perMinute.toFixed(1)}/min`
+  if (perSecond >= 1) return `${twoDigits(perSecond)}/s`
+  if (perSecond * 60 >= 1) return `${twoDigits(perSecond * 60)}/min`
+  return `${twoDigits(perSecond * 3600)}/h`
 }

@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from common import auth_hints
 from common.echo import clip
 from inference.fleet.warming import warm_for_request
 from inference.gateway import hygiene, metrics
@@ -209,10 +210,9 @@ class GatewayApp:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <api key>'.",
+            raise GatewayError(401, auth_hints.missing_key(),
                                code="invalid_api_key", type_="authentication_error")
-        invalid = GatewayError(401, "Invalid, revoked or expired API key. Check it, or create one"
-                               " on the console's API keys page.", code="invalid_api_key",
+        invalid = GatewayError(401, auth_hints.invalid_key(), code="invalid_api_key",
                                type_="authentication_error")
         prefix = f"{settings.QUIVER_API_KEY_PREFIX}_"
         key_id, dot, secret = token[len(prefix):].partition(".")
@@ -264,8 +264,7 @@ class GatewayApp:
                 raise GatewayError(409, f"Adapter `{model}` has no ready version: wait if one is being validated, "
                                    "or upload a new one if it was rejected (its report says why).",
                                    code="adapter_not_ready", param="model")
-            raise GatewayError(404, f"The model `{model}` does not exist. GET /v1/models lists the models this key can "
-                               "call: your adapters' names and the base models.", code="model_not_found", param="model")
+            raise GatewayError(404, key.not_found_message(clip(model)), code="model_not_found", param="model")
         return rule.pick(user=user if isinstance(user, str) else None, draw=random.random())  # noqa: S311 (a split)
 
     async def node_for(self, target: TargetView) -> NodeView:

@@ -65,6 +65,18 @@ class KeyView:
         name, at, _ = model.partition("@")
         return bool(at) and name in self.adapters
 
+    def not_found_message(self, model: str) -> str:
+        """The 404 text for a ``model`` this key cannot call (``model`` already clipped for echo). One answer for an
+        unknown model, another tenant's and one outside the key's scope; a scoped key is told its own scope (which
+        it holds anyway), never that base models are callable, since they are not to it unless named."""
+        if not self.adapters:
+            return (f"The model `{model}` does not exist. GET /v1/models lists the models this key can call: your "
+                    "adapters' names and the base models.")
+        names = ", ".join(f"`{name}`" for name in sorted(self.adapters))
+        return (f"The model `{model}` does not exist or is outside this key's scope. This key can call only {names} "
+                "(an adapter name also reaches its versions as `name@N`); GET /v1/models lists them. Call one of "
+                "those, or use a key without an adapter list.")
+
     def secret_matches(self, secret: str, hmac_key: bytes) -> bool:
         """Constant-time check of the presented secret against the stored HMAC-SHA256 digest (conventions §4)."""
         digest = hmac.new(hmac_key, secret.encode(), hashlib.sha256).hexdigest()

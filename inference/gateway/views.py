@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 
 from adapters_app.models import AdapterVersion, BaseModel
 from adapters_app.selectors import adapter_list_servable
+from common import auth_hints
 from inference.gateway import metrics as gateway_metrics
 from inference.gateway.directory import db_call
 from inference.gateway.errors import GatewayError
@@ -30,13 +31,12 @@ POLL_S = 0.2
 async def _authenticate(request: HttpRequest) -> ApiKey:
     token = bearer_token(request.headers.get("Authorization", ""))
     if token is None:
-        raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <api key>'.", code="invalid_api_key",
+        raise GatewayError(401, auth_hints.missing_key(), code="invalid_api_key",
                            type_="authentication_error")
     try:
         key = await db_call(api_key_verify, token)
     except ApiKeyInvalid as exc:
-        raise GatewayError(401, "Invalid, revoked or expired API key. Check it, or create one"
-                               " on the console's API keys page.", code="invalid_api_key",
+        raise GatewayError(401, auth_hints.invalid_key(), code="invalid_api_key",
                            type_="authentication_error") from exc
     if INFERENCE not in key.scopes:
         raise GatewayError(403, "This API key lacks the 'inference' scope.", code="insufficient_scope",

@@ -208,11 +208,17 @@ def traffic_totals(records: QuerySet[UsageRecord], *, since: datetime, until: da
         rows.append({
             "tenant_id": r["tenant_id"], "tenant": r["tenant__slug"], "model": r["adapter"],
             "version": r["version_number"], "requests": r["requests"],
-            "requests_per_s": round(r["requests"] / seconds, 4), "prompt_tokens": prompt,
-            "completion_tokens": completion, "tokens_per_s": round((prompt + completion) / seconds, 3),
+            "requests_per_s": _rate(r["requests"], seconds), "prompt_tokens": prompt,
+            "completion_tokens": completion, "tokens_per_s": _rate(prompt + completion, seconds),
             "failures": r["failures"], "spark": spark[tuple(r[g] for g in GROUP)],
         })
     return TrafficTotals(order_rows(rows), scoped)
+
+
+def _rate(count: int, seconds: float) -> float:
+    """``count`` per second over ``seconds``, to 4 significant digits: rounding to decimal places wrote a real but
+    low rate (a token an hour: 0.00028/s) as 0.0, and the console then showed "0.0" tokens/s (issue 30)."""
+    return float(f"{count / seconds:.4g}")
 
 
 def order_rows(rows: list[dict[str, Any]], ordering: str = "-requests") -> list[dict[str, Any]]:

@@ -93,8 +93,26 @@ def test_promote_canary_rollback_and_the_audit_trail_through_the_api(make_sessio
     assert body["rule"] == [{"version": 3, "weight": 70}, {"version": 1, "weight": 30}]
     history = client.get("/api/v1/adapters/bot/serving").json()["history"]
     assert [h["action"] for h in history[:5]] == ["rollback", "rollback", "canary", "canary", "promote"]
-    assert history[0]["actor"] == user.username
+    assert history[0]["actor"] == user.username and history[0]["key_name"] is None
     assert history[4]["before"] == [[1, 100]] and history[4]["after"] == [[2, 100]]
+
+
+def test_the_audit_trail_names_the_key_that_acted(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    # Fresh-user round (issue 30): a change made with a key read "key:3f9a…", an id nobody recognises.
+    client, tenant, _ = make_client()
+    bot = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    for n in (1, 2):
+        _ready(tenant, bot, n)
+    assert client.post("/api/v1/adapters/bot/promote", {"version": 2}, format="json").status_code == 200
+    _, other_tenant, _ = make_client()
+    foreign, _ = api_key_create(other_tenant, name="not-yours")
+    ServingChange.objects.create(tenant=tenant, adapter=bot, actor=f"key:{foreign.key_id}", action="promote")
+    history = client.get("/api/v1/adapters/bot/serving").json()["history"]
+    mine = tenant.api_keys.get(name="test")
+    # Another tenant's key is never named, even if its id were in this trail.
+    assert [(h["actor"], h["key_name"]) for h in history[:2]] == [(f"key:{foreign.key_id}", None),
+                                                                   (f"key:{mine.key_id}", "test")]
+    assert history[-1]["actor"] == "system" and history[-1]["key_name"] is None
 
 
 def test_bad_rules_are_400_naming_the_fix(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
@@ -226,7 +244,13 @@ def test_name_at_n_and_scoped_keys_on_the_resolve_path(base_model) -> None:  # t
     assert message(everything, "alpha@9").startswith("Adapter `alpha` has no ready version 9;")
     assert message(everything, "alpha@3").startswith("Adapter `alpha` has no ready version 3;")  # rejected
     assert message(everything, "gamma@1").startswith("The model `gamma@1` does not exist.")  # no such adapter
-    assert message(only_alpha, "beta@9").startswith("The model `beta@9` does not exist.")  # outside the key's scope
+    # Outside a scoped key's list: the key is told its own scope, and never that base models are callable (fresh-user
+    # round: a key limited to adapters was pointed at "the base models", which it cannot call).
+    scoped = message(only_alpha, "beta@9")
+    assert scoped.startswith("The model `beta@9` does not exist or is outside this key's scope.")
+    assert "only `alpha`" in scoped and "base model" not in scoped
+    assert "base models" in message(everything, "gamma@1")  # an unscoped key can call them
+    assert "base model" not in message(only_alpha, "tiny-llama")
     # However the number is written, the target (and so usage) names the version one way (attack round: alpha@01
     # and alpha@0001 were separate usage rows).
     for spelled in ("alpha@02", "alpha@0002"):

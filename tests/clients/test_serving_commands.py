@@ -32,6 +32,9 @@ def test_push_promote_canary_rollback(quiver, tenancy: Tenancy, base_model, tiny
     canary = quiver("push", str(third), "--name", "bot", "--canary", "10")
     assert canary.rc == 0, canary.stderr
     assert "serving v2 90 % · v3 10 %" in canary.stdout
+    # No node in this test: the answer says so in words with the fix, never the API's raw code (issue 30).
+    assert "no_node" not in canary.stdout and "No live node serves this adapter's base model yet, so v3" in canary.stdout
+    assert "quiver_node_wait" in canary.stdout
 
     wider = quiver("canary", "bot@3", "25", "--json")
     assert wider.rc == 0 and _rule(wider.json()) == [(2, 75), (3, 25)]

@@ -65,6 +65,10 @@ def test_no_credentials_is_refused_before_any_byte_is_read(path: str) -> None:
     status, data = _call("POST", path, body, {"transfer-encoding": "chunked"})
     assert status == 401 and body.pulled == 0
     assert (data["error"]["code"] if path.startswith("/v1/") else data["code"]) == "not_authenticated"
+    message = data["error"]["message"] if path.startswith("/v1/") else data["detail"]
+    assert "`Authorization: Bearer qv_<id>.<secret>`" in message  # what to send (issue 30)
+    # The gateway takes keys only: it never suggests signing in; the control plane takes a console session too.
+    assert ("sign in to the console" in message) is not path.startswith("/v1/"), message
 
 
 @pytest.mark.django_db
@@ -72,6 +76,12 @@ def test_an_invalid_key_on_the_upload_route_is_refused_before_reading() -> None:
     body = Body(10)
     status, data = _call("POST", UPLOAD, body, {"authorization": "Bearer qv_nope.nope"})
     assert (status, data["code"], body.pulled) == (401, "invalid_api_key", 0)
+    assert "`Authorization: Bearer qv_<id>.<secret>`" in data["detail"]
+    # Not a bearer header at all: said so (it read "invalid API key"), still before any byte.
+    body = Body(10)
+    status, data = _call("POST", UPLOAD, body, {"authorization": "Basic dXNlcjpwYXNz"})
+    assert (status, data["code"], body.pulled) == (401, "invalid_auth_header", 0)
+    assert data["detail"].startswith("The Authorization header is not a bearer API key")
 
 
 @pytest.mark.django_db

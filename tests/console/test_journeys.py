@@ -216,7 +216,12 @@ def test_operator_pins_and_evicts_with_confirmation_and_sees_the_audit_log(
                                             size_bytes=4096, s3_prefix="x/", files=[], status="ready")
     node = Node.objects.create(name="gpu-1", base_model=base_model, agent_url="http://127.0.0.1:9",
                                engine_url="http://127.0.0.1:9", healthy=True, last_heartbeat_at=timezone.now(),
-                               max_loras=4, max_cpu_loras=8, kv_cache_usage_perc=0.35)
+                               max_loras=4, max_cpu_loras=8, kv_cache_usage_perc=0.35, max_loras_ceiling=4,
+                               max_cpu_loras_ceiling=8,
+                               # The engine said 12 slots; the operator's ceiling of 4 is in force (issue 30: the
+                               # page showed no reported figure beside the ceiling). One adapter in a slot, one more
+                               # in the CPU cache only: vLLM's cache counts both.
+                               state={"max_loras": 12, "max_cpu_loras": 8, "residency": {"gpu": 1, "cpu": 1}})
     Placement.objects.create(node=node, adapter_version=version, tier="hot", served=True)
     other = AdapterVersion.objects.create(tenant=tenant, adapter=adapter_create(tenant, name="sums",
                                           base_model_name="tiny-llama"), number=1, sha256="1" * 64,
@@ -231,6 +236,15 @@ def test_operator_pins_and_evicts_with_confirmation_and_sees_the_audit_log(
     # console's start asked anything that failed (the session probe answers 200 before login).
     expect(page).to_have_url(re.compile(r"/operator/nodes$"))
     expect(page.get_by_label("Node gpu-1")).to_contain_text("KV-cache pressure 35 %")
+    capacity = page.get_by_role("table", name="Capacity of gpu-1")
+    cells = [capacity.get_by_role("row", name=re.compile(f"^{label}")).get_by_role("cell")
+             for label in ("LoRA slots", "CPU cache", "LoRA rank")]
+    expect(cells[0]).to_have_text(["LoRA slots", "12", "4", "4 (ceiling, report clamped)"])
+    expect(cells[1]).to_have_text(["CPU cache", "8", "8", "8 (reported = ceiling)"])
+    expect(cells[2]).to_have_text(["LoRA rank", "—", "16", "0 (nothing reported)"])  # the base model's rank: the fleet's
+    expect(page.get_by_label("Node gpu-1")).to_contain_text("CPU cache, LoRA slots included (max_cpu_loras)2/8"
+                                                            "1 in LoRA slots + 1 in the CPU cache only")
+    screenshot(page, "operator-fleet")
     assert failed == []
     nav = page.get_by_role("navigation", name="Main")
     expect(nav.get_by_role("link", name="API keys")).to_have_count(0)  # a viewer of acme: listed, disabled

@@ -11,8 +11,9 @@ from playwright.sync_api import expect
 
 from adapters_app.models import Adapter, AdapterVersion, ServingChange
 from adapters_app.services import adapter_create
-from adapters_app.serving import serving_on_ready
+from adapters_app.serving import serving_on_ready, serving_promote
 from inference.metering.models import UsageRecord
+from tenants.services import api_key_create
 from tests.console.conftest import WIDTHS, login, screenshot
 from tests.factories import TenantFactory
 
@@ -57,6 +58,10 @@ def test_promote_canary_slider_rollback_and_the_comparison_table_at_both_widths(
         page.get_by_role("button", name="Promote v2").click()
         expect(rule).to_have_text("v2 100 %")
         expect(page.get_by_test_id("serving-message")).to_contain_text("Serving v2 100 %")
+        # No node in this test: the message says what that means and the fix, never the API's code (issue 30).
+        expect(page.get_by_test_id("serving-message")).to_contain_text(
+            "v2 not loaded: no live node serves its base model yet")
+        expect(page.get_by_test_id("serving-message")).not_to_contain_text("no_node")
 
         page.get_by_label("Version", exact=True).select_option("3")
         slider = page.get_by_role("slider")
@@ -80,3 +85,9 @@ def test_promote_canary_slider_rollback_and_the_comparison_table_at_both_widths(
         assert list(ServingChange.objects.filter(adapter=bot).order_by("pk").values_list("action", "actor")) == [
             ("first_ready", "system"), ("promote", f"alice-{width}"), ("canary", f"alice-{width}"),
             ("rollback", f"alice-{width}")]
+
+    # A change made with a key reads as the key's name, not only its id (issue 30).
+    key, _ = api_key_create(bot.tenant, name="ci-bot")
+    serving_promote(bot.tenant, adapter=bot, number=3, actor=f"key:{key.key_id}")
+    page.reload()
+    expect(page.get_by_test_id("serving-change").first).to_contain_text(f"key “ci-bot” (key:{key.key_id}) · promote")

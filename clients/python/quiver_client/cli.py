@@ -96,10 +96,23 @@ def _rule(rule: Sequence[Mapping[str, Any]] | None) -> str:
     return " · ".join(f"v{e['version']} {e['weight']} %" for e in rule or []) or "nothing yet"
 
 
+# A joining version's warm state (the API's ``warm``: adapters_app/serving.py) in words; ``no_node`` gets a sentence
+# of its own with the fix (fresh-user round, issue 30: the CLI printed "v3 no_node").
+WARM_WORDS = {"warm": "loaded", "cold": "still loading (its first requests wait for it)"}
+NO_NODE_TEXT = ("No live node serves this adapter's base model yet, so {versions} cannot load and its requests get "
+                "HTTP 503 no_capacity: wait for a node to come up (an operator starts one; `manage.py "
+                "quiver_node_wait <node>` returns once it is live), then call it again; nothing needs redoing.")
+
+
 def _serving_line(name: str, body: Mapping[str, Any]) -> str:
-    warm = ", ".join(f"v{v} {state}" for v, state in (body.get("warm") or {}).items())
+    """The human answer to a rule change: ``NAME: serving v2 90 % · v3 10 % since …; warmed first: v3 loaded``, and
+    a second line with the fix when no node could take a joining version."""
+    states = {str(v): str(state) for v, state in (body.get("warm") or {}).items()}
+    warm = ", ".join(f"v{v} {WARM_WORDS.get(s, s)}" for v, s in states.items() if s != "no_node")
     since = f" since {body['serving_since']}" if body.get("serving_since") else " (unchanged)"
-    return f"{escape(name)}: serving {_rule(body.get('rule'))}{since}" + (f"; warmed first: {warm}" if warm else "")
+    line = f"{escape(name)}: serving {_rule(body.get('rule'))}{since}" + (f"; warmed first: {warm}" if warm else "")
+    stranded = [f"v{v}" for v, s in states.items() if s == "no_node"]
+    return line + ("\n" + NO_NODE_TEXT.format(versions=" and ".join(stranded)) if stranded else "")
 
 
 def cmd_promote(args: argparse.Namespace) -> int:

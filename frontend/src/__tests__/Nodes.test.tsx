@@ -5,15 +5,35 @@ import { afterEach, describe, expect, it, vi } from 'vitest'
 import { api, type Node } from '../api/client'
 import { renderWithMantine } from '../components/__tests__/render'
 import { pageCount, pageQuery } from '../components/paging'
-import { NODES_PAGE, Nodes, slotFigures } from '../pages/Nodes'
+import { NODES_PAGE, Nodes } from '../pages/Nodes'
+import { capacityRows, slotFigures } from '../pages/nodeFigures'
 
 describe('slotFigures', () => {
   it('labels capacity by the engine setting, never as GPU (the node API reports no device, and CPU nodes have slots too)', () => {
     const cpuNode = { gpu_used: 2, max_loras: 2, cpu_used: 3, max_cpu_loras: 4 } as Node
     expect(slotFigures(cpuNode)).toEqual([
       { label: 'LoRA slots (max_loras)', value: '2/2' },
-      { label: 'CPU cache (max_cpu_loras)', value: '3/4' },
+      // vLLM's CPU cache holds the slot residents too, and cpu_used counts them: said, and split (issue 30)
+      { label: 'CPU cache, LoRA slots included (max_cpu_loras)', value: '3/4', note: '2 in LoRA slots + 1 in the CPU cache only' },
     ])
+  })
+})
+
+describe('capacityRows', () => {
+  it("shows the node's reported capacity beside its ceilings, and which one is in force", () => {
+    const n = {
+      max_loras: 8, max_cpu_loras: 16, max_lora_rank: 0,
+      reported: { max_loras: 12, max_cpu_loras: 16, max_lora_rank: null },
+      ceilings: { max_loras: 8, max_cpu_loras: 32, max_lora_rank: 16 },
+    } as unknown as Node
+    expect(capacityRows(n)).toEqual([
+      { label: 'LoRA slots', reported: 12, ceiling: 8, inForce: 8, source: 'ceiling, report clamped' },
+      { label: 'CPU cache', reported: 16, ceiling: 32, inForce: 16, source: 'reported' },
+      // not reported: 0 in force whatever the ceiling (the control plane counts it as 0 until a heartbeat says)
+      { label: 'LoRA rank', reported: null, ceiling: 16, inForce: 0, source: 'nothing reported' },
+    ])
+    const equal = { ...n, max_loras: 8, reported: { ...n.reported, max_loras: 8 } } as Node
+    expect(capacityRows(equal)[0].source).toBe('reported = ceiling')
   })
 })
 
@@ -56,6 +76,9 @@ describe('Fleet page', () => {
     expect(screen.getByText(`1–${NODES_PAGE} of 30`)).toBeInTheDocument()
     const placed = within(screen.getByLabelText('Placements on gpu-01'))
     expect(placed.getAllByText(/./).map((b) => b.textContent)).toEqual(['1 LoRA slot', '2 CPU cache', '3 cold', '1 pinned'])
+    const capacity = within(screen.getByLabelText('Capacity of gpu-01'))
+    // fixture: reported 4 slots under a ceiling of 8, so the report is in force
+    expect(capacity.getByRole('row', { name: /LoRA slots/ }).textContent).toBe('LoRA slots484 (reported)')
     expect(get).toHaveBeenCalledWith('/api/v1/operator/nodes', { params: { query: { limit: NODES_PAGE, offset: 0 } } })
 
     await userEvent.click(within(screen.getByLabelText('Pages of nodes')).getByRole('button', { name: '3' }))

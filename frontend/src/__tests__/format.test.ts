@@ -54,9 +54,9 @@ describe('versionLabel / modelLabel', () => {
     expect(versionLabel('capitals@3', 3)).toBe('capitals v3')
     expect(versionLabel('tiny-llama', null)).toBe('tiny-llama (base)')
     expect(versionLabel('acme/capitals', 1)).toBe('acme/capitals v1')
-    expect(modelLabel('capitals@2')).toBe('capitals v2')
+    // The usage chart's legend reads as the served names a client sends (issue 30), not the tables' `name vN`.
+    expect(modelLabel('capitals@2')).toBe('capitals@2')
     expect(modelLabel('capitals')).toBe('capitals') // the version that answered is not known here
-    expect(modelLabel('odd@name')).toBe('odd@name')
     // a refused request whose model was never found: stored without a name, never read as the base model
     expect(versionLabel('', null)).toBe('(no model)')
     expect(modelLabel('')).toBe('(no model)')
@@ -64,11 +64,14 @@ describe('versionLabel / modelLabel', () => {
 })
 
 describe('formatRate', () => {
-  it('never writes a real but low rate as 0.00/s', () => {
-    expect(formatRate(16 / 3600)).toBe('0.3/min')
+  it('never writes a real but low rate as 0.0/s, however low (tokens included)', () => {
+    expect(formatRate(16 / 3600)).toBe('16/h')
     expect(formatRate(0.5)).toBe('30/min')
     expect(formatRate(2.54)).toBe('2.5/s')
     expect(formatRate(42.4)).toBe('42/s')
+    expect(formatRate(1 / 60)).toBe('1/min')
+    expect(formatRate(1 / 86400)).toBe('0.042/h') // one token in a day
+    expect(formatRate(0.049)).toBe('2.9/min') // the traffic table wrote 0.0 tokens/s
     expect(formatRate(0)).toBe('0/s')
   })
 })

@@ -1334,7 +1334,7 @@ export interface components {
             readonly num_preemptions_total: number | null;
             /** @description Adapters in GPU slots. */
             readonly gpu_used: number;
-            /** @description Adapters in the engine's CPU cache. */
+            /** @description Adapters in the engine's CPU cache, those in GPU slots included (vLLM's ``max_cpu_loras`` counts them). */
             readonly cpu_used: number;
             /** @description Requests the node answered with status >= 500 in the last 5 minutes. */
             readonly failed_requests_5m: number;
@@ -1572,11 +1572,13 @@ export interface components {
          */
         ScopesEnum: "adapters:read" | "adapters:write" | "keys:manage" | "inference";
         /**
-         * @description One audited change of the serving rule or settings: who (username, ``key:<id>`` or ``system``), what, when,
-         *     before → after (rules as ``[[version, weight], ...]``).
+         * @description One audited change of the serving rule or settings: who (username, ``key:<id>`` or ``system``; ``key_name``:
+         *     that key's name, null for any other actor or a key no longer stored), what, when, before → after (rules as
+         *     ``[[version, weight], ...]``).
          */
         ServingChange: {
             actor: string;
+            key_name: string | null;
             action: string;
             before: unknown;
             after: unknown;

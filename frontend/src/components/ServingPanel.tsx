@@ -6,7 +6,7 @@ import { useMutation, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type AdapterVersion, type Schemas } from '../api/client'
 import { formatDateTime, formatTime } from '../format'
-import { canaryBlocked, rollbackText, ruleText, toEntries } from './serving'
+import { actorText, canaryBlocked, rollbackText, ruleText, toEntries, warmText } from './serving'
 
 type Serving = Schemas['ServingOutput']
 type Figures = Schemas['VersionFigures']
@@ -16,8 +16,8 @@ const pct = (v: number | null | undefined) => (v == null ? '—' : `${(v * 100).
 
 function outcome(body: Serving): string {
   const warm = Object.entries(body.warm ?? {})
-    .map(([v, state]) => `v${v} ${state}`)
-    .join(', ')
+    .map(([v, state]) => warmText(v, state))
+    .join('; ')
   const since = body.serving_since ? ` since ${formatTime(body.serving_since)}` : ''
   return `Serving ${ruleText(body.rule)}${since}${warm ? ` (warmed first: ${warm})` : ''}.`
 }
@@ -191,7 +191,7 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
           <Title order={4}>Changes</Title>
           {serving.data.history.slice(0, 5).map((h, i) => (
             <Text size="sm" key={i} data-testid="serving-change">
-              {formatDateTime(h.created_at)} · {h.actor} · {h.action}
+              {formatDateTime(h.created_at)} · {actorText(h)} · {h.action}
               {h.action !== 'settings' &&
                 ` · ${ruleText(toEntries(h.before))} → ${ruleText(toEntries(h.after))}`}
             </Text>

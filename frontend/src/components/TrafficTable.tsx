@@ -22,7 +22,7 @@ export const NO_TTFT = 'No streamed request in this period: TTFT is measured on 
 const COLUMNS: { key: SortKey; label: string; help?: string }[] = [
   { key: 'model', label: 'Model' },
   { key: 'requests', label: 'Requests' },
-  { key: 'tokens_per_s', label: 'Tokens/s' },
+  { key: 'tokens_per_s', label: 'Token rate', help: 'Tokens (prompt and completion) per second, minute or hour over the period.' },
   { key: 'failures', label: 'Errors' },
   { key: 'latency_ms_p50', label: 'p50 ms' },
   { key: 'latency_ms_p95', label: 'p95 ms' },
@@ -109,7 +109,7 @@ export function TrafficTable({ rows, showTenant, sort: paged, onSort }: {
                   <Table.Td>
                     {r.requests} <Text span c="dimmed" size="xs">({formatRate(r.requests_per_s)})</Text>
                   </Table.Td>
-                  <Table.Td>{r.tokens_per_s.toFixed(1)}</Table.Td>
+                  <Table.Td>{formatRate(r.tokens_per_s)}</Table.Td>
                   <Table.Td c={r.failures > 0 ? 'red' : undefined}>{r.failures}</Table.Td>
                   <Table.Td>{fmtMs(r.latency_ms_p50)}</Table.Td>
                   <Table.Td>{fmtMs(r.latency_ms_p95)}</Table.Td>

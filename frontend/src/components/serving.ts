@@ -43,3 +43,18 @@ export function canaryBlocked(rule: RuleEntry[], version: number | null): string
     return `v${version} takes ${share} % now, the largest share: a canary never shrinks the primary. Promote v${version} to send it all traffic, or pick v${heaviest.version} to change the canary.`
   return null
 }
+
+/** Who made an audited change, as people know them: a key by its name (`key “ci-bot” (key:3f9a…)`), a user by
+ * username, `system` as is. The API stores `key:<key_id>` and adds `key_name` when the key is still there. */
+export function actorText(change: { actor: string; key_name?: string | null }): string {
+  return change.key_name ? `key “${change.key_name}” (${change.actor})` : change.actor
+}
+
+/** A joining version's warm state after a change (`warm`, `cold`, `no_node`: adapters_app/serving.py) in words. */
+export function warmText(version: string | number, state: string): string {
+  if (state === 'warm') return `v${version} loaded`
+  if (state === 'cold') return `v${version} still loading (its first requests wait for it)`
+  if (state === 'no_node')
+    return `v${version} not loaded: no live node serves its base model yet (start one, or wait: manage.py quiver_node_wait <node>)`
+  return `v${version} ${state}`
+}

@@ -1,7 +1,7 @@
-// The fleet, a page of nodes at a time: each node's health, base model, LoRA slots and CPU cache used, its
-// placements per tier, KV-cache pressure over time, running and waiting requests, preemptions and recent failures
+// The fleet, a page of nodes at a time: each node's health, base model, LoRA slots and CPU cache used, its capacity
+// as reported beside the operator's ceilings and the figure in force, its placements per tier, KV-cache pressure over time, running and waiting requests, preemptions and recent failures
 // (GET /api/v1/operator/nodes?limit=&offset= and …/{name}/samples, polled).
-import { Badge, Card, Group, Progress, SimpleGrid, Stack, Text, Title } from '@mantine/core'
+import { Badge, Card, Group, Progress, SimpleGrid, Stack, Table, Text, Title } from '@mantine/core'
 import { keepPreviousData, useQuery } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type Node } from '../api/client'
@@ -10,26 +10,49 @@ import { Pager } from '../components/Pager'
 import { pageQuery, useClampedPage } from '../components/paging'
 import { TierBadge, tierCounts } from '../components/tiers'
 import { formatTime } from '../format'
+import { capacityRows, slotFigures } from './nodeFigures'
 
 /** Nodes per page: each card polls its own samples, so a page of 12 is about one samples call a second. */
 export const NODES_PAGE = 12
 
-function Figure({ label, value }: { label: string; value: string | number }) {
+function Figure({ label, value, note }: { label: string; value: string | number; note?: string }) {
   return (
     <div>
       <Text size="xs" c="dimmed">{label}</Text>
       <Text fw={600}>{value}</Text>
+      {note && <Text size="xs" c="dimmed">{note}</Text>}
     </div>
   )
 }
 
-/** A node's adapter capacity, in vLLM's terms. The node API says nothing of the device (a CPU node has `max_loras`
- * slots too), so the labels name the engine setting, never "GPU". */
-export function slotFigures(n: Node): { label: string; value: string }[] {
-  return [
-    { label: 'LoRA slots (max_loras)', value: `${n.gpu_used}/${n.max_loras}` },
-    { label: 'CPU cache (max_cpu_loras)', value: `${n.cpu_used}/${n.max_cpu_loras}` },
-  ]
+const show = (v: number | null) => (v == null ? '—' : v)
+
+function CapacityTable({ n }: { n: Node }) {
+  return (
+    <Table withRowBorders={false} verticalSpacing={2} fz="xs" mt="sm" aria-label={`Capacity of ${n.name}`}>
+      <Table.Thead>
+        <Table.Tr>
+          <Table.Th>Capacity</Table.Th>
+          <Table.Th title="What the node's last heartbeat said its engine was started with">Reported</Table.Th>
+          <Table.Th title="The most the control plane uses, whatever the node reports (quiver_node_register --max-loras …, else the fleet default)">Ceiling</Table.Th>
+          <Table.Th title="What placement and routing use: the smaller of the two">In force</Table.Th>
+        </Table.Tr>
+      </Table.Thead>
+      <Table.Tbody>
+        {capacityRows(n).map((r) => (
+          <Table.Tr key={r.label}>
+            <Table.Td>{r.label}</Table.Td>
+            <Table.Td>{show(r.reported)}</Table.Td>
+            <Table.Td>{show(r.ceiling)}</Table.Td>
+            <Table.Td>
+              <Text span fw={600} fz="xs">{show(r.inForce)}</Text>{' '}
+              <Text span c={r.source === 'ceiling, report clamped' ? 'orange' : 'dimmed'} fz="xs">({r.source})</Text>
+            </Table.Td>
+          </Table.Tr>
+        ))}
+      </Table.Tbody>
+    </Table>
+  )
 }
 
 function NodeCard({ n }: { n: Node }) {
@@ -50,12 +73,13 @@ function NodeCard({ n }: { n: Node }) {
         {n.base_model ?? 'no base model'} · last heartbeat {n.last_heartbeat_at ? formatTime(n.last_heartbeat_at) : 'never'}
       </Text>
       <SimpleGrid cols={{ base: 2, sm: 3 }} mt="sm" spacing="xs">
-        {slotFigures(n).map((f) => <Figure key={f.label} label={f.label} value={f.value} />)}
+        {slotFigures(n).map((f) => <Figure key={f.label} label={f.label} value={f.value} note={f.note} />)}
         <Figure label="Running" value={n.num_requests_running ?? '—'} />
         <Figure label="Waiting" value={n.num_requests_waiting ?? '—'} />
         <Figure label="Preemptions" value={n.num_preemptions_total ?? '—'} />
         <Figure label="Failed (5 min)" value={n.failed_requests_5m ?? "—"} />
       </SimpleGrid>
+      <CapacityTable n={n} />
       <Group gap={4} mt="sm" aria-label={`Placements on ${n.name}`}>
         {tierCounts(n.tiers).map((t) => <TierBadge key={t.tier} tier={t.tier} count={t.count} />)}
         {n.pinned > 0 && <Badge color="indigo" variant="outline" tt="none">{n.pinned} pinned</Badge>}

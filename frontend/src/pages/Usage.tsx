@@ -3,7 +3,8 @@ import { useQuery } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type Schemas } from '../api/client'
 import { TrafficTable } from '../components/TrafficTable'
-import { UsageChart, type Metric } from '../components/UsageChart'
+import { UsageChart } from '../components/UsageChart'
+import type { Metric } from '../components/usageSeries'
 import { versionLabel } from '../format'
 
 const METRICS: { value: Metric; label: string }[] = [

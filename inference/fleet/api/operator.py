@@ -124,7 +124,7 @@ class NodeOutputSerializer(serializers.ModelSerializer):
         return slots_used(node.state or {})[0]
 
     def get_cpu_used(self, node: Node) -> int:
-        """Adapters in the engine's CPU cache."""
+        """Adapters in the engine's CPU cache, those in GPU slots included (vLLM's ``max_cpu_loras`` counts them)."""
         return slots_used(node.state or {})[1]
 
     def get_num_preemptions_total(self, node: Node) -> float | None:

@@ -117,7 +117,7 @@ def test_tenant_traffic_table_has_percentiles_sparkline_and_only_its_own_rows(ma
     assert row["latency_ms_p95"] == round(percentile(latencies, 0.95) or 0, 1) == 95.5
     assert row["ttft_ms_p50"] == 5.0
     assert len(row["spark"]) == 61 and sum(row["spark"]) == 10 and row["spark"][-1] > 0
-    assert row["requests_per_s"] == round(10 / 3600, 4)
+    assert row["requests_per_s"] == pytest.approx(10 / 3600, rel=1e-3)  # 4 significant digits, not 4 decimals
     bad = client.get("/api/v1/usage/traffic", {"since": timezone.now().isoformat(),
                                                 "until": (timezone.now() - timedelta(hours=1)).isoformat()})
     assert bad.status_code == 400 and "until" in bad.json()["fields"]

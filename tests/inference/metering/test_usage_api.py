@@ -125,3 +125,16 @@ def test_traffic_shows_a_version_once_whether_it_was_called_by_name_or_pinned(  
     assert [(r["model"], r["version"], r["requests"], r["failures"], r["prompt_tokens"], sum(r["spark"]))
             for r in rows] == [("bot", 1, 3, 1, 6, 3)]
     assert rows[0]["latency_ms_p50"] == 20.0
+
+
+def test_traffic_rates_keep_low_but_real_rates(make_client, base_model) -> None:  # type: ignore[no-untyped-def]
+    """One request of 3 tokens in a day is a rate, not 0.0 (fresh-user round, issue 30: rates were rounded to 3 and 4
+    decimal places, so a quiet adapter's tokens/s read 0.0)."""
+    client, tenant, _ = make_client()
+    mine = _version(tenant, "bot")
+    UsageRecord.objects.create(tenant=tenant, adapter_version=mine, base_model=base_model, model_name="bot",
+                               version_number=1, endpoint="completions", status_code=200, prompt_tokens=2,
+                               completion_tokens=1, latency_ms=1.0)
+    [row] = client.get("/api/v1/usage/traffic", {"since": "24h"}).json()
+    assert row["tokens_per_s"] == pytest.approx(3 / 86400, rel=0.01) and row["tokens_per_s"] > 0
+    assert row["requests_per_s"] == pytest.approx(1 / 86400, rel=0.01)

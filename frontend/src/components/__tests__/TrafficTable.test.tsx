@@ -52,6 +52,13 @@ describe('TrafficTable', () => {
     expect(screen.queryByText(/— means no streamed request/)).toBeNull()
   })
 
+  it('writes a low token rate with its unit, never 0.0 (issue 30)', () => {
+    renderWithMantine(<TrafficTable rows={[{ ...row('capitals', 1, 40), tokens_per_s: 0.004 }, { ...row('sums', 9, 10), tokens_per_s: 12.3 }]} />)
+    expect(screen.getByRole('columnheader', { name: /^Token rate/ })).toBeInTheDocument()
+    expect(within(screen.getByTestId('traffic-acme-capitals')).getByText('14/h')).toBeInTheDocument()
+    expect(within(screen.getByTestId('traffic-acme-sums')).getByText('12/s')).toBeInTheDocument()
+  })
+
   it('names versions as everywhere else: `name vN`, also for name@n, and `name (base)`', () => {
     renderWithMantine(<TrafficTable rows={[row('capitals@2', 3, 40, [1], 2), row('tiny-llama', 1, 20, [1], null)]} />)
     expect(within(screen.getByTestId('traffic-acme-capitals@2')).getByText('capitals v2')).toBeInTheDocument()

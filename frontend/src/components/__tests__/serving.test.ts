@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { canaryBlocked, rollbackText, ruleText, toEntries } from '../serving'
+import { actorText, canaryBlocked, rollbackText, ruleText, toEntries, warmText } from '../serving'
 
 describe('serving rule words', () => {
   it('names each version and its share, heaviest first', () => {
@@ -24,5 +24,15 @@ describe('serving rule words', () => {
     expect(canaryBlocked([{ version: 1, weight: 100 }], 2)).toBeNull()
     expect(canaryBlocked([{ version: 1, weight: 50 }, { version: 2, weight: 50 }], 1)).toBeNull()
     expect(canaryBlocked([], 1)).toBeNull()
+  })
+  it('names the key that acted by its name, and anyone else as stored', () => {
+    expect(actorText({ actor: 'key:3f9a01', key_name: 'ci-bot' })).toBe('key “ci-bot” (key:3f9a01)')
+    expect(actorText({ actor: 'key:3f9a01', key_name: null })).toBe('key:3f9a01') // a key no longer stored
+    expect(actorText({ actor: 'alice', key_name: null })).toBe('alice')
+  })
+  it('says what a warm state means rather than the API code', () => {
+    expect(warmText('3', 'no_node')).toMatch(/^v3 not loaded: no live node serves its base model yet.*quiver_node_wait/)
+    expect(warmText(3, 'warm')).toBe('v3 loaded')
+    expect(warmText(3, 'cold')).toMatch(/still loading/)
   })
 })
