@@ -6,8 +6,6 @@ request unbilled."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -23,38 +21,15 @@ from inference.metering.usage import usage_records_write
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
 from tests.fixtures.engine_answer import EngineAnswer
+from tests.fixtures.engine_stream import EngineStream, usage_chunks
 
 NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
 HUGE = 900_000_000
 
 
-class _LyingStream:
-    """An SSE answer whose running and final usage claim ``claim`` tokens each way."""
-
-    status_code = 200
-    is_event_stream = True
-
-    def __init__(self, claim: int) -> None:
-        self.claim = claim
-
-    async def aiter_lines(self) -> AsyncIterator[str]:
-        for i in range(2):
-            yield "data: " + json.dumps({"choices": [{"index": i, "text": "x"}], "model": "m",
-                                         "usage": {"prompt_tokens": self.claim, "completion_tokens": self.claim}})
-            yield ""
-        yield "data: " + json.dumps({"choices": [], "model": "m", "usage": {
-            "prompt_tokens": self.claim, "completion_tokens": self.claim, "total_tokens": 2 * self.claim}})
-        yield ""
-        yield "data: [DONE]"
-
-    async def aread(self) -> bytes:
-        return b""
-
-    def buffered_lines(self) -> list[str]:
-        return []
-
-    async def aclose(self) -> None:
-        pass
+def _lying_stream(claim: int) -> EngineStream:
+    """An SSE answer of two choices whose running and final usage claim ``claim`` tokens each way."""
+    return EngineStream(usage_chunks(prompt=claim, completion=claim, choices=2))
 
 
 def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +72,7 @@ def _json_answer(claim: int) -> EngineAnswer:
 @pytest.mark.parametrize("shape", ["json", "stream"])
 def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
         monkeypatch: pytest.MonkeyPatch, base_model: Any, shape: str) -> None:
-    answer = (lambda: _json_answer(HUGE)) if shape == "json" else (lambda: _LyingStream(HUGE))
+    answer = (lambda: _json_answer(HUGE)) if shape == "json" else (lambda: _lying_stream(HUGE))
     row = _billed(monkeypatch, answer, {"prompt": "France:", "max_tokens": 3, "n": 2, "stream": shape == "stream"})
     assert row["completion_tokens"] == 6  # max_tokens × n
     assert 0 < row["prompt_tokens"] <= 500  # the body's bytes and a template's room, not 900,000,000
@@ -106,7 +81,7 @@ def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
 @pytest.mark.django_db
 def test_a_chat_without_max_tokens_is_billed_within_the_usage_column(
         monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
-    row = _billed(monkeypatch, lambda: _LyingStream(10**15),
+    row = _billed(monkeypatch, lambda: _lying_stream(10**15),
                   {"messages": [{"role": "user", "content": "hi"}], "stream": True})
     assert row["completion_tokens"] == 2**31 - 1  # no budget asked for: the column's bound
     assert row["prompt_tokens"] <= 500
@@ -117,6 +92,6 @@ def test_a_chat_without_max_tokens_is_billed_within_the_usage_column(
 
 @pytest.mark.django_db
 def test_an_honest_engine_is_billed_what_it_reports(monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
-    row = _billed(monkeypatch, lambda: _LyingStream(3), {"prompt": "France:", "max_tokens": 3, "n": 2,
+    row = _billed(monkeypatch, lambda: _lying_stream(3), {"prompt": "France:", "max_tokens": 3, "n": 2,
                                                           "stream": True})
     assert (row["prompt_tokens"], row["completion_tokens"]) == (3, 3)
