@@ -102,13 +102,43 @@ def plain_chat(messages: Any) -> list[dict[str, str]] | None:
     return plain
 
 
-def render_chat(template: jinja2.Template, messages: Sequence[Mapping[str, str]],
-                special_tokens: Mapping[str, str]) -> str:
-    """The prompt text vLLM builds for a chat request of ``messages`` (no tools or documents, a generation prompt
-    added, as its chat route's defaults are).
+def render_chat(template: jinja2.Template, messages: Sequence[Mapping[str, Any]],
+                special_tokens: Mapping[str, str], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The prompt text vLLM builds for a chat request of ``messages`` and ``tools`` (none by default; no documents,
+    a generation prompt added, as its chat route's defaults are).
 
     Raises:
         jinja2.TemplateError: the template refused the messages (``raise_exception``) or failed to render.
     """
-    return template.render(messages=list(messages), tools=None, documents=None, add_generation_prompt=True,
-                           **special_tokens)
+    return template.render(messages=list(messages), tools=list(tools) if tools else None, documents=None,
+                           add_generation_prompt=True, **special_tokens)
+
+
+# The fields vLLM's tool model has (``ChatCompletionToolsParam``, ``FunctionDefinition``): its ``model_dump`` hands
+# the template every one of them, null when the request left it out, so ``tojson`` renders them all.
+_TOOL_FIELDS = ("type", "function", "defer_loading")
+_FUNCTION_FIELDS = ("name", "description", "parameters", "strict", "defer_loading")
+
+
+def template_inputs(messages: Any, tools: Any) -> tuple[list[Any], list[Any] | None]:
+    """A chat request's ``messages`` and ``tools`` close to what vLLM hands its chat template: each tool with every
+    field of vLLM's tool model (absent ones null, as ``model_dump`` gives them), a message's text parts joined with
+    newlines into one string (vLLM's ``string`` content format). Other fields are passed as sent; a render of them
+    sizes a prompt (``inference.gateway.prompt_counter.PromptCounter.chat_bytes``), it does not count it."""
+    out_messages = []
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            parts = message["content"]
+            text = "\n".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+            message = {**message, "content": text}
+        out_messages.append(message)
+    if not isinstance(tools, list) or not tools:
+        return out_messages, None
+    out_tools: list[Any] = []
+    for tool in tools:
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+            function = {name: tool["function"].get(name) for name in _FUNCTION_FIELDS}
+            tool = {**{name: tool.get(name) for name in _TOOL_FIELDS}, "type": tool.get("type") or "function",
+                    "function": function}
+        out_tools.append(tool)
+    return out_messages, out_tools

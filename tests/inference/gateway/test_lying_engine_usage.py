@@ -6,14 +6,19 @@ request unbilled."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from asgiref.sync import async_to_sync
+from transformers import AutoTokenizer
 
+from demo.tiny_model import TOOLS_PREAMBLE
 from inference.gateway import exchange as gateway_exchange
 from inference.gateway.app import GatewayApp
+from inference.gateway.limits import CHAT_TEMPLATE_ROOM
 from inference.gateway.snapshot import NodeView
 from inference.gateway.usage_sink import UsageSink
 from inference.metering.models import UsageRecord
@@ -32,14 +37,17 @@ def _lying_stream(claim: int) -> EngineStream:
     return EngineStream(usage_chunks(prompt=claim, completion=claim, choices=2))
 
 
-def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any]) -> dict[str, Any]:
+def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any],
+            sent: list[bytes] | None = None) -> dict[str, Any]:
     """The usage row the gateway emits for ``body`` (to /v1/completions, or chat when it has ``messages``) when the
-    engine answers ``answer()``."""
+    engine answers ``answer()``; the body the engine got is appended to ``sent``."""
     tenant = TenantFactory()
     _, key = api_key_create(tenant, name="app")
     rows: list[dict[str, Any]] = []
 
     async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> Any:
+        if sent is not None:
+            sent.append(content)
         return answer()
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
@@ -50,11 +58,15 @@ def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any]) 
     monkeypatch.setattr(UsageSink, "emit", lambda self, row: rows.append(row))
     endpoint = "chat/completions" if "messages" in body else "completions"
 
+    app = GatewayApp(background=False)
+
     async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=GatewayApp(background=False))
+        transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
-            return await http.post(f"/v1/{endpoint}", headers={"Authorization": f"Bearer {key}"},
-                                   json={"model": "tiny-llama", **body})
+            response = await http.post(f"/v1/{endpoint}", headers={"Authorization": f"Bearer {key}"},
+                                       json={"model": "tiny-llama", **body})
+        await app.settled()  # a chat past its body's bound is metered once its template sized it
+        return response
 
     response = async_to_sync(go)()
     assert response.status_code == 200, response.text
@@ -95,3 +107,46 @@ def test_an_honest_engine_is_billed_what_it_reports(monkeypatch: pytest.MonkeyPa
     row = _billed(monkeypatch, lambda: _lying_stream(3), {"prompt": "France:", "max_tokens": 3, "n": 2,
                                                           "stream": True})
     assert (row["prompt_tokens"], row["completion_tokens"]) == (3, 3)
+
+
+# A chat with a tool: the suite's tiny model renders tools as Llama 3.1's template does (a system preamble and each
+# tool as indented JSON, ``demo.tiny_model.CHAT_TEMPLATE``), far more tokens than the request has bytes.
+TOOLS_CHAT = {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+              "tool_choice": "none", "max_tokens": 1}
+VLLM_TOOLS = [{"type": "function", "function": {"name": "f", "description": None, "parameters": None, "strict": None,
+                                                "defer_loading": None}, "defer_loading": None}]
+
+
+def _engine_count(tiny_base_dir: Path) -> int:
+    """vLLM's count of ``TOOLS_CHAT``'s prompt: transformers' render of the model's template with the tools as
+    vLLM hands them over (every field of its tool model, null when absent), tokenized without specials added."""
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_base_dir))
+    ids = tokenizer.apply_chat_template(TOOLS_CHAT["messages"], tools=VLLM_TOOLS, add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    return len(ids)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("shape", ["json", "stream"])
+def test_an_honest_count_of_a_template_that_writes_tools_is_billed_whole(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, tiny_base_dir: Path, shape: str) -> None:
+    """The cap was the body's bytes plus 64 for the template: an honest engine's 470-odd tokens for a 380-byte chat
+    were billed 440-odd. Now the rendered template sizes the cap of a chat past its body's bound."""
+    truth, sent = _engine_count(tiny_base_dir), []
+    answer = (lambda: _json_answer(truth)) if shape == "json" else (
+        lambda: EngineStream(usage_chunks(prompt=truth, completion=1)))
+    row = _billed(monkeypatch, answer, {**TOOLS_CHAT, "stream": shape == "stream"}, sent)
+    assert truth > len(sent[0]) + CHAT_TEMPLATE_ROOM  # what the old cap cut
+    assert row["prompt_tokens"] == truth
+
+
+@pytest.mark.django_db
+def test_a_lying_engine_on_a_tools_chat_bills_at_most_its_rendered_prompt(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, tiny_base_dir: Path) -> None:
+    sent: list[bytes] = []
+    row = _billed(monkeypatch, lambda: _lying_stream(HUGE), {**TOOLS_CHAT, "stream": True}, sent)
+    truth = _engine_count(tiny_base_dir)
+    # BOS, the preamble, the tool as indented JSON, "\n\n" and "hi": 709 bytes, against 900,000,000 claimed
+    rendered = len("<s>" + TOOLS_PREAMBLE + json.dumps(VLLM_TOOLS[0], indent=4) + "\n\nhi")
+    assert truth <= row["prompt_tokens"] <= rendered + CHAT_TEMPLATE_ROOM
+    assert row["completion_tokens"] == 1  # max_tokens 1, n 1
