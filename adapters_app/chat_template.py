@@ -114,15 +114,11 @@ def render_chat(template: jinja2.Template, messages: Sequence[Mapping[str, Any]]
                            add_generation_prompt=True, **special_tokens)
 
 
-# The fields vLLM's tool model has (``ChatCompletionToolsParam``, ``FunctionDefinition``): its ``model_dump`` hands
-# the template every one of them, null when the request left it out, so ``tojson`` renders them all.
-_TOOL_FIELDS = ("type", "function", "defer_loading")
-_FUNCTION_FIELDS = ("name", "description", "parameters", "strict", "defer_loading")
-
-
 def template_inputs(messages: Any, tools: Any) -> tuple[list[Any], list[Any] | None]:
-    """A chat request's ``messages`` and ``tools`` close to what vLLM hands its chat template: each tool with every
-    field of vLLM's tool model (absent ones null, as ``model_dump`` gives them), a message's text parts joined with
+    """A chat request's ``messages`` and ``tools`` close to what vLLM hands its chat template: each tool as vLLM's
+    tool model dumps it (``ChatCompletionToolsParam.model_dump``: ``type``, and ``function`` with ``name``,
+    ``description`` and ``parameters``, null when absent, ``strict`` and ``defer_loading`` only when set, the tool's
+    own ``defer_loading`` handed down to its function; other keys dropped), a message's text parts joined with
     newlines into one string (vLLM's ``string`` content format). Other fields are passed as sent; a render of them
     sizes a prompt (``inference.gateway.prompt_counter.PromptCounter.chat_bytes``), it does not count it."""
     out_messages = []
@@ -137,8 +133,18 @@ def template_inputs(messages: Any, tools: Any) -> tuple[list[Any], list[Any] | N
     out_tools: list[Any] = []
     for tool in tools:
         if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
-            function = {name: tool["function"].get(name) for name in _FUNCTION_FIELDS}
-            tool = {**{name: tool.get(name) for name in _TOOL_FIELDS}, "type": tool.get("type") or "function",
-                    "function": function}
+            sent = tool["function"]
+            function = {"name": sent.get("name"), "description": sent.get("description"),
+                        "parameters": sent.get("parameters")}
+            if sent.get("strict") is not None:
+                function["strict"] = sent["strict"]
+            deferred = sent.get("defer_loading")
+            deferred = tool.get("defer_loading") if deferred is None else deferred
+            if deferred is not None:
+                function["defer_loading"] = deferred
+            outer = tool.get("defer_loading")
+            tool = {"type": tool.get("type") or "function", "function": function}
+            if outer is not None:
+                tool["defer_loading"] = outer
         out_tools.append(tool)
     return out_messages, out_tools

@@ -30,7 +30,7 @@ BASE_METADATA_FILE = "quiver_base.json"
 # vLLM's chat endpoint tokenizes the rendered text with add_special_tokens=False (the template owns BOS),
 # its completion endpoint with add_special_tokens=True (the post-processor adds BOS).
 # A chat with ``tools`` gets them as a Llama 3.1 style template renders them: a system preamble (Llama 3.1's own
-# words) and each tool as indented JSON, about 300 + 170 tokens that are not in the request's bytes. The suite's
+# words) and each tool as indented JSON, about 300 + 110 tokens that are not in the request's bytes. The suite's
 # engine then shows what a real tool-calling template does to a prompt's count (the gateway's billing cap,
 # ``inference.gateway.exchange.usage_bounded``); chats without tools render as before.
 TOOLS_PREAMBLE = (

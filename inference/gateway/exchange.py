@@ -96,7 +96,7 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
         body_bytes: its length as sent, in bytes.
         prompt_bytes: for a chat, the size in bytes of the prompt its chat template renders
             (``PromptCounter.chat_bytes``), when known: a template can write more than the request holds (tool
-            definitions as indented JSON, a long system preamble: 475 tokens for a 313-byte chat on the suite's tiny
+            definitions as indented JSON, a long system preamble: 412 tokens for a 313-byte chat on the suite's tiny
             model), and an honest engine's count of that was cut to the body's bytes. None: the body's alone.
 
     Returns:

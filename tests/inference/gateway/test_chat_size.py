@@ -2,8 +2,8 @@
 the request holds (``inference.gateway.exchange.usage_bounded``): never below the engine's token count, for
 templates that render tools in several ways (indented JSON after a preamble, compact JSON in tags, a line per
 tool), chats of every role, content parts and dense text. The engine's count is transformers' own render and
-tokenization of the chat (what vLLM runs), with the tools as vLLM hands them to the template (every field of its tool
-model). The database read of the stored files is a stand-in (``Store``): a unit test of the sizing alone."""
+tokenization of the chat (what vLLM runs), with the tools as vLLM hands them to the template (its own tool model's
+dump). The database read of the stored files is a stand-in (``Store``): a unit test of the sizing alone."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
 
 from adapters_app.chat_template import template_inputs
 from demo.tiny_model import CHAT_TEMPLATE
@@ -47,7 +48,12 @@ def _request(rnd: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, A
             function["description"] = "".join(rnd.choice(DENSE) for _ in range(rnd.randint(0, 30)))
         if rnd.random() < 0.7:
             function["parameters"] = _schema(rnd, rnd.randint(0, 4))
-        tools.append({"type": "function", "function": function})
+        if rnd.random() < 0.3:
+            function["strict"] = rnd.random() < 0.5
+        tool: dict[str, Any] = {"type": "function", "function": function}
+        if rnd.random() < 0.3:
+            tool["defer_loading"] = rnd.random() < 0.5
+        tools.append(tool)
     messages: list[dict[str, Any]] = []
     for role in rnd.sample(["system", "user", "assistant", "tool", "user"], k=rnd.randint(1, 5)):
         text = "".join(rnd.choice(DENSE) for _ in range(rnd.randint(0, 40)))
@@ -72,9 +78,10 @@ def test_the_rendered_size_is_never_below_the_engines_count(tiny_base_dir: Path,
     sizes = asyncio.run(run())
     counts = []
     for messages, tools in requests:
-        rendered_messages, rendered_tools = template_inputs(messages, tools)  # vLLM's tools: every field, nulls too
-        assert all(set(t["function"]) >= {"name", "description", "parameters", "strict"} for t in rendered_tools or [])
-        counts.append(len(engine.apply_chat_template(rendered_messages, tools=rendered_tools, chat_template=TEMPLATES[name],
+        rendered_messages, rendered_tools = template_inputs(messages, tools)
+        vllm_tools = [ChatCompletionToolsParam.model_validate(t).model_dump() for t in tools]  # what vLLM renders
+        assert rendered_tools == vllm_tools
+        counts.append(len(engine.apply_chat_template(rendered_messages, tools=vllm_tools, chat_template=TEMPLATES[name],
                                                      add_generation_prompt=True, tokenize=True, return_dict=False)))
     assert all(size is not None and size >= count for size, count in zip(sizes, counts, strict=True)), \
         [(s, c) for s, c in zip(sizes, counts, strict=True) if s is None or s < c]
