@@ -102,13 +102,49 @@ def plain_chat(messages: Any) -> list[dict[str, str]] | None:
     return plain
 
 
-def render_chat(template: jinja2.Template, messages: Sequence[Mapping[str, str]],
-                special_tokens: Mapping[str, str]) -> str:
-    """The prompt text vLLM builds for a chat request of ``messages`` (no tools or documents, a generation prompt
-    added, as its chat route's defaults are).
+def render_chat(template: jinja2.Template, messages: Sequence[Mapping[str, Any]],
+                special_tokens: Mapping[str, str], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The prompt text vLLM builds for a chat request of ``messages`` and ``tools`` (none by default; no documents,
+    a generation prompt added, as its chat route's defaults are).
 
     Raises:
         jinja2.TemplateError: the template refused the messages (``raise_exception``) or failed to render.
     """
-    return template.render(messages=list(messages), tools=None, documents=None, add_generation_prompt=True,
-                           **special_tokens)
+    return template.render(messages=list(messages), tools=list(tools) if tools else None, documents=None,
+                           add_generation_prompt=True, **special_tokens)
+
+
+def template_inputs(messages: Any, tools: Any) -> tuple[list[Any], list[Any] | None]:
+    """A chat request's ``messages`` and ``tools`` close to what vLLM hands its chat template: each tool as vLLM's
+    tool model dumps it (``ChatCompletionToolsParam.model_dump``: ``type``, and ``function`` with ``name``,
+    ``description`` and ``parameters``, null when absent, ``strict`` and ``defer_loading`` only when set, the tool's
+    own ``defer_loading`` handed down to its function; other keys dropped), a message's text parts joined with
+    newlines into one string (vLLM's ``string`` content format). Other fields are passed as sent; a render of them
+    sizes a prompt (``inference.gateway.prompt_counter.PromptCounter.chat_bytes``), it does not count it."""
+    out_messages = []
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            parts = message["content"]
+            text = "\n".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+            message = {**message, "content": text}
+        out_messages.append(message)
+    if not isinstance(tools, list) or not tools:
+        return out_messages, None
+    out_tools: list[Any] = []
+    for tool in tools:
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+            sent = tool["function"]
+            function = {"name": sent.get("name"), "description": sent.get("description"),
+                        "parameters": sent.get("parameters")}
+            if sent.get("strict") is not None:
+                function["strict"] = sent["strict"]
+            deferred = sent.get("defer_loading")
+            deferred = tool.get("defer_loading") if deferred is None else deferred
+            if deferred is not None:
+                function["defer_loading"] = deferred
+            outer = tool.get("defer_loading")
+            tool = {"type": tool.get("type") or "function", "function": function}
+            if outer is not None:
+                tool["defer_loading"] = outer
+        out_tools.append(tool)
+    return out_messages, out_tools

@@ -31,6 +31,7 @@ from common.exceptions import QuiverError
 from common.parsers import FormParser, JSONParser
 from tenants.models import Membership
 from tenants.permissions import DEFAULT_ROLE_MAP
+from tenants.services import limits_loosened
 from tenants.viewsets import TenantScopedViewSet
 
 
@@ -137,13 +138,10 @@ class AdapterViewSet(
         member lifted the rpm and tpm limits an owner had set on an adapter (attack round). Tightening stays open."""
         if self.principal.acts_as_owner():
             return
-        for name in ("rpm_limit", "tpm_limit"):
-            if name not in changes:
-                continue
-            old, new = getattr(adapter, name), changes[name]
-            if old is not None and (new is None or new > old):
-                raise QuiverError(f"Only an owner can raise or clear '{name}' on an adapter; you may only tighten it.",
-                                  code="limit_owner_only", status_code=403)
+        name = limits_loosened(adapter, changes)  # auto_promote is not a limit: skipped
+        if name:
+            raise QuiverError(f"Only an owner can raise or clear '{name}' on an adapter; you may only tighten it.",
+                              code="limit_owner_only", status_code=403)
 
     @extend_schema(request=PromoteInputSerializer, responses=ServingOutputSerializer)
     @action(detail=True, methods=["post"])

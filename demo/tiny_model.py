@@ -29,7 +29,20 @@ BASE_METADATA_FILE = "quiver_base.json"
 # One user message renders to BOS + its content, i.e. exactly the token ids of the plain completion prompt:
 # vLLM's chat endpoint tokenizes the rendered text with add_special_tokens=False (the template owns BOS),
 # its completion endpoint with add_special_tokens=True (the post-processor adds BOS).
-CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# A chat with ``tools`` gets them as a Llama 3.1 style template renders them: a system preamble (Llama 3.1's own
+# words) and each tool as indented JSON, about 300 + 110 tokens that are not in the request's bytes. The suite's
+# engine then shows what a real tool-calling template does to a prompt's count (the gateway's billing cap,
+# ``inference.gateway.exchange.usage_bounded``); chats without tools render as before.
+TOOLS_PREAMBLE = (
+    "Environment: tools\nCutting Knowledge Date: December 2023\n\nYou are a helpful assistant with tool calling "
+    "capabilities. When you receive a tool call response, use the output to format an answer to the original user "
+    "question.\n\nGiven the following functions, please respond with a JSON for a function call with its proper "
+    "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+    "dictionary of argument name and its value}. Do not use variables.\n\n")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}{{ preamble }}{% for tool in tools %}{{ tool | tojson(indent=4) }}{{ '\\n\\n' }}"
+    "{% endfor %}{% endif %}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+).replace("{{ preamble }}", "{{ " + json.dumps(TOOLS_PREAMBLE) + " }}")
 
 _WORDS = (
     "the a an one two three red blue green big small old new fast slow good bad cat dog bird fish tree "

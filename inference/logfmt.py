@@ -42,7 +42,10 @@ def _value(value: object) -> str:
 # HTTP client libraries that log every request at INFO ("HTTP Request: GET …/metrics 200"). The node agent reads the
 # engine's /metrics every 100 ms and heartbeats every few seconds, so at INFO they wrote ~36,000 lines an hour on an
 # idle node (attack-round finding, issue 30). Failures still reach the log: they raise, and the agent logs them.
-CHATTY_LOGGERS = ("httpx", "httpcore")
+# And uvicorn's access log, one line per request the agent serves: the Kubernetes readiness probe of /healthz every
+# 5 s and Prometheus' scrape of /metrics every 15 s alone made ~960 an hour on an idle node; its own events (loads,
+# evictions, refusals) the agent logs itself.
+CHATTY_LOGGERS = ("httpx", "httpcore", "uvicorn.access")
 
 
 def configure(level: str | int = logging.INFO) -> None:

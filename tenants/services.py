@@ -175,6 +175,24 @@ def limits_tightest(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict
     return out
 
 
+def limits_loosened(holder: Any, limits: Mapping[str, Any]) -> str | None:
+    """The first limit in ``limits`` that would let ``holder`` (a key, an adapter: anything with the limit fields
+    as attributes) do more than now: a set limit cleared (None) or raised, or for ``priority_class`` a higher class
+    (null ranks as ``normal``); None when every change tightens or keeps. Keys outside :data:`LIMIT_FIELDS` are
+    not limits and are skipped. The one rule behind ``limit_owner_only``: whoever is not an owner may only tighten
+    what an owner set, on keys (``tenants.views``) and adapters (``adapters_app.views``) alike."""
+    for name, new in limits.items():
+        if name not in LIMIT_FIELDS:
+            continue
+        old = getattr(holder, name)
+        if name == "priority_class":
+            if PRIORITY_CLASSES.get(new or "normal", 0) < PRIORITY_CLASSES.get(old or "normal", 0):
+                return name
+        elif old is not None and (new is None or new > old):
+            return name
+    return None
+
+
 def _api_key_insert(tenant: Tenant, key_id: str, secret: str, name: str, scopes: Sequence[str],
                     expires_at: datetime | None, actor: User | None,
                     limits: Mapping[str, Any], adapters: Sequence[str] = ()) -> tuple[ApiKey, str]:

@@ -8,7 +8,6 @@ and remove members; everyone in the tenant may list members and pending invitati
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from django.db.models import QuerySet
@@ -21,7 +20,7 @@ from rest_framework.response import Response
 from common.echo import clip
 from common.exceptions import QuiverError
 from tenants import invitations, services
-from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey, Invitation, Membership, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, Invitation, Membership, Tenant
 from tenants.scopes import ALL_SCOPES, KEYS_MANAGE
 from tenants.serializers import (
     ApiKeyCreatedSerializer,
@@ -120,13 +119,13 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             # there), so it may set any class; one with a class may not set a higher one.
             asked = {k: v for k, v in data.validated_data.items()
                      if k != "priority_class" or access.api_key.priority_class is not None}
-            over = _loosened(access.api_key, asked)
+            over = services.limits_loosened(access.api_key, asked)
             if over:
                 raise QuiverError(f"This key cannot set '{over}' looser than its own; an owner can, from the console "
                                   "or with an unlimited key.", code="limit_owner_only", status_code=403)
         owner = access.acts_as_owner()
         if not owner:
-            loosened = _loosened(key, data.validated_data)
+            loosened = services.limits_loosened(key, data.validated_data)
             if loosened:
                 raise QuiverError(f"Only an owner can raise or clear '{loosened}' on a key; you may only tighten it.",
                                   code="limit_owner_only", status_code=403)
@@ -187,19 +186,6 @@ def _stronger(key: ApiKey, than: ApiKey) -> str | None:
         return f"a looser {loose}"
     if than.expires_at is not None and (key.expires_at is None or key.expires_at > than.expires_at):
         return "a later expiry"
-    return None
-
-
-def _loosened(key: ApiKey, limits: Mapping[str, Any]) -> str | None:
-    """The first limit in ``limits`` that would let ``key`` do more than now (a set limit cleared or raised, or a
-    higher priority class), else None. Members may tighten their keys; what an owner set binds them."""
-    for name, new in limits.items():
-        old = getattr(key, name)
-        if name == "priority_class":
-            if PRIORITY_CLASSES.get(new or "normal", 0) < PRIORITY_CLASSES.get(old or "normal", 0):
-                return name
-        elif old is not None and (new is None or new > old):
-            return name
     return None
 
 

@@ -21,11 +21,9 @@ import random
 import time
 from dataclasses import replace
 from datetime import timedelta
-from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 from django.utils import timezone
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -40,6 +38,7 @@ from inference.gateway.bus import subscribe_forever
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
 from inference.gateway.exchange import Call, Exchange, meter_refusal, route_log
+from inference.gateway.guard import host_allowed, request_host
 from inference.gateway.limits import (
     RateLimiter,
     limits_mode_log,
@@ -155,11 +154,21 @@ class GatewayApp:
                            loop.create_task(self.limiter.keep_alive_forever())]
 
     async def shutdown(self) -> None:
-        """Flush usage, stop background tasks, close the upstream pool."""
-        await self.sink.flushed(timeout=5.0)
-        for task in self._tasks:
-            task.cancel()
-        await upstream_close()
+        """Finish the requests' own tasks (settles, metering: :meth:`settled`), flush usage, stop background tasks,
+        close the upstream pool (whatever failed before it: a SIGTERM'd process left its session unclosed)."""
+        try:
+            await self.settled(timeout=5.0)
+            await self.sink.flushed(timeout=5.0)
+            for task in self._tasks:
+                task.cancel()
+        finally:
+            await upstream_close()
+
+    async def settled(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds (None: no bound) for the tasks requests spawned so far (token settles, a
+        chat metered once its template sized it) to end; their usage rows are then in ``sink``."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -173,8 +182,8 @@ class GatewayApp:
             return
         self._ensure_started()
         endpoint = ROUTES.get(scope["path"])
-        host = _host(scope)
-        if not _host_allowed(host, tuple(settings.ALLOWED_HOSTS), settings.DEBUG):
+        host = request_host(scope)
+        if not host_allowed(host, tuple(settings.ALLOWED_HOSTS), settings.DEBUG):
             # As Django answers it for every other route of this process (config.error_views.bad_request).
             response = error_response(GatewayError(
                 400, f"Host '{clip(host)}' is not served here; use the address this service is published under, or "
@@ -578,21 +587,3 @@ class GatewayApp:
 
 application = GatewayApp()
 
-
-def _host(scope: Scope) -> str:
-    """The request's ``Host`` header (latin-1, as ASGI servers pass it), else the server's address."""
-    for name, value in scope.get("headers") or ():
-        if name == b"host":
-            return str(value.decode("latin-1"))
-    server = scope.get("server")
-    return f"{server[0]}:{server[1]}" if server else ""
-
-
-@lru_cache(maxsize=256)
-def _host_allowed(host: str, allowed: tuple[str, ...], debug: bool) -> bool:
-    """Django's own ``ALLOWED_HOSTS`` rule (``HttpRequest.get_host``: ``validate_host``, and under ``DEBUG`` with an
-    empty list, localhost only), for the routes this app serves without Django; memoised per host."""
-    domain, _ = split_domain_port(host)
-    if not allowed and debug:
-        allowed = (".localhost", "127.0.0.1", "[::1]")
-    return bool(domain) and validate_host(domain, list(allowed))

@@ -34,6 +34,7 @@ from inference.gateway.answers import (
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
 from inference.gateway.limits import CHAT_TEMPLATE_ROOM, RateLimiter
+from inference.gateway.prompt_counter import PromptCounter
 from inference.gateway.relay import RecordedResponse, bill_cut, relay_response
 from inference.gateway.snapshot import KeyView, NodeView, TargetView
 from inference.gateway.upstream import (
@@ -60,6 +61,7 @@ class Gateway(Protocol):
 
     admission: AdmissionGate
     limiter: RateLimiter
+    prompt_counter: PromptCounter
     sink: UsageSink
     directory: Directory
     _down: dict[int, float]
@@ -75,21 +77,27 @@ class Gateway(Protocol):
 MAX_USAGE_COUNT = 2**31 - 1
 
 
-def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, body_bytes: int) -> dict[str, Any] | None:
+def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, body_bytes: int,
+                  prompt_bytes: int | None = None) -> dict[str, Any] | None:
     """The engine's ``usage`` with each count at most what the request can have cost, so an engine that lies (a
     host holding a node key, answering as its node) cannot bill a tenant, or fill its TPM window, past its request.
 
     Completion tokens are at most the budget the engine honours (``max_completion_tokens``/``max_tokens`` × ``n`` ×
-    the prompts, ``hygiene.requested_tokens``) when the request sets one; prompt tokens at most the upstream body's
-    bytes plus ``limits.CHAT_TEMPLATE_ROOM`` (never below the real count for text and token ids: a token covers at
-    least one byte, a token id at least two of the JSON), unless a chat carries a part other than text (an image's
-    tokens are not bounded by its URL's bytes); both at most :data:`MAX_USAGE_COUNT`. A node's engine billed a
-    ``max_tokens`` 3 request 900,000,000 tokens each way (attack round).
+    the prompts, ``hygiene.requested_tokens``) when the request sets one; prompt tokens at most the larger of the
+    upstream body's bytes and ``prompt_bytes``, plus ``limits.CHAT_TEMPLATE_ROOM`` (never below the real count for
+    text and token ids: a token covers at least one byte, a token id at least two of the JSON), unless a chat
+    carries a part other than text (an image's tokens are not bounded by its URL's bytes); both at most
+    :data:`MAX_USAGE_COUNT`. A node's engine billed a ``max_tokens`` 3 request 900,000,000 tokens each way (attack
+    round).
 
     Args:
         usage: ``{"prompt_tokens", "completion_tokens", ...}`` as the engine reported it, or None.
         upstream: the body sent to the engine.
         body_bytes: its length as sent, in bytes.
+        prompt_bytes: for a chat, the size in bytes of the prompt its chat template renders
+            (``PromptCounter.chat_bytes``), when known: a template can write more than the request holds (tool
+            definitions as indented JSON, a long system preamble: 412 tokens for a 313-byte chat on the suite's tiny
+            model), and an honest engine's count of that was cut to the body's bytes. None: the body's alone.
 
     Returns:
         ``usage`` itself when no count was over (or it is empty/None); else a copy with ``prompt_tokens``,
@@ -104,7 +112,7 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
     if budget is not None:
         completion = min(completion, budget)
     if not _has_non_text_part(upstream):
-        prompt = min(prompt, body_bytes + CHAT_TEMPLATE_ROOM)
+        prompt = min(prompt, max(body_bytes, prompt_bytes or 0) + CHAT_TEMPLATE_ROOM)
     prompt, completion = min(prompt, MAX_USAGE_COUNT), min(completion, MAX_USAGE_COUNT)
     if (prompt, completion) == reported:
         return usage
@@ -112,6 +120,16 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
         "reported_prompt": str(usage.get("prompt_tokens"))[:40], "reported_completion":
         str(usage.get("completion_tokens"))[:40], "prompt_tokens": prompt, "completion_tokens": completion})
     return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def prompt_past_body(usage: dict[str, Any] | None, upstream: dict[str, Any], *, body_bytes: int) -> bool:
+    """Whether a chat's reported prompt count passes what its body's bytes bound (``body_bytes`` plus
+    ``limits.CHAT_TEMPLATE_ROOM``), so that only the size of its rendered template (``usage_bounded``'s
+    ``prompt_bytes``) tells an honest count from an inflated one. False for a completion (no template) and for a
+    chat with a part other than text (not bounded at all). One comparison: what every request pays for the cap."""
+    if not usage or "messages" not in upstream:
+        return False
+    return _usage_count(usage.get("prompt_tokens")) > body_bytes + CHAT_TEMPLATE_ROOM and not _has_non_text_part(upstream)
 
 
 def _usage_count(value: Any) -> int:
@@ -186,11 +204,39 @@ class Exchange:
 
     def record(self, status: int, usage: dict[str, Any] | None, ttft_ms: float | None = None) -> None:
         """Meter the request once it ended with ``status``: free its admission slot, settle its token reservation
-        with ``usage`` (the engine's counts), count it and emit its usage row."""
+        with ``usage`` (the engine's counts, bounded by ``usage_bounded``), count it and emit its usage row.
+
+        A chat whose reported prompt passes its body's bound (``prompt_past_body``: a template that writes tools or
+        a long preamble, or a lying engine) is metered a moment later, in a task, once the base model's chat
+        template has sized its prompt (``PromptCounter.chat_bytes``: one render, no tokenizer); every other request
+        is metered here and now."""
+        self.app.admission.release(self.slot)
+        latency_s = time.monotonic() - self.started
+        body_bytes = len(self.content)
+        if prompt_past_body(usage, self.upstream, body_bytes=body_bytes):
+            self.app._spawn(self._meter_sized(status, usage, ttft_ms, latency_s))
+            return
+        self._meter(status, usage_bounded(usage, self.upstream, body_bytes=body_bytes), ttft_ms, latency_s)
+
+    async def _meter_sized(self, status: int, usage: dict[str, Any] | None, ttft_ms: float | None,
+                           latency_s: float) -> None:
+        """:meth:`record`'s rare path: size the chat's rendered prompt, then meter with that bound (the body's alone
+        when it cannot be sized, or when the task is cancelled first: the row is emitted either way)."""
+        size = None
+        try:
+            size = await self.app.prompt_counter.chat_bytes(
+                self.call.target.base_model_id, self.upstream.get("messages"), self.upstream.get("tools"),
+                size=len(self.content))
+        except Exception as exc:  # noqa: BLE001 - sizing must never lose the request's row
+            logger.warning("gateway.chat_size_failed", extra={"error": repr(exc)[:200]})
+        finally:
+            self._meter(status, usage_bounded(usage, self.upstream, body_bytes=len(self.content), prompt_bytes=size),
+                        ttft_ms, latency_s)
+
+    def _meter(self, status: int, usage: dict[str, Any] | None, ttft_ms: float | None, latency_s: float) -> None:
+        """Settle the token reservation with ``usage`` (already bounded), count the request and emit its row."""
         app, call = self.app, self.call
         key, target = call.key, call.target
-        app.admission.release(self.slot)
-        usage = usage_bounded(usage, self.upstream, body_bytes=len(self.content))
         prompt_tokens = int((usage or {}).get("prompt_tokens") or 0)
         completion_tokens = int((usage or {}).get("completion_tokens") or 0)
         if call.admission is not None:
@@ -199,13 +245,12 @@ class Exchange:
                               completion_tokens=completion_tokens - call.completion_estimate)
         metrics.request_observe(endpoint=call.endpoint, status=status, served_name=target.served_name,
                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                latency_s=time.monotonic() - self.started,
-                                ttft_s=None if ttft_ms is None else ttft_ms / 1000)
+                                latency_s=latency_s, ttft_s=None if ttft_ms is None else ttft_ms / 1000)
         app.sink.emit(usage_row(
             tenant_id=key.tenant_id, api_key_id=key.pk, adapter_version_id=target.version_id,
             base_model_id=target.base_model_id, node_id=self.node.pk, model_name=target.requested,
             version_number=target.version_number, endpoint=call.endpoint, stream=self.stream, status_code=status,
-            usage=usage, latency_ms=(time.monotonic() - self.started) * 1000, ttft_ms=ttft_ms, created_at=self.arrived))
+            usage=usage, latency_ms=latency_s * 1000, ttft_ms=ttft_ms, created_at=self.arrived))
 
     async def proxy(self) -> Response:
         """Stage 3 proper: send the body, reroute on a refused connection or an adapter the engine lost, and answer

@@ -9,6 +9,9 @@ An ASGI middleware (outermost in ``config.asgi``). On ``/v1/*`` paths:
 
 Other paths and scopes pass through untouched. An exception after a response started cannot change its status;
 it is re-raised and the server closes the connection (a stream's client sees it cut).
+
+Also here: the ``Host`` check of the gateway's own routes (:func:`host_allowed`, Django's rule without its request
+cycle), used by ``inference.gateway.app``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import lru_cache
 from typing import Any
+
+from django.http.request import split_domain_port, validate_host
 
 logger = logging.getLogger(__name__)
 Message = MutableMapping[str, Any]
@@ -81,3 +87,22 @@ class OpenAIErrorGuard:
             if started:
                 raise
             await _send_error(send, 500)
+
+
+def request_host(scope: MutableMapping[str, Any]) -> str:
+    """The request's ``Host`` header (latin-1, as ASGI servers pass it), else the server's address."""
+    for name, value in scope.get("headers") or ():
+        if name == b"host":
+            return str(value.decode("latin-1"))
+    server = scope.get("server")
+    return f"{server[0]}:{server[1]}" if server else ""
+
+
+@lru_cache(maxsize=256)
+def host_allowed(host: str, allowed: tuple[str, ...], debug: bool) -> bool:
+    """Django's own ``ALLOWED_HOSTS`` rule (``HttpRequest.get_host``: ``validate_host``, and under ``DEBUG`` with an
+    empty list, localhost only), for the routes this app serves without Django; memoised per host."""
+    domain, _ = split_domain_port(host)
+    if not allowed and debug:
+        allowed = (".localhost", "127.0.0.1", "[::1]")
+    return bool(domain) and validate_host(domain, list(allowed))

@@ -22,15 +22,17 @@ by that difference; the bill is the engine's own count either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import jinja2
 from tokenizers import Tokenizer
 
-from adapters_app.chat_template import compile_chat_template, plain_chat, render_chat
+from adapters_app.chat_template import compile_chat_template, plain_chat, render_chat, template_inputs
 from adapters_app.models import BaseModelTokenizer
 from inference.gateway.directory import db_call
 
@@ -40,6 +42,7 @@ CHECK_FIRST = 16  # counts of a newly loaded tokenizer compared with the engine'
 CHECK_EVERY = 256  # then one in this many
 RECHECK_S = 60.0  # how often a process asks the database whether a base model's tokenizer changed
 INLINE_MAX_CHARS = 2_048  # prompts up to this many characters in all are counted on the event loop
+LOAD_WAIT_S = 5.0  # how long sizing a chat (chat_bytes) waits for this process's load of its template
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,12 @@ class PromptCounter:
 
     def __init__(self, *, fetch: Callable[[int, str | None], Awaitable[Stored]] | None = None,
                  clock: Callable[[], float] = time.monotonic, recheck_s: float = RECHECK_S,
-                 inline_max_chars: int = INLINE_MAX_CHARS) -> None:
+                 inline_max_chars: int = INLINE_MAX_CHARS, load_wait_s: float = LOAD_WAIT_S) -> None:
         self._fetch = fetch or (lambda pk, sha: db_call(stored_tokenizer, pk, sha))
         self._clock = clock
         self._recheck_s = recheck_s
         self._inline_max_chars = inline_max_chars
+        self._load_wait_s = load_wait_s
         self._entries: dict[int, _Entry] = {}
 
     def ready(self, base_model_id: int) -> Tokenizer | None:
@@ -179,6 +183,40 @@ class PromptCounter:
             return len(tokenizer.encode(text, add_special_tokens=False))
         encodings = await asyncio.to_thread(tokenizer.encode_batch, [text], add_special_tokens=False)
         return len(encodings[0])
+
+    async def chat_bytes(self, base_model_id: int, messages: Any, tools: Any, *, size: int) -> int | None:
+        """The size in UTF-8 bytes of the prompt text the base model's chat template renders for a chat's
+        ``messages`` and ``tools`` (``adapters_app.chat_template.template_inputs``: as vLLM hands them to it), or
+        None when this process cannot render it: no template stored, one that does not compile here, one that
+        refuses the messages, or no load within ``load_wait_s`` seconds (a load in progress is waited for; the
+        first call for a base model starts one).
+
+        A byte-level BPE count of the text is at most this (every token covers a byte at least; a special token
+        written as text, several), whatever the template adds: the billing cap's size for a chat whose template
+        writes more than the request holds (``inference.gateway.exchange.usage_bounded``). ``size`` is the
+        request's size in bytes: up to ``inline_max_chars`` the template renders on the event loop, above it in a
+        worker thread (a 4 MB chat would hold the loop tens of ms). The tokenizer is not used.
+        """
+        self.ready(base_model_id)
+        entry = self._entries[base_model_id]
+        if entry.loading is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(entry.loading), self._load_wait_s)
+        template, special_tokens = entry.template, entry.special_tokens
+        if template is None:
+            return None
+        rendered_messages, rendered_tools = template_inputs(messages, tools)
+
+        def render() -> int:
+            text = render_chat(template, rendered_messages, special_tokens, rendered_tools)
+            return len(text.encode("utf-8", "surrogatepass"))
+
+        try:
+            return render() if size <= self._inline_max_chars else await asyncio.to_thread(render)
+        except Exception as exc:  # noqa: BLE001 - a template refusing these messages, or failing on them: no size
+            logger.info("gateway.chat_template_render_failed", extra={"base_model_id": base_model_id,
+                                                                      "error": repr(exc)[:200]})
+            return None
 
     def wants_check(self, base_model_id: int, *, chat: bool = False) -> bool:
         """Whether the count just made (a chat's with ``chat``) should be compared with the engine's: the first

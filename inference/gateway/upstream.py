@@ -5,7 +5,9 @@ connection each time (issue 7 "Why"). A pooled httpx client still cost about 1.8
 completion here (pure-Python h11 parsing, anyio layers, cookie handling: cProfile of the gateway under
 ``scripts/bench_gateway`` load), most of the request path's CPU; aiohttp's session with its C parser costs about
 0.75 ms for the same exchange, so the engines are called through it. The session is bound to the event loop that
-made it, so one is kept per loop. Each node's own key (``inference.fleet.node_client.node_key``, its engine's
+made it, so one is kept per loop, and closed with it: by the lifespan's shutdown (:func:`upstream_close`), else when
+the loop's last tasks are cancelled as it ends (``asyncio.run``, uvicorn's exit, each ``async_to_sync`` call of an
+in-process test): sessions left open were logged "Unclosed client session" at every test run's exit. Each node's own key (``inference.fleet.node_client.node_key``, its engine's
 ``VLLM_API_KEY``) goes on each request; tenants never hold it.
 
 Errors: :class:`UpstreamRefused` when nothing reached the engine (safe to try another node), :class:`UpstreamError`
@@ -28,7 +30,9 @@ from django.conf import settings
 UPSTREAM_KEEPALIVE_S = 4.0
 CONNECT_TIMEOUT_S = 5.0
 ABORT_TIMEOUT_S = 2.0
-_sessions: dict[int, aiohttp.ClientSession] = {}
+# Event loop id -> (that loop, its session, the task that closes the session when the loop ends). The loop is kept to
+# tell a live loop from a later one given the same id.
+_sessions: dict[int, tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession, asyncio.Task[None]]] = {}
 
 
 class UpstreamError(Exception):
@@ -101,18 +105,33 @@ class UpstreamResponse:
 
 
 def upstream_session() -> aiohttp.ClientSession:
-    """The pooled session of the running event loop (created on first use)."""
-    loop_id = id(asyncio.get_running_loop())
-    session = _sessions.get(loop_id)
-    if session is None or session.closed:
-        connector = aiohttp.TCPConnector(limit=settings.QUIVER_GATEWAY_UPSTREAM_POOL, limit_per_host=0,
-                                         keepalive_timeout=UPSTREAM_KEEPALIVE_S)
-        session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
-                                          sock_read=settings.QUIVER_PROXY_TIMEOUT_S))
-        _sessions[loop_id] = session
+    """The pooled session of the running event loop (created on first use, closed when the loop ends: see the
+    module's docstring). Call from a coroutine."""
+    loop = asyncio.get_running_loop()
+    held = _sessions.get(id(loop))
+    if held is not None and held[0] is loop and not held[1].closed:
+        return held[1]
+    connector = aiohttp.TCPConnector(limit=settings.QUIVER_GATEWAY_UPSTREAM_POOL, limit_per_host=0,
+                                     keepalive_timeout=UPSTREAM_KEEPALIVE_S)
+    session = aiohttp.ClientSession(
+        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
+                                      sock_read=settings.QUIVER_PROXY_TIMEOUT_S))
+    guard = loop.create_task(_close_when_cancelled(session), name="quiver-upstream-session")
+    _sessions[id(loop)] = (loop, session, guard)
     return session
+
+
+async def _close_when_cancelled(session: aiohttp.ClientSession) -> None:
+    """Wait until cancelled (the loop ending cancels its remaining tasks), then close ``session``."""
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        loop_id = id(asyncio.get_running_loop())
+        held = _sessions.get(loop_id)
+        if held is not None and held[1] is session:
+            del _sessions[loop_id]
+        await session.close()
 
 
 async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> UpstreamResponse:
@@ -194,10 +213,14 @@ async def engine_answers(engine_url: str, *, timeout: float = 2.0) -> bool:
 
 
 async def upstream_close() -> None:
-    """Close the running loop's session (lifespan shutdown)."""
-    session = _sessions.pop(id(asyncio.get_running_loop()), None)
-    if session is not None:
-        await session.close()
+    """Close the running loop's session now (lifespan shutdown); the next call opens a new one."""
+    loop = asyncio.get_running_loop()
+    held = _sessions.get(id(loop))
+    if held is None or held[0] is not loop:
+        return
+    del _sessions[id(loop)]
+    held[2].cancel()
+    await held[1].close()
 
 
 def upstream_headers(node_key: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ ran; a tokens-per-minute limit holds against prompts that tokenize densely, in p
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import threading
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from inference.gateway.limits import CHAT_TEMPLATE_ROOM
 from inference.metering.models import UsageRecord
 from inference.metering.usage import usage_drain
 from tenants.services import api_key_create, limits_set
@@ -235,3 +237,26 @@ def test_the_gateway_counts_a_chat_with_the_base_models_template_as_the_engine_d
                             json={"model": "tiny-llama", "messages": messages}).json()["count"]
         assert counted(messages) == engine, messages
     assert "gateway.tokenizer_mismatch" not in gw.child.log.read_text(errors="replace")
+
+
+def test_a_chat_whose_template_writes_tools_is_billed_the_engines_count(
+        live_node, vllm_engine, gateway_processes: list[GatewayProcess]) -> None:  # type: ignore[no-untyped-def]
+    """The suite's model renders a chat's tools as Llama 3.1's template does (``demo.tiny_model.CHAT_TEMPLATE``: a
+    system preamble, each tool as indented JSON): far more tokens than the request has bytes. The billing cap was
+    those bytes plus 64, so an honest engine's count was cut; it is billed whole now, streamed or not."""
+    gw = gateway_processes[0]
+    tenant, key = _key(gw)
+    chat: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none",
+                            "tools": [{"type": "function", "function": {"name": "f"}}]}
+    engine = httpx.post(f"{vllm_engine.url}/tokenize", headers=vllm_engine.headers, timeout=30,
+                        json={"model": "tiny-llama", **chat}).json()["count"]
+    body = {"model": "tiny-llama", "max_tokens": 2, **chat}
+    # What the old cap allowed: the body, what the gateway adds before the engine (stream options and the cache salt:
+    # 125 bytes), and 64.
+    assert engine > len(json.dumps({**body, "stream": True}).encode()) + 130 + CHAT_TEMPLATE_ROOM, engine
+    for stream in (False, True):
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                          json={**body, "stream": stream})
+        assert resp.status_code == 200, resp.text
+    rows = _billed(tenant, 2)
+    assert [(r.prompt_tokens, r.status_code) for r in rows] == [(engine, 200)] * 2

@@ -7,15 +7,18 @@ request unbilled."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from asgiref.sync import async_to_sync
+from transformers import AutoTokenizer
 
+from demo.tiny_model import TOOLS_PREAMBLE
 from inference.gateway import exchange as gateway_exchange
 from inference.gateway.app import GatewayApp
+from inference.gateway.limits import CHAT_TEMPLATE_ROOM
 from inference.gateway.snapshot import NodeView
 from inference.gateway.usage_sink import UsageSink
 from inference.metering.models import UsageRecord
@@ -23,48 +26,28 @@ from inference.metering.usage import usage_records_write
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
 from tests.fixtures.engine_answer import EngineAnswer
+from tests.fixtures.engine_stream import EngineStream, usage_chunks
 
 NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
 HUGE = 900_000_000
 
 
-class _LyingStream:
-    """An SSE answer whose running and final usage claim ``claim`` tokens each way."""
-
-    status_code = 200
-    is_event_stream = True
-
-    def __init__(self, claim: int) -> None:
-        self.claim = claim
-
-    async def aiter_lines(self) -> AsyncIterator[str]:
-        for i in range(2):
-            yield "data: " + json.dumps({"choices": [{"index": i, "text": "x"}], "model": "m",
-                                         "usage": {"prompt_tokens": self.claim, "completion_tokens": self.claim}})
-            yield ""
-        yield "data: " + json.dumps({"choices": [], "model": "m", "usage": {
-            "prompt_tokens": self.claim, "completion_tokens": self.claim, "total_tokens": 2 * self.claim}})
-        yield ""
-        yield "data: [DONE]"
-
-    async def aread(self) -> bytes:
-        return b""
-
-    def buffered_lines(self) -> list[str]:
-        return []
-
-    async def aclose(self) -> None:
-        pass
+def _lying_stream(claim: int) -> EngineStream:
+    """An SSE answer of two choices whose running and final usage claim ``claim`` tokens each way."""
+    return EngineStream(usage_chunks(prompt=claim, completion=claim, choices=2))
 
 
-def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any]) -> dict[str, Any]:
+def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any],
+            sent: list[bytes] | None = None) -> dict[str, Any]:
     """The usage row the gateway emits for ``body`` (to /v1/completions, or chat when it has ``messages``) when the
-    engine answers ``answer()``."""
+    engine answers ``answer()``; the body the engine got is appended to ``sent``."""
     tenant = TenantFactory()
     _, key = api_key_create(tenant, name="app")
     rows: list[dict[str, Any]] = []
 
     async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> Any:
+        if sent is not None:
+            sent.append(content)
         return answer()
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
@@ -75,11 +58,15 @@ def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any]) 
     monkeypatch.setattr(UsageSink, "emit", lambda self, row: rows.append(row))
     endpoint = "chat/completions" if "messages" in body else "completions"
 
+    app = GatewayApp(background=False)
+
     async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=GatewayApp(background=False))
+        transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
-            return await http.post(f"/v1/{endpoint}", headers={"Authorization": f"Bearer {key}"},
-                                   json={"model": "tiny-llama", **body})
+            response = await http.post(f"/v1/{endpoint}", headers={"Authorization": f"Bearer {key}"},
+                                       json={"model": "tiny-llama", **body})
+        await app.settled()  # a chat past its body's bound is metered once its template sized it
+        return response
 
     response = async_to_sync(go)()
     assert response.status_code == 200, response.text
@@ -97,7 +84,7 @@ def _json_answer(claim: int) -> EngineAnswer:
 @pytest.mark.parametrize("shape", ["json", "stream"])
 def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
         monkeypatch: pytest.MonkeyPatch, base_model: Any, shape: str) -> None:
-    answer = (lambda: _json_answer(HUGE)) if shape == "json" else (lambda: _LyingStream(HUGE))
+    answer = (lambda: _json_answer(HUGE)) if shape == "json" else (lambda: _lying_stream(HUGE))
     row = _billed(monkeypatch, answer, {"prompt": "France:", "max_tokens": 3, "n": 2, "stream": shape == "stream"})
     assert row["completion_tokens"] == 6  # max_tokens × n
     assert 0 < row["prompt_tokens"] <= 500  # the body's bytes and a template's room, not 900,000,000
@@ -106,7 +93,7 @@ def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
 @pytest.mark.django_db
 def test_a_chat_without_max_tokens_is_billed_within_the_usage_column(
         monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
-    row = _billed(monkeypatch, lambda: _LyingStream(10**15),
+    row = _billed(monkeypatch, lambda: _lying_stream(10**15),
                   {"messages": [{"role": "user", "content": "hi"}], "stream": True})
     assert row["completion_tokens"] == 2**31 - 1  # no budget asked for: the column's bound
     assert row["prompt_tokens"] <= 500
@@ -117,6 +104,49 @@ def test_a_chat_without_max_tokens_is_billed_within_the_usage_column(
 
 @pytest.mark.django_db
 def test_an_honest_engine_is_billed_what_it_reports(monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
-    row = _billed(monkeypatch, lambda: _LyingStream(3), {"prompt": "France:", "max_tokens": 3, "n": 2,
+    row = _billed(monkeypatch, lambda: _lying_stream(3), {"prompt": "France:", "max_tokens": 3, "n": 2,
                                                           "stream": True})
     assert (row["prompt_tokens"], row["completion_tokens"]) == (3, 3)
+
+
+# A chat with a tool: the suite's tiny model renders tools as Llama 3.1's template does (a system preamble and each
+# tool as indented JSON, ``demo.tiny_model.CHAT_TEMPLATE``), far more tokens than the request has bytes.
+TOOLS_CHAT = {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+              "tool_choice": "none", "max_tokens": 1}
+VLLM_TOOLS = [{"type": "function", "function": {"name": "f", "description": None, "parameters": None}}]  # its dump
+
+
+def _engine_count(tiny_base_dir: Path) -> int:
+    """vLLM's count of ``TOOLS_CHAT``'s prompt: transformers' render of the model's template with the tools as
+    vLLM hands them over (its tool model's dump: description and parameters null when absent), tokenized without
+    specials added (412 tokens; the suite's engine says the same: ``tests/e2e/test_exact_metering_live.py``)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_base_dir))
+    ids = tokenizer.apply_chat_template(TOOLS_CHAT["messages"], tools=VLLM_TOOLS, add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    return len(ids)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("shape", ["json", "stream"])
+def test_an_honest_count_of_a_template_that_writes_tools_is_billed_whole(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, tiny_base_dir: Path, shape: str) -> None:
+    """The cap was the body's bytes plus 64 for the template: an honest engine's 412 tokens for a 313-byte chat were
+    billed 377. Now the rendered template sizes the cap of a chat past its body's bound."""
+    truth, sent = _engine_count(tiny_base_dir), []
+    answer = (lambda: _json_answer(truth)) if shape == "json" else (
+        lambda: EngineStream(usage_chunks(prompt=truth, completion=1)))
+    row = _billed(monkeypatch, answer, {**TOOLS_CHAT, "stream": shape == "stream"}, sent)
+    assert truth > len(sent[0]) + CHAT_TEMPLATE_ROOM  # what the old cap cut
+    assert row["prompt_tokens"] == truth
+
+
+@pytest.mark.django_db
+def test_a_lying_engine_on_a_tools_chat_bills_at_most_its_rendered_prompt(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, tiny_base_dir: Path) -> None:
+    sent: list[bytes] = []
+    row = _billed(monkeypatch, lambda: _lying_stream(HUGE), {**TOOLS_CHAT, "stream": True}, sent)
+    truth = _engine_count(tiny_base_dir)
+    # BOS, the preamble, the tool as indented JSON, "\n\n" and "hi": 627 bytes, against 900,000,000 claimed
+    rendered = len("<s>" + TOOLS_PREAMBLE + json.dumps(VLLM_TOOLS[0], indent=4) + "\n\nhi")
+    assert truth <= row["prompt_tokens"] <= rendered + CHAT_TEMPLATE_ROOM
+    assert row["completion_tokens"] == 1  # max_tokens 1, n 1

@@ -19,45 +19,24 @@ from inference.gateway.app import GatewayApp
 from inference.gateway.snapshot import NodeView
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
+from tests.fixtures.engine_stream import EngineStream
 
 NODE = NodeView(pk=1, name="n1", engine_url="http://engine.invalid", base_model_id=1)
 CHUNKS, GAP_S = 8, 0.02
 
 
-class _Stream:
+def _stream(first_s: float) -> EngineStream:
     """The engine's SSE answer: ``CHUNKS`` chunks ``GAP_S`` apart (after ``first_s``), with running usage."""
-
-    status_code = 200
-    is_event_stream = True
-
-    def __init__(self, first_s: float) -> None:
-        self.first_s = first_s
-        self.closed = 0
-
-    async def aiter_lines(self) -> AsyncIterator[str]:
-        await asyncio.sleep(self.first_s)
-        for i in range(CHUNKS):
-            await asyncio.sleep(GAP_S)
-            yield "data: " + json.dumps({"choices": [{"index": 0, "text": "x"}], "model": "m",
-                                         "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}})
-            yield ""
-        yield "data: [DONE]"
-
-    async def aread(self) -> bytes:
-        return b""
-
-    def buffered_lines(self) -> list[str]:
-        return []
-
-    async def aclose(self) -> None:
-        self.closed += 1
+    return EngineStream([{"choices": [{"index": 0, "text": "x"}], "model": "m",
+                          "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}} for i in range(CHUNKS)],
+                        first_s=first_s, gap_s=GAP_S)
 
 
 def _streaming_app(monkeypatch: pytest.MonkeyPatch, key: str,
-                   stream: Callable[[], _Stream]) -> tuple[GatewayApp, dict[str, Any], bytes]:
+                   stream: Callable[[], EngineStream]) -> tuple[GatewayApp, dict[str, Any], bytes]:
     """An in-process gateway whose engine answers each request with ``stream()`` on ``NODE``; the ASGI scope and body
     of a streamed completion with ``key``."""
-    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> _Stream:
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> EngineStream:
         return stream()
 
     async def node_for(self: GatewayApp, target: Any) -> NodeView:
@@ -111,12 +90,12 @@ class _Shim:
         return self._overrides[name] if name in self._overrides else getattr(self._real, name)
 
 
-class _DrivenStream(_Stream):
+class _DrivenStream(EngineStream):
     """The engine's SSE answer, one chunk per renew period of :class:`_Clock`; where ``leave`` is a moment of the
     stream, the client leaves there and the engine says nothing more."""
 
     def __init__(self, clock: _Clock, leave: str, gone: asyncio.Event) -> None:
-        super().__init__(0.0)
+        super().__init__([])
         self.clock, self.leave, self.gone = clock, leave, gone
 
     async def aiter_lines(self) -> AsyncIterator[str]:
@@ -141,10 +120,10 @@ def test_a_client_leaving_at_any_moment_frees_the_hold_and_lease_once(
     settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 30.0, 0.0
     tenant = TenantFactory(concurrency_limit=1)  # the second round is refused unless the first freed its lease
     _, key = api_key_create(tenant, name="app")
-    streams: list[_Stream] = []
+    streams: list[EngineStream] = []
     box: dict[str, Any] = {}
 
-    def stream() -> _Stream:
+    def stream() -> EngineStream:
         streams.append(_DrivenStream(box["clock"], leave, box["gone"]))
         return streams[-1]
 
@@ -214,7 +193,7 @@ def test_a_client_that_stops_reading_stops_renewing_its_lease(monkeypatch: pytes
     settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 0.06, 0.0  # a lease renewed every 20 ms
     _, key = api_key_create(TenantFactory(concurrency_limit=1), name="app")
 
-    app, scope, body = _streaming_app(monkeypatch, key, lambda: _Stream(0.0))
+    app, scope, body = _streaming_app(monkeypatch, key, lambda: _stream(0.0))
 
     async def go() -> int:
         app._ensure_started()
@@ -266,7 +245,7 @@ def test_a_client_leaving_while_its_request_waits_for_a_node_frees_its_lease_at_
     settings.QUIVER_PROXY_TIMEOUT_S, settings.QUIVER_WARM_WAIT_S = 30.0, 60.0
     tenant = TenantFactory(concurrency_limit=1)
     _, key = api_key_create(tenant, name="app")
-    app, scope, body = _streaming_app(monkeypatch, key, lambda: _Stream(0.0))
+    app, scope, body = _streaming_app(monkeypatch, key, lambda: _stream(0.0))
     if not stream:
         body = body.replace(b'"stream": true', b'"stream": false')
     waiting, cancelled = asyncio.Event(), []
@@ -341,7 +320,7 @@ def test_a_relay_cut_by_its_client_bills_what_the_engine_already_sent() -> None:
         return "data: " + json.dumps({"choices": [{"index": 0, "text": "x"}], "model": "m",
                                       "usage": {"prompt_tokens": 3, "completion_tokens": done}})
 
-    class Buffered(_Stream):
+    class Buffered(EngineStream):
         async def aiter_lines(self) -> AsyncIterator[str]:
             yield event(1)
             yield ""
@@ -353,7 +332,7 @@ def test_a_relay_cut_by_its_client_bills_what_the_engine_already_sent() -> None:
     recorded: list[tuple[int, Any]] = []
 
     async def go() -> None:
-        upstream = Buffered(0.0)
+        upstream = Buffered([])
         target = type("Target", (), {"requested": "m", "served_name": "m"})()
         response = gateway_relay.relay_response(upstream, target=target, keep_usage=False,  # type: ignore[arg-type]
                                                 record=lambda status, usage, ttft=None: recorded.append((status, usage)),
