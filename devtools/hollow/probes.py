@@ -6,7 +6,9 @@
   Unix time ``t0``); the first refresh whose view no longer routes the version to the node records ``now − t0``.
 - ``internal_application``: ``config.internal_asgi.application`` with each ``POST /internal/v1/nodes/heartbeat``
   timed from its first byte in to its last byte out (the time to accept one heartbeat), and the CPU its view's
-  thread spent (``heartbeat_cpu_ms``: on a machine shared with other work the wall time is mostly waiting).
+  thread spent (``heartbeat_cpu_ms``: on a machine shared with other work the wall time is mostly waiting), the wall
+  time of its queries (``heartbeat_db_ms``) and the time from its first byte to the view's start
+  (``heartbeat_wait_ms``).
 
 Each writes ``<QUIVER_HOLLOW_PROBE_DIR>/<kind>-<pid>.json`` at most every 2 s. The Celery half is
 ``devtools.hollow.probe_tasks``.
@@ -14,12 +16,14 @@ Each writes ``<QUIVER_HOLLOW_PROBE_DIR>/<kind>-<pid>.json`` at most every 2 s. T
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar("heartbeat_arrived", default=None)
 PROBE_DIR = Path(os.environ.get("QUIVER_HOLLOW_PROBE_DIR", "/tmp/quiver-hollow-probes"))  # noqa: S108
 DUMP_EVERY_S = 2.0
 
@@ -111,6 +115,8 @@ def _internal() -> Any:
 
     _pooled()
     django.setup()
+    from django.db import connection
+
     from inference.fleet import internal_views
 
     recorder = Recorder("internal")
@@ -118,11 +124,25 @@ def _internal() -> Any:
 
     @functools.wraps(view)
     def timed_view(request: Any) -> Any:
-        cpu = time.thread_time()
+        cpu, began = time.thread_time(), time.perf_counter()
+        arrived = _arrived.get()
+        if arrived is not None:  # first byte in → the view's start: body, middleware, the hop to a sync thread
+            recorder.add("heartbeat_wait_ms", (began - arrived) * 1000)
+        db = [0.0]
+
+        def timed_query(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                db[0] += time.perf_counter() - start
+
         try:
-            return view(request)
+            with connection.execute_wrapper(timed_query):
+                return view(request)
         finally:
             recorder.add("heartbeat_cpu_ms", (time.thread_time() - cpu) * 1000)
+            recorder.add("heartbeat_db_ms", db[0] * 1000)  # wall time in queries: PostgreSQL's work and waits
 
     internal_views.heartbeat = timed_view  # before the URLconf is imported (first request)
     from config.internal_asgi import application as inner
@@ -132,9 +152,11 @@ def _internal() -> Any:
             await inner(scope, receive, send)
             return
         started = time.perf_counter()
+        token = _arrived.set(started)  # copied into the sync thread's context with the request
         try:
             await inner(scope, receive, send)
         finally:
+            _arrived.reset(token)
             recorder.add("heartbeat_ms", (time.perf_counter() - started) * 1000)
 
     return timed

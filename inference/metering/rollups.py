@@ -146,11 +146,17 @@ def usage_retention_purge(*, now: datetime | None = None) -> int:
                          "or set 0 to keep raw records.")
     cutoff = (now or timezone.now()) - timedelta(days=days)
     total = 0
+    # Each batch chosen and deleted by the database in one statement: fetching 5,000 ids into Python and sending them
+    # back as parameters cost ~50 ms of CPU a batch, 76 s for the 7.5 million rows a year of seeded usage left past
+    # 90 days (fleet_scale), all of it holding the GIL of the worker whose threads wait on node agents.
+    table, pk = (connection.ops.quote_name(n) for n in (UsageRecord._meta.db_table, UsageRecord._meta.pk.column))
+    sql = f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} WHERE created_at < %s LIMIT %s)"  # noqa: S608
     while True:
-        ids = list(UsageRecord.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:DELETE_BATCH])
-        if not ids:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [cutoff, DELETE_BATCH])
+            deleted = cursor.rowcount
+        if deleted <= 0:
             break
-        deleted, _ = UsageRecord.objects.filter(pk__in=ids).delete()
         total += deleted
     if total:
         logger.info("usage.retention_purged", extra={"deleted": total, "cutoff": cutoff.isoformat()})

@@ -28,6 +28,9 @@ def test_a_small_fleet_runs_and_reports_every_key(tmp_path: Path) -> None:
     assert KEYS <= set(figures)
     assert figures["requests"] == figures["ok"] == 32 and figures["gateway_errors_5xx"] == 0
     assert figures["heartbeats"] > 0 and figures["heartbeat_ms_p99"] >= figures["heartbeat_ms_p50"] > 0
+    # An accept's parts: its queries' wall time and the wait before its view ran, each within the whole.
+    assert 0 < figures["heartbeat_db_ms_p99"] <= figures["heartbeat_ms_p99"]
+    assert 0 <= figures["heartbeat_wait_ms_p99"] <= figures["heartbeat_ms_p99"]
     assert figures["fleet_view_ms_p99"] > 0 and 0 <= figures["fleet_view_cpu_share"] < 1
     assert figures["api_ms_p99"] > 0
     # The pages were timed over the seeded records too (the first tenant's, beside the run's own).

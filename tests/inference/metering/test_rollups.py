@@ -6,10 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from adapters_app.models import AdapterVersion
 from adapters_app.services import adapter_create
+from inference.metering import rollups
 from inference.metering.models import UsageRecord, UsageRollup
 from inference.metering.rollups import percentile, usage_retention_purge, usage_rollup
 from inference.metering.tasks import usage_retention_task, usage_rollup_task
@@ -127,3 +130,19 @@ def test_retention_deletes_old_raw_records_and_keeps_rollups(make_client) -> Non
     with override_settings(QUIVER_USAGE_RETENTION_DAYS=1, QUIVER_USAGE_ROLLUP_LOOKBACK_S=2 * 86400), \
             pytest.raises(ValueError, match="QUIVER_USAGE_RETENTION_DAYS"):
         usage_retention_purge(now=NOW)
+
+
+def test_retention_deletes_in_batches_the_database_picks(make_client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No batch's ids travel to Python and back: fetching and re-sending 5,000 ids a batch cost 76 s of CPU on 7.5
+    million rows, holding the GIL of the worker that also runs the warms."""
+    _, tenant, _ = make_client()
+    for days in (40, 41, 42, 43, 44):
+        _record(tenant, NOW - timedelta(days=days))
+    young = _record(tenant, NOW - timedelta(days=1))
+    monkeypatch.setattr(rollups, "DELETE_BATCH", 2)
+    with override_settings(QUIVER_USAGE_RETENTION_DAYS=30), CaptureQueriesContext(connection) as ctx:
+        assert usage_retention_purge(now=NOW) == 5
+    assert list(UsageRecord.objects.values_list("pk", flat=True)) == [young.pk]
+    deletes = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("DELETE")]
+    assert len(deletes) == 4  # 2 + 2 + 1, then one that finds nothing
+    assert not [q for q in ctx.captured_queries if q["sql"].startswith("SELECT")]
