@@ -146,11 +146,12 @@ def start_control_plane(procs: Processes, env: dict[str, str], gateways: int, li
         urls[name] = f"http://127.0.0.1:{port}"
         procs.start(name, [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level",
                            "warning", "--no-access-log"], env)
-    # As docker-compose.yml runs them: placement (and beat's default queue) on 32 threads, since its warms wait on
-    # node agents for their whole load (8 prefork children spent 70 % of a 64-node run waiting, and an operator's
-    # evict queued behind them for 16.5 s p99); validation and the reconcile pass on Celery's prefork pool, the
-    # reconcile pass with one long-lived child whose HRW memo stays warm (workers.schedule).
-    for name, queues, pool, children in (("worker", "celery,placement", "threads", 32),
+    # As docker-compose.yml runs them, each on Celery's prefork pool: placement (and beat's default queue) with 16
+    # children, since its warms wait on node agents for their whole load (8 spent 70 % of a 64-node run waiting,
+    # and an operator's evict queued behind them for 16.5 s p99; 32 threads instead let one CPU-heavy housekeeping
+    # task hold the GIL the warms need); validation; the reconcile pass with one long-lived child whose HRW memo
+    # stays warm (workers.schedule).
+    for name, queues, pool, children in (("worker", "celery,placement", "prefork", 16),
                                          ("worker-validation", "validation", "prefork", 2),
                                          ("worker-reconcile", schedule.RECONCILE_QUEUE, "prefork", 1)):
         procs.start(name, [PY, "-m", "celery", "-A", "config", "worker", f"--pool={pool}", f"--concurrency={children}",
