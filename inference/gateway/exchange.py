@@ -33,8 +33,9 @@ from inference.gateway.answers import (
 )
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
-from inference.gateway.limits import CHAT_TEMPLATE_ROOM, RateLimiter
+from inference.gateway.limits import CHAT_TEMPLATE_ROOM, RateLimiter, has_non_text_part
 from inference.gateway.prompt_counter import PromptCounter
+from inference.gateway.prompt_counts import counts_check
 from inference.gateway.relay import RecordedResponse, bill_cut, relay_response
 from inference.gateway.snapshot import KeyView, NodeView, TargetView
 from inference.gateway.upstream import (
@@ -111,7 +112,7 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
     budget = hygiene.requested_tokens(upstream)
     if budget is not None:
         completion = min(completion, budget)
-    if not _has_non_text_part(upstream):
+    if not has_non_text_part(upstream):
         prompt = min(prompt, max(body_bytes, prompt_bytes or 0) + CHAT_TEMPLATE_ROOM)
     prompt, completion = min(prompt, MAX_USAGE_COUNT), min(completion, MAX_USAGE_COUNT)
     if (prompt, completion) == reported:
@@ -129,19 +130,11 @@ def prompt_past_body(usage: dict[str, Any] | None, upstream: dict[str, Any], *, 
     chat with a part other than text (not bounded at all). One comparison: what every request pays for the cap."""
     if not usage or "messages" not in upstream:
         return False
-    return _usage_count(usage.get("prompt_tokens")) > body_bytes + CHAT_TEMPLATE_ROOM and not _has_non_text_part(upstream)
+    return _usage_count(usage.get("prompt_tokens")) > body_bytes + CHAT_TEMPLATE_ROOM and not has_non_text_part(upstream)
 
 
 def _usage_count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _has_non_text_part(upstream: dict[str, Any]) -> bool:
-    for message in upstream.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-            return True
-    return False
 
 
 @dataclass(slots=True)
@@ -157,6 +150,14 @@ class Call:
     prompt_estimate: int
     completion_estimate: int
     prompt_counts: tuple[int, ...] = ()
+    serve_on: NodeView | None = None  # the node whose engine counted the prompts: the request goes there first
+    count_check: str = ""  # prompt_counts.Counted.check: compare the counts with the serving engine's at the end
+
+    def serve_on_once(self) -> NodeView | None:
+        """:attr:`serve_on`, once: the first node choice takes it (the prompt went to no other node); a later one
+        (that node was saturated) routes as any request does."""
+        node, self.serve_on = self.serve_on, None
+        return node
 
 
 class Exchange:
@@ -237,6 +238,8 @@ class Exchange:
         """Settle the token reservation with ``usage`` (already bounded), count the request and emit its row."""
         app, call = self.app, self.call
         key, target = call.key, call.target
+        counts_check(app.prompt_counter, target.base_model_id, check=call.count_check, local=call.prompt_counts,
+                     engine=self.tally.prompts, node=self.node.name)
         prompt_tokens = int((usage or {}).get("prompt_tokens") or 0)
         completion_tokens = int((usage or {}).get("completion_tokens") or 0)
         if call.admission is not None:
