@@ -337,6 +337,8 @@ class Exchange:
                 return error_response(failed)
             data["model"] = target.requested
             strip_engine_fields(data)
+            if isinstance(data.get("usage"), dict):
+                data["usage"] = await self.billed(data["usage"])
             app.admission.release(self.slot)
             return RecordedResponse(data, headers=self.limit_headers, record=lambda: record(200, data.get("usage")))
         # A stream can outlive its concurrency lease and its running-slot hold (the proxy timeout bounds each
@@ -349,8 +351,22 @@ class Exchange:
         if not self.stream:
             return await self._collect(response)
         return relay_response(response, target=target, keep_usage=self.keep_usage, record=record, started=self.started,
-                              tally=self.tally, abort=self.abort,
+                              tally=self.tally, abort=self.abort, billed=self.billed,
                               headers=self.limit_headers, renew=renew, renew_every_s=app.admission.hold_s() / 3)
+
+    async def billed(self, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``usage`` as this request is billed (:func:`usage_bounded`, a chat past its body's bound sized by its
+        rendered template as :meth:`_meter_sized` does): what the client's ``usage`` shows too, so an engine's claim
+        is never echoed beside a smaller bill (issue 30). Idempotent; never raises."""
+        body_bytes, size = len(self.content), None
+        if prompt_past_body(usage, self.upstream, body_bytes=body_bytes):
+            try:
+                size = await self.app.prompt_counter.chat_bytes(
+                    self.call.target.base_model_id, self.upstream.get("messages"), self.upstream.get("tools"),
+                    size=body_bytes)
+            except Exception as exc:  # noqa: BLE001 - the body's bound then
+                logger.warning("gateway.chat_size_failed", extra={"error": repr(exc)[:200]})
+        return usage_bounded(usage, self.upstream, body_bytes=body_bytes, prompt_bytes=size)
 
     def _log_route(self, reroutes: int) -> None:
         """Log where this request went: the engine's request id (vLLM's stream ``id`` is ``cmpl-<rid>``), the node,
@@ -403,7 +419,7 @@ class Exchange:
         if failed is None and not done:
             failed = GatewayError(502, "The inference node stopped mid-answer; retry.", code="upstream_stream_cut",
                                   type_="server_error")
-        usage = self.tally.usage()
+        usage = await self.billed(self.tally.usage())
         if failed is not None:
             self.record(failed.status, usage)
             return error_response(failed)

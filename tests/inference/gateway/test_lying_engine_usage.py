@@ -71,7 +71,21 @@ def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any],
     response = async_to_sync(go)()
     assert response.status_code == 200, response.text
     assert len(rows) == 1, rows
+    shown = _client_usage(response)
+    if shown is not None:  # the client's usage is what it is billed, not the engine's claim (issue 30)
+        assert (shown["prompt_tokens"], shown["completion_tokens"], shown["total_tokens"]) == (
+            rows[0]["prompt_tokens"], rows[0]["completion_tokens"],
+            rows[0]["prompt_tokens"] + rows[0]["completion_tokens"]), (shown, rows[0])
     return rows[0]
+
+
+def _client_usage(response: httpx.Response) -> dict[str, Any] | None:
+    """The ``usage`` the client was shown: the JSON answer's, or a stream's last chunk carrying one."""
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return response.json().get("usage")
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: {")]
+    return next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
 
 
 def _json_answer(claim: int) -> EngineAnswer:
@@ -86,6 +100,8 @@ def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
         monkeypatch: pytest.MonkeyPatch, base_model: Any, shape: str) -> None:
     answer = (lambda: _json_answer(HUGE)) if shape == "json" else (lambda: _lying_stream(HUGE))
     body = {"prompt": "France:", "max_tokens": 3, "n": 2, "stream": shape == "stream"}
+    if shape == "stream":
+        body["stream_options"] = {"include_usage": True}  # the client asks to see the usage: it sees the bill
     row = _billed(monkeypatch, answer, body)
     assert row["completion_tokens"] == 6  # max_tokens × n
     assert 0 < row["prompt_tokens"] <= 500  # the body's bytes and a template's room, not 900,000,000
@@ -95,7 +111,8 @@ def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
 def test_a_chat_without_max_tokens_is_billed_within_the_usage_column(
         monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
     row = _billed(monkeypatch, lambda: _lying_stream(10**15),
-                  {"messages": [{"role": "user", "content": "hi"}], "stream": True})
+                  {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                   "stream_options": {"include_usage": True}})
     assert row["completion_tokens"] == 2**31 - 1  # no budget asked for: the column's bound
     assert row["prompt_tokens"] <= 500
     usage_records_write([row])  # a count past int4 made the database refuse the row, and the drain drop it
@@ -145,7 +162,8 @@ def test_an_honest_count_of_a_template_that_writes_tools_is_billed_whole(
 def test_a_lying_engine_on_a_tools_chat_bills_at_most_its_rendered_prompt(
         monkeypatch: pytest.MonkeyPatch, base_model: Any, tiny_base_dir: Path) -> None:
     sent: list[bytes] = []
-    row = _billed(monkeypatch, lambda: _lying_stream(HUGE), {**TOOLS_CHAT, "stream": True}, sent)
+    row = _billed(monkeypatch, lambda: _lying_stream(HUGE),
+                  {**TOOLS_CHAT, "stream": True, "stream_options": {"include_usage": True}}, sent)
     truth = _engine_count(tiny_base_dir)
     # BOS, the preamble, the tool as indented JSON, "\n\n" and "hi": 627 bytes, against 900,000,000 claimed
     rendered = len("<s>" + TOOLS_PREAMBLE + json.dumps(VLLM_TOOLS[0], indent=4) + "\n\nhi")
@@ -218,3 +236,11 @@ def test_a_rogue_idle_node_neither_sees_nor_inflates_prompts_it_does_not_serve(
     serving = "http://honest.invalid" if model == "bot" else "http://rogue.invalid"
     assert counted_at == [serving] and sent_to == [serving]  # the prompt went to the serving node alone
     assert [r.getMessage() for r in caplog.records].count("gateway.engine_count_bounded") == 1
+
+
+@pytest.mark.django_db
+def test_a_non_streamed_answer_shows_the_billed_usage(monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
+    """An answer the gateway assembles from the engine's stream showed the engine's claim (2,147,483,647 tokens)
+    in ``usage`` while the bill was bounded; now both are the bill (``_billed`` compares them)."""
+    row = _billed(monkeypatch, lambda: _lying_stream(2**31 - 1), {"prompt": "France:", "max_tokens": 3, "n": 2})
+    assert row["completion_tokens"] == 6 and row["prompt_tokens"] < 500
