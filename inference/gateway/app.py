@@ -282,7 +282,7 @@ class GatewayApp:
             GatewayError: 503 ``no_capacity`` (no live node), ``adapter_load_failed`` or ``adapter_warm_timeout``.
         """
         fleet = self._routable(await self.directory.fleet())
-        node = next((n for n in fleet.nodes if prefer is not None and n.pk == prefer.pk), None)
+        node = None if prefer is None else next((n for n in fleet.nodes if n.pk == prefer.pk), None)
         if node is None or (target.version_id is not None and not fleet.serves(node.pk, target.version_id)):
             node = node_choose(fleet, target, **self._policy())
         if node is not None and (target.version_id is None or fleet.serves(node.pk, target.version_id)):
