@@ -474,3 +474,18 @@ def test_a_load_answer_is_stored_only_as_an_agent_can_give_it(
     assert (row.tier, row.load_ms, row.served, row.pinned) == (tier, load_ms, True, False)
     logged = [r for r in caplog.records if r.getMessage() == "placement.load_answer_clamped"]
     assert [r.fields for r in logged] == ([clamped] if clamped else [])  # type: ignore[attr-defined]
+
+
+def test_a_node_serving_a_version_it_says_changes_nothing_is_not_believed(
+        loads: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """An agent refuses a load whose probe finds no effect unless validation expected none; one that serves it and
+    says ``no_effect`` contradicts itself: logged, and the tenant's report is left as it was."""
+    import logging
+
+    version = loads["version"]
+    loads["answers"]["good"] = {"tier": "warm", "effect": "no_effect"}
+    with caplog.at_level(logging.WARNING, logger="inference.fleet.warming"):
+        assert _warm(version, "good") == ""
+    assert not _refused_fleet_wide(version)
+    assert "effect_probe" not in (type(version).objects.get(pk=version.pk).validation_report or {})
+    assert [r.getMessage() for r in caplog.records] == ["placement.effect_answer_inconsistent"]
