@@ -7,6 +7,7 @@ CPU/GPU LoRA cache), ``staged`` (on node disk), ``cold`` (only in S3), ``errored
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import timedelta
 
 from django.conf import settings
@@ -20,6 +21,7 @@ from adapters_app.selectors import adapter_version_no_effect_refused, adapter_ve
 from adapters_app.services import adapter_version_effect_record
 from adapters_app.storage import presign_get
 from common.bus import invalidation_publish_on_commit
+from inference.fleet.load_answers import load_answer_checked
 from inference.fleet.models import RESIDENT, Node, Placement
 from inference.fleet.node_client import NodeCallFailed, node_call
 from inference.fleet.nodes import nodes_live
@@ -50,11 +52,13 @@ def placement_mark_load_issued(node_id: int, version_id: int) -> Placement:
     return placement
 
 
-def warm_target_node(version: AdapterVersion, *, node_id: int | None = None) -> Node | None:
+def warm_target_node(version: AdapterVersion, *, node_id: int | None = None,
+                     exclude: Collection[int] = ()) -> Node | None:
     """The live node that should load ``version`` now: the one pure choice
     (:func:`inference.policy.placement.warm_target`) over the live nodes of its base model, the plan's homes and the
-    nodes where its load failed. ``node_id`` names a node to keep while it is live. None when no node fits."""
-    live = list(nodes_live(version.adapter.base_model))
+    nodes where its load failed. ``node_id`` names a node to keep while it is live; nodes whose pk is in ``exclude``
+    are not candidates. None when no node fits."""
+    live = [n for n in nodes_live(version.adapter.base_model) if n.pk not in exclude]
     failed = set(Placement.objects.filter(adapter_version=version, tier=Placement.Tier.ERRORED)
                  .values_list("node_id", flat=True))
     named = next((n.name for n in live if n.pk == node_id), None) if node_id is not None else None
@@ -88,9 +92,12 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
     reads only what it is asked to load (docs/security.md).
 
     ``lora_int_id`` is the version's primary key (conventions §11), ``lora_name`` its served name. The agent probes
-    the adapter's effect after the load (``inference.node.effect_probe.EffectProbe.probe``); the verdict is recorded
-    on the version (``adapter_version_effect_record``). A version that changes nothing is refused (``no_effect``)
-    unless validation already warned it is untrained (then it is served, and the report says so).
+    the adapter's effect after the load (``inference.node.effect_probe.EffectProbe.probe``); a version that changes
+    nothing is refused (``no_effect``) unless validation already warned it is untrained (then it is served, and the
+    report says so). One node's refusal is that node's alone (:func:`_no_effect_verdict`): the version is refused
+    fleet-wide, and its tenant's report says so, only once a second node agrees (or the node is the only one that
+    can load it). The answer's figures are checked before they are stored
+    (``inference.fleet.load_answers.load_answer_checked``).
 
     Raises:
         NodeCallFailed: the agent refused or failed; the placement is left ``errored`` with the reason.
@@ -107,27 +114,94 @@ def placement_warm(version: AdapterVersion, *, node: Node, pin: bool = False) ->
         "expect_effect": not untrained,
     }
     try:
-        answer = node_call(node, "/v1/adapters/load", payload)
+        raw = node_call(node, "/v1/adapters/load", payload)
     except NodeCallFailed as exc:
-        placement.tier = Placement.Tier.ERRORED
-        placement.last_error = f"{exc.code}: {exc.detail}"[:2000]
-        placement.warming_since = None
-        placement.save(update_fields=["tier", "last_error", "warming_since", "updated_at"])
-        logger.warning("placement.warm_failed", extra={"version_id": version.pk, "node": node.name, "code": exc.code})
-        if exc.code == "no_effect":
-            adapter_version_effect_record(version, verdict="no_effect", served=False)
+        # One transaction: the refusing row and a second opinion's warm become visible together, and the version's
+        # row lock makes concurrent refusals of one version count each other (see _no_effect_verdict).
+        with transaction.atomic():
+            if exc.code == "no_effect":
+                list(AdapterVersion.objects.select_for_update().filter(pk=version.pk).values_list("pk", flat=True))
+            placement.tier = Placement.Tier.ERRORED
+            placement.last_error = f"{exc.code}: {exc.detail}"[:2000]
+            placement.warming_since = None
+            placement.save(update_fields=["tier", "last_error", "warming_since", "updated_at"])
+            logger.warning("placement.warm_failed", extra={"version_id": version.pk, "node": node.name,
+                                                           "code": exc.code})
+            if exc.code == "no_effect":
+                _no_effect_verdict(version, node=node)
         raise
-    adapter_version_effect_record(version, verdict=str(answer.get("effect", "")), served=True)
-    placement.tier = answer.get("tier", Placement.Tier.WARM)
+    answer = load_answer_checked(raw, node=node.name, version_id=version.pk)
+    if answer.effect == "no_effect" and not untrained:
+        # An agent refuses such a load (422 above); one that serves it and says so is not telling the truth about
+        # one of the two: its word does not go into the tenant's report.
+        logger.warning("placement.effect_answer_inconsistent", extra={"version_id": version.pk, "node": node.name})
+    else:
+        adapter_version_effect_record(version, verdict=answer.effect, served=True)
+    if answer.effect == "changed":
+        _no_effect_disputes(version, node=node)
+    placement.tier = answer.tier
     placement.served = True
     # The pin is the operator's (``pin``, from the intent); the node's answer can only say the engine did not take it.
-    placement.pinned = pin and bool(answer.get("pinned", pin))
-    placement.load_ms = answer.get("load_ms")
+    placement.pinned = pin and (pin if answer.pinned is None else answer.pinned)
+    placement.load_ms = answer.load_ms
     placement.last_error = ""
     placement.warming_since = None
     placement.save(update_fields=["tier", "served", "pinned", "load_ms", "last_error", "warming_since", "updated_at"])
     logger.info("placement.warmed", extra={"version_id": version.pk, "node": node.name, "load_ms": placement.load_ms})
     return placement
+
+
+def _no_effect_nodes(version: AdapterVersion) -> set[int]:
+    """The nodes (pks) whose load of ``version`` ended in a ``no_effect`` refusal still on record."""
+    return set(Placement.objects.filter(adapter_version=version, tier=Placement.Tier.ERRORED,
+                                        last_error__startswith="no_effect").values_list("node_id", flat=True))
+
+
+def _no_effect_verdict(version: AdapterVersion, *, node: Node) -> None:
+    """Node ``node`` refused ``version`` as ``no_effect`` (its row already ``errored``): decide what that changes
+    beyond that node. Runs inside :func:`placement_warm`'s transaction, with the version's row locked.
+
+    A node's probe is its own word, and a host holding a stolen node credential could say it for any version it is
+    sent: recorded on the version (``adapter_version_effect_record``), one such answer refused the version on every
+    node, 503'd its requests and told its tenant the upload was broken (issue 30). So:
+
+    - a node already loaded it with effect (the version's ``effect_probe`` says ``changed``): the refusal stays
+      this node's, and it is logged as suspect (``placement.no_effect_disputed``);
+    - else, once ``min(2, n)`` distinct nodes refused it, ``n`` the registered nodes of its base model able to load
+      its rank, the verdict is confirmed and recorded: the version is refused everywhere
+      (``adapter_version_no_effect_refused``) and its report shows the error;
+    - else a second opinion is asked: a warm on another live node that has not refused it (the warm target's
+      choice among them), so that a truly inert adapter is refused after two loads, not one per node.
+
+    A node's own refusal keeps that node from being sent the version again (``_request_warm_once``).
+    """
+    probe = (AdapterVersion.objects.filter(pk=version.pk).values_list("validation_report", flat=True).first()
+             or {}).get("effect_probe") or {}
+    refused = _no_effect_nodes(version)
+    extra = {"version_id": version.pk, "node": node.name, "refusals": len(refused)}
+    if probe.get("verdict") == "changed":
+        logger.warning("placement.no_effect_disputed", extra=extra)
+        return
+    able = Node.objects.filter(base_model_id=version.adapter.base_model_id, deregistered_at=None,
+                               max_lora_rank__gte=version.r or 0).count()
+    if len(refused) >= max(1, min(2, able)):
+        adapter_version_effect_record(version, verdict="no_effect", served=False)
+        logger.warning("placement.no_effect_confirmed", extra=extra)
+        return
+    other = warm_target_node(version, exclude=refused)
+    if other is not None:
+        placement_request_warm(version, node=other)
+    logger.warning("placement.no_effect_unconfirmed", extra={**extra, "second_opinion": other.name if other else ""})
+
+
+def _no_effect_disputes(version: AdapterVersion, *, node: Node) -> None:
+    """Node ``node`` loaded ``version`` with effect: any node that refused it as ``no_effect`` said the opposite of
+    what an engine of the same base model finds, and is logged (``placement.no_effect_disputed``)."""
+    refused = _no_effect_nodes(version) - {node.pk}
+    if refused:
+        names = sorted(Node.objects.filter(pk__in=refused).values_list("name", flat=True))
+        logger.warning("placement.no_effect_disputed", extra={"version_id": version.pk, "node": node.name,
+                                                              "refused_by": names})
 
 
 def placement_evict(placement: Placement) -> Placement:
@@ -159,8 +233,9 @@ def placement_request_warm(version: AdapterVersion, *, node: Node, even_if_serve
     pre-warm, which wants the version back in the engine (``hot``/``warm``) before its requests come.
 
     The enqueue happens on commit; a warm older than ``QUIVER_WARM_WAIT_S`` counts as lost and is re-sent. A version
-    a node's effect probe refused (``no_effect``) is not loaded again: the placement is left ``errored`` with that
-    code, which the gateway answers at once instead of reloading it for every request.
+    a node's effect probe refused (``no_effect``) is not loaded again on that node, nor anywhere once the refusal is
+    confirmed (:func:`_no_effect_verdict`): the placement is left ``errored`` with that code, which the gateway
+    answers at once instead of reloading it for every request.
 
     A deadlock with a concurrent heartbeat's placement writes is retried (PostgreSQL aborts one side; its docs
     say to retry the transaction); a third deadlock raises ``OperationalError``.
@@ -185,12 +260,15 @@ def _request_warm_once(version: AdapterVersion, *, node: Node, even_if_served: b
                        repin: bool = False) -> tuple[Placement, bool]:
     with transaction.atomic():
         placement, _ = Placement.objects.select_for_update().get_or_create(node=node, adapter_version=version)
+        refused_here = placement.tier == Placement.Tier.ERRORED and placement.last_error.startswith("no_effect")
         if adapter_version_no_effect_refused(version):
-            if placement.tier != Placement.Tier.ERRORED or not placement.last_error.startswith("no_effect"):
+            if not refused_here:
                 placement.tier, placement.warming_since = Placement.Tier.ERRORED, None
                 placement.last_error = "no_effect: the adapter changes nothing (effect probe)"
                 placement.save(update_fields=["tier", "warming_since", "last_error", "updated_at"])
             return placement, False
+        if refused_here:
+            return placement, False  # this node's own probe refused it: its answer would be the same
         stale = timezone.now() - timedelta(seconds=settings.QUIVER_WARM_WAIT_S)
         in_flight = placement.warming_since is not None and placement.warming_since > stale
         if in_flight or (not repin and (placement.tier in RESIDENT or (placement.served and not even_if_served))):

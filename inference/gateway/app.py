@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -42,17 +43,14 @@ from inference.gateway.guard import host_allowed, request_host
 from inference.gateway.limits import (
     RateLimiter,
     limits_mode_log,
-    prompt_token_counts,
     prompt_token_estimates,
 )
 from inference.gateway.limits import Scope as LimitScope
 from inference.gateway.prompt_counter import INLINE_MAX_CHARS, PromptCounter
+from inference.gateway.prompt_counts import Counted, prompt_counts
 from inference.gateway.relay import ClientGone, client_gone_response, unless_client_gone, while_client_waits
 from inference.gateway.snapshot import FleetView, KeyView, Limits, NodeView, RuleView, TargetView, node_choose
-from inference.gateway.upstream import (
-    engine_token_count,
-    upstream_close,
-)
+from inference.gateway.upstream import upstream_close
 from inference.gateway.usage_sink import UsageSink
 from inference.policy.routing import RouteConfig
 
@@ -276,14 +274,17 @@ class GatewayApp:
             raise GatewayError(404, key.not_found_message(clip(model)), code="model_not_found", param="model")
         return rule.pick(user=user if isinstance(user, str) else None, draw=random.random())  # noqa: S311 (a split)
 
-    async def node_for(self, target: TargetView) -> NodeView:
-        """A node ready to serve ``target``, warming a cold adapter with a bounded wait.
+    async def node_for(self, target: TargetView, *, prefer: NodeView | None = None) -> NodeView:
+        """A node ready to serve ``target``, warming a cold adapter with a bounded wait; ``prefer`` (the node that
+        counted its prompt) while it is live and serves it.
 
         Raises:
             GatewayError: 503 ``no_capacity`` (no live node), ``adapter_load_failed`` or ``adapter_warm_timeout``.
         """
         fleet = self._routable(await self.directory.fleet())
-        node = node_choose(fleet, target, **self._policy())
+        node = None if prefer is None else next((n for n in fleet.nodes if n.pk == prefer.pk), None)
+        if node is None or (target.version_id is not None and not fleet.serves(node.pk, target.version_id)):
+            node = node_choose(fleet, target, **self._policy())
         if node is not None and (target.version_id is None or fleet.serves(node.pk, target.version_id)):
             return node
         no_node = GatewayError(503, f"No live node serves base model `{target.base_model_name}`.",
@@ -354,6 +355,11 @@ class GatewayApp:
             return holder
         raise GatewayError(503, f"Adapter `{target.requested}` is still loading; retry shortly.",
                            code="adapter_warm_timeout", type_="server_error")
+
+    def _node_for_call(self, call: Call) -> Awaitable[NodeView]:
+        """:meth:`node_for` for ``call``, taking the node that counted its prompt first (``Call.serve_on_once``)."""
+        prefer = call.serve_on_once()
+        return self.node_for(call.target) if prefer is None else self.node_for(call.target, prefer=prefer)
 
     def _move(self, version_id: int, node_pk: int) -> None:
         """Ask, in the background, for ``version_id`` to be warmed on node ``node_pk`` (its new home), at most once per
@@ -444,7 +450,7 @@ class GatewayApp:
             got = await self.admission.acquire(tenant=str(key.tenant_id), priority=key.priority,
                                                prompt_tokens=call.prompt_estimate,
                                                completion_tokens=call.completion_estimate,
-                                               choose=lambda: self.node_for(target),
+                                               choose=lambda: self._node_for_call(call),
                                                lora=target.served_name if target.version_id is not None else None)
             acquired.append(got)
             return got
@@ -509,14 +515,15 @@ class GatewayApp:
         # bill of a prompt cut before its first chunk).
         tpm = any(s.limits.tpm is not None for s in scopes)
         if not tpm:
-            prompt_counts = prompt_token_estimates(upstream)
+            counted = Counted(prompt_token_estimates(upstream))
         elif len(raw) <= INLINE_MAX_CHARS:
-            prompt_counts = await self._prompt_counts(upstream, target)
+            counted = await self._prompt_counts(upstream, target)
         else:
             # One long count at a time per tenant in this process: eight parallel loops of 100,000-character prompts
             # under TPM 1,000 (every one a 429, none billed) kept a tokenizer busy for every tenant (attack round).
             async with self._counting.setdefault(key.tenant_id, asyncio.Lock()):
-                prompt_counts = await self._prompt_counts(upstream, target)
+                counted = await self._prompt_counts(upstream, target)
+        prompt_counts = counted.counts
         prompt_estimate = sum(prompt_counts)
         completion_estimate = _completion_budget(upstream, endpoint)
         admission = await self.limiter.admit(
@@ -524,45 +531,22 @@ class GatewayApp:
             length_field="max_completion_tokens" if "max_completion_tokens" in upstream else "max_tokens")
         return Call(key=key, target=target, endpoint=endpoint, upstream=upstream, admission=admission,
                     prompt_estimate=prompt_estimate, completion_estimate=completion_estimate,
-                    prompt_counts=tuple(prompt_counts))
+                    prompt_counts=tuple(prompt_counts), serve_on=counted.node, count_check=counted.check)
 
-    async def _prompt_counts(self, upstream: dict[str, Any], target: TargetView) -> list[int]:
-        """Each prompt's token count: a completion's text prompts, or a chat of plain text messages, with the base
-        model's tokenizer and chat template in this process
-        (:class:`~inference.gateway.prompt_counter.PromptCounter`) once they are loaded; otherwise from a live
-        engine of ``target``'s base model (:func:`~inference.gateway.limits.prompt_token_counts`), or a bound never
-        below it when no engine is live."""
-        texts = upstream.get("prompt")
-        texts = [texts] if isinstance(texts, str) else texts
-        max_chars = settings.QUIVER_GATEWAY_TOKENIZE_MAX_CHARS
-        chat = "messages" in upstream
-        local = None
-        if chat:
-            if not upstream.get("tools") and sum(len(str(m.get("content"))) for m in upstream["messages"]
-                                                 if isinstance(m, dict)) <= max_chars:
-                one = await self.prompt_counter.count_chat(target.base_model_id, upstream["messages"])
-                local = None if one is None else [one]
-        elif isinstance(texts, list) and texts and all(isinstance(t, str) and len(t) <= max_chars for t in texts):
-            local = await self.prompt_counter.count(target.base_model_id, texts)
-        if local is not None and not self.prompt_counter.wants_check(target.base_model_id, chat=chat):
-            return local
-        nodes = self._routable(await self.directory.fleet()).nodes_for_base(target.base_model_id)
-        node = min(nodes, key=lambda n: (n.num_requests_waiting, n.num_requests_running, n.name), default=None)
-        if local is not None:
-            if node is not None:
-                asked = {"messages": upstream["messages"]} if chat else {"prompt": texts[0]}  # type: ignore[index]
-                self._spawn(self._check_count(target, node, asked, local[0]))
-            return local
-        return await prompt_token_counts(upstream, engine_url=node.engine_url if node else None,
-                                         node_key=node.key if node else "", model=target.base_model_name,
-                                         max_chars=max_chars)
+    async def _prompt_counts(self, upstream: dict[str, Any], target: TargetView) -> Counted:
+        """Each prompt's token count (:func:`~inference.gateway.prompt_counts.prompt_counts`: here, else on the node
+        the request will be sent to first, :meth:`_count_node`)."""
+        return await prompt_counts(upstream, target, counter=self.prompt_counter,
+                                   serving_node=lambda: self._count_node(target),
+                                   max_chars=settings.QUIVER_GATEWAY_TOKENIZE_MAX_CHARS)
 
-    async def _check_count(self, target: TargetView, node: NodeView, asked: dict[str, Any], local: int) -> None:
-        """Compare this process's count of a prompt or chat (``asked``: ``{"prompt"}`` or ``{"messages"}``) with the
-        engine's (off the request's path)."""
-        engine = await engine_token_count(node.engine_url, node_key=node.key,
-                                          body={"model": target.base_model_name, **asked})
-        self.prompt_counter.checked(target.base_model_id, local=local, engine=engine, chat="messages" in asked)
+    async def _count_node(self, target: TargetView) -> NodeView | None:
+        """The node routing picks for ``target`` now when it serves it (the request then goes there first:
+        ``Call.serve_on``), else None (a cold adapter: its count is bounded, sent to no node)."""
+        fleet = self._routable(await self.directory.fleet())
+        node = node_choose(fleet, target, **self._policy())
+        serves = node is not None and (target.version_id is None or fleet.serves(node.pk, target.version_id))
+        return node if serves else None
 
     def _policy(self) -> dict[str, Any]:
         """``node_choose``'s routing arguments: ``QUIVER_ROUTING_POLICY``, for round-robin this process's turn, and the

@@ -33,8 +33,9 @@ from inference.gateway.answers import (
 )
 from inference.gateway.directory import Directory, db_call
 from inference.gateway.errors import GatewayError, error_response
-from inference.gateway.limits import CHAT_TEMPLATE_ROOM, RateLimiter
+from inference.gateway.limits import CHAT_TEMPLATE_ROOM, RateLimiter, has_non_text_part
 from inference.gateway.prompt_counter import PromptCounter
+from inference.gateway.prompt_counts import counts_check
 from inference.gateway.relay import RecordedResponse, bill_cut, relay_response
 from inference.gateway.snapshot import KeyView, NodeView, TargetView
 from inference.gateway.upstream import (
@@ -111,7 +112,7 @@ def usage_bounded(usage: dict[str, Any] | None, upstream: dict[str, Any], *, bod
     budget = hygiene.requested_tokens(upstream)
     if budget is not None:
         completion = min(completion, budget)
-    if not _has_non_text_part(upstream):
+    if not has_non_text_part(upstream):
         prompt = min(prompt, max(body_bytes, prompt_bytes or 0) + CHAT_TEMPLATE_ROOM)
     prompt, completion = min(prompt, MAX_USAGE_COUNT), min(completion, MAX_USAGE_COUNT)
     if (prompt, completion) == reported:
@@ -129,19 +130,11 @@ def prompt_past_body(usage: dict[str, Any] | None, upstream: dict[str, Any], *, 
     chat with a part other than text (not bounded at all). One comparison: what every request pays for the cap."""
     if not usage or "messages" not in upstream:
         return False
-    return _usage_count(usage.get("prompt_tokens")) > body_bytes + CHAT_TEMPLATE_ROOM and not _has_non_text_part(upstream)
+    return _usage_count(usage.get("prompt_tokens")) > body_bytes + CHAT_TEMPLATE_ROOM and not has_non_text_part(upstream)
 
 
 def _usage_count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _has_non_text_part(upstream: dict[str, Any]) -> bool:
-    for message in upstream.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-            return True
-    return False
 
 
 @dataclass(slots=True)
@@ -157,6 +150,14 @@ class Call:
     prompt_estimate: int
     completion_estimate: int
     prompt_counts: tuple[int, ...] = ()
+    serve_on: NodeView | None = None  # the node whose engine counted the prompts: the request goes there first
+    count_check: str = ""  # prompt_counts.Counted.check: compare the counts with the serving engine's at the end
+
+    def serve_on_once(self) -> NodeView | None:
+        """:attr:`serve_on`, once: the first node choice takes it (the prompt went to no other node); a later one
+        (that node was saturated) routes as any request does."""
+        node, self.serve_on = self.serve_on, None
+        return node
 
 
 class Exchange:
@@ -237,6 +238,8 @@ class Exchange:
         """Settle the token reservation with ``usage`` (already bounded), count the request and emit its row."""
         app, call = self.app, self.call
         key, target = call.key, call.target
+        counts_check(app.prompt_counter, target.base_model_id, check=call.count_check, local=call.prompt_counts,
+                     engine=self.tally.prompts, node=self.node.name)
         prompt_tokens = int((usage or {}).get("prompt_tokens") or 0)
         completion_tokens = int((usage or {}).get("completion_tokens") or 0)
         if call.admission is not None:
@@ -334,6 +337,8 @@ class Exchange:
                 return error_response(failed)
             data["model"] = target.requested
             strip_engine_fields(data)
+            if isinstance(data.get("usage"), dict):
+                data["usage"] = await self.billed(data["usage"])
             app.admission.release(self.slot)
             return RecordedResponse(data, headers=self.limit_headers, record=lambda: record(200, data.get("usage")))
         # A stream can outlive its concurrency lease and its running-slot hold (the proxy timeout bounds each
@@ -346,8 +351,22 @@ class Exchange:
         if not self.stream:
             return await self._collect(response)
         return relay_response(response, target=target, keep_usage=self.keep_usage, record=record, started=self.started,
-                              tally=self.tally, abort=self.abort,
+                              tally=self.tally, abort=self.abort, billed=self.billed,
                               headers=self.limit_headers, renew=renew, renew_every_s=app.admission.hold_s() / 3)
+
+    async def billed(self, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``usage`` as this request is billed (:func:`usage_bounded`, a chat past its body's bound sized by its
+        rendered template as :meth:`_meter_sized` does): what the client's ``usage`` shows too, so an engine's claim
+        is never echoed beside a smaller bill (issue 30). Idempotent; never raises."""
+        body_bytes, size = len(self.content), None
+        if prompt_past_body(usage, self.upstream, body_bytes=body_bytes):
+            try:
+                size = await self.app.prompt_counter.chat_bytes(
+                    self.call.target.base_model_id, self.upstream.get("messages"), self.upstream.get("tools"),
+                    size=body_bytes)
+            except Exception as exc:  # noqa: BLE001 - the body's bound then
+                logger.warning("gateway.chat_size_failed", extra={"error": repr(exc)[:200]})
+        return usage_bounded(usage, self.upstream, body_bytes=body_bytes, prompt_bytes=size)
 
     def _log_route(self, reroutes: int) -> None:
         """Log where this request went: the engine's request id (vLLM's stream ``id`` is ``cmpl-<rid>``), the node,
@@ -400,7 +419,7 @@ class Exchange:
         if failed is None and not done:
             failed = GatewayError(502, "The inference node stopped mid-answer; retry.", code="upstream_stream_cut",
                                   type_="server_error")
-        usage = self.tally.usage()
+        usage = await self.billed(self.tally.usage())
         if failed is not None:
             self.record(failed.status, usage)
             return error_response(failed)

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,7 +256,8 @@ def prompt_token_estimates(body: Mapping[str, Any]) -> list[int]:
 
 
 async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None, node_key: str,
-                              model: str, max_chars: int | None = None) -> list[int]:
+                              model: str, max_chars: int | None = None,
+                              chat_bytes: Callable[[], Awaitable[int | None]] | None = None) -> list[int]:
     """Each prompt's real token count, from the engine that will run it (vLLM's ``/tokenize``: the base model's
     tokenizer, and for a chat its chat template with the tools rendered), so a TPM reservation cannot be outrun by
     text that tokenizes more densely than an estimate (``"~" * 500`` is 501 tokens, not 126).
@@ -274,6 +275,9 @@ async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None
             None for no bound.
         node_key: that node's key.
         model: the base model's served name (its tokenizer is the adapters').
+        chat_bytes: the size in bytes of a chat's prompt as its chat template renders it, or None
+            (``PromptCounter.chat_bytes``): awaited only when the engine's count of a chat passes its JSON's bound,
+            to cap it there instead (a template writing tools after a preamble: an honest count above the JSON's).
 
     Returns:
         One count per prompt, as :func:`prompt_token_estimates` orders them.
@@ -285,7 +289,14 @@ async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None
         rendered = json.dumps([body["messages"], body.get("tools")], ensure_ascii=False, default=str)
         asked = engine_url is not None and (max_chars is None or len(rendered) <= max_chars)
         count = await engine_token_count(engine_url, node_key=node_key, body=chat) if asked else None  # type: ignore[arg-type]
-        return [count if count is not None else prompt_token_bound(rendered) + CHAT_TEMPLATE_ROOM]
+        bound = prompt_token_bound(rendered) + CHAT_TEMPLATE_ROOM
+        if count is None:
+            return [bound]
+        unbounded = has_non_text_part(body)
+        if count > bound and chat_bytes is not None and not unbounded:
+            size = await chat_bytes()
+            bound = max(bound, (size or 0) + CHAT_TEMPLATE_ROOM)
+        return [_engine_count_capped(count, bound, unbounded=unbounded)]
     prompt = body.get("prompt")
     items = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else [prompt]
 
@@ -296,9 +307,32 @@ async def prompt_token_counts(body: Mapping[str, Any], *, engine_url: str | None
         asked = engine_url is not None and (max_chars is None or len(text) <= max_chars)
         count = (await engine_token_count(engine_url, node_key=node_key, body={"model": model, "prompt": text})  # type: ignore[arg-type]
                  if asked else None)
-        return count if count is not None else prompt_token_bound(text)
+        bound = prompt_token_bound(text)
+        return bound if count is None else _engine_count_capped(count, bound)
 
     return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+def _engine_count_capped(count: int, bound: int, *, unbounded: bool = False) -> int:
+    """An engine's count of a prompt, at most ``bound`` (its :func:`prompt_token_bound`, never below the real count
+    of text): a host holding a node key, answering as its node, counted prompts in the billions, a 429 for every
+    TPM-limited key it counted for (issue 30). ``unbounded``: a chat with a part other than text, whose tokens
+    (an image's) the bytes do not bound; capped at ``bound`` × 1,000 then. A clamp is logged."""
+    cap = bound * 1000 if unbounded else bound
+    if count <= cap:
+        return count
+    logger.warning("gateway.engine_count_bounded", extra={"engine_count": count, "bound": cap})
+    return cap
+
+
+def has_non_text_part(body: Mapping[str, Any]) -> bool:
+    """Whether ``body`` is a chat with a content part other than text (an image's tokens are not bounded by its
+    URL's bytes)."""
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+            return True
+    return False
 
 
 def _json_tokens_estimate(value: Any) -> int:

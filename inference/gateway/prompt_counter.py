@@ -13,10 +13,14 @@ template writes them, and vLLM's chat route adds none); other chats (content par
 without a template are counted by the engine.
 
 Trust, then check: the first :data:`CHECK_FIRST` counts of each stored tokenizer, and one in :data:`CHECK_EVERY`
-after, are compared in the background with the engine's ``/tokenize``, and the same for chats. A difference retires
-that tokenizer (a chat's: its chat template only) for its base model in this process (``gateway.tokenizer_mismatch``
-log), so the next requests are counted by the engine again until the base model is registered with other files. Until then a reservation can be off
-by that difference; the bill is the engine's own count either way.
+after, are compared with the prompt counts the serving engine reports in the request's own usage
+(``inference.gateway.prompt_counts``), and the same for chats: no prompt goes to any other node for a check. A
+difference is logged (``gateway.tokenizer_mismatch``, once per node); once :data:`RETIRE_AFTER_NODES` distinct nodes
+disagreed it retires that tokenizer (a chat's: its chat template only) for its base model in this process, so the
+next requests are counted by the engine again until the base model is registered with other files. One node's word
+never retires it: a host holding a stolen node key, answering as its node, did so for the whole process by
+disagreeing once (issue 30). Until then a reservation can be off by that difference; the bill is the engine's own
+count either way (bounded, ``exchange.usage_bounded``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ CHECK_EVERY = 256  # then one in this many
 RECHECK_S = 60.0  # how often a process asks the database whether a base model's tokenizer changed
 INLINE_MAX_CHARS = 2_048  # prompts up to this many characters in all are counted on the event loop
 LOAD_WAIT_S = 5.0  # how long sizing a chat (chat_bytes) waits for this process's load of its template
+RETIRE_AFTER_NODES = 2  # distinct nodes whose counts must differ before a tokenizer (or chat template) is retired
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,9 @@ class _Entry:
     template: jinja2.Template | None = None  # the compiled chat template; None: chats are counted by the engine
     special_tokens: dict[str, str] = field(default_factory=dict)
     chats_counted: int = 0
-    chat_retired: bool = False  # a chat count disagreed with the engine: chats go to it until the files change
+    chat_retired: bool = False  # chat counts disagreed with the engines: chats go to them until the files change
+    disagreed: set[str] = field(default_factory=set)  # nodes whose engine counted a prompt otherwise
+    chat_disagreed: set[str] = field(default_factory=set)  # nodes whose engine counted a chat otherwise
     loading: asyncio.Task[None] | None = None
 
 
@@ -143,6 +150,7 @@ class PromptCounter:
                 entry.sha256, entry.tokenizer, entry.counted, entry.retired = sha, tokenizer, 0, False
                 entry.template, entry.special_tokens = template, files.special_tokens
                 entry.chats_counted, entry.chat_retired = 0, False
+                entry.disagreed, entry.chat_disagreed = set(), set()
                 logger.info("gateway.tokenizer_loaded", extra={"base_model_id": base_model_id, "sha256": sha,
                                                                "chat_template": template is not None})
         except Exception as exc:  # a failed look keeps what this process had; the next recheck tries again
@@ -227,19 +235,25 @@ class PromptCounter:
         counted = entry.chats_counted if chat else entry.counted
         return counted <= CHECK_FIRST or counted % CHECK_EVERY == 0
 
-    def checked(self, base_model_id: int, *, local: int, engine: int | None, chat: bool = False) -> bool:
-        """Record the engine's count of a prompt (a chat with ``chat``) this process counted ``local``; a difference
-        retires the tokenizer, or for a chat its template only (until the stored files change). Returns whether
-        they agreed (True when the engine gave no count)."""
+    def checked(self, base_model_id: int, *, local: int, engine: int | None, node: str, chat: bool = False) -> bool:
+        """Record node ``node``'s engine count of a prompt (a chat with ``chat``) this process counted ``local``.
+
+        A difference is logged once per node (``gateway.tokenizer_mismatch``); the tokenizer, or for a chat its
+        template only, is retired (until the stored files change) once :data:`RETIRE_AFTER_NODES` distinct nodes
+        differed, never on one node's word. Returns whether they agreed (True when the engine gave no count).
+        """
         entry = self._entries.get(base_model_id)
         if engine is None or entry is None or local == engine:
             return True
-        if not (entry.chat_retired if chat else entry.retired):
+        nodes = entry.chat_disagreed if chat else entry.disagreed
+        if node not in nodes:
+            nodes.add(node)
+            retire = len(nodes) >= RETIRE_AFTER_NODES
             if chat:
-                entry.chat_retired = True
+                entry.chat_retired = entry.chat_retired or retire
             else:
-                entry.retired = True
+                entry.retired = entry.retired or retire
             logger.warning("gateway.tokenizer_mismatch", extra={
                 "base_model_id": base_model_id, "sha256": entry.sha256, "local": local, "engine": engine,
-                "chat": chat})
+                "chat": chat, "node": node, "nodes_disagreeing": len(nodes), "retired": retire})
         return False

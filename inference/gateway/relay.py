@@ -29,6 +29,7 @@ from inference.gateway.upstream import UpstreamError, UpstreamResponse
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+Billed = Callable[[dict[str, Any] | None], Awaitable[dict[str, Any] | None]]  # a request's usage → its bill
 # How long a cut request's stream is read after the engine was asked to abort it (one engine step, normally).
 CUT_DRAIN_S = 5.0
 
@@ -36,7 +37,7 @@ CUT_DRAIN_S = 5.0
 async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any,
                        tally: UsageTally | None = None, abort: Callable[[], Awaitable[bool]] | None = None,
                        started: float, renew: Callable[[], Awaitable[None]] | None = None,
-                       renew_every_s: float = 0.0) -> AsyncGenerator[bytes, None]:
+                       renew_every_s: float = 0.0, billed: Billed | None = None) -> AsyncGenerator[bytes, None]:
     """Relay the engine's SSE stream with ``model`` renamed; meter what was actually sent.
 
     Ends as: ``[DONE]`` relayed → the engine's status; the engine's stream cut → an OpenAI error event, 502;
@@ -52,6 +53,10 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
     connection but stops reading leaves the relay waiting in ``send`` for good, and its lease and running-slot
     hold (which count against the node's slots) must still run out, as they did before renewals. The task stops
     when the relay ends, however it ends.
+
+    ``billed`` (``exchange.usage_bounded`` for this request) turns the tally's usage into what the request is billed:
+    the final usage chunk a client asked for (``keep_usage``) carries that, not the engine's claim (an engine
+    claiming 2,147,483,647 tokens was shown them while billed far fewer, issue 30).
     """
     tally = tally if tally is not None else UsageTally()
     ttft_ms: float | None = None
@@ -88,6 +93,8 @@ async def relay_stream(upstream: UpstreamResponse, *, target: TargetView, keep_u
                 chunk.pop("usage", None)
             elif chunk.get("choices"):
                 chunk["usage"] = None  # OpenAI sends usage only on the final chunk
+            elif isinstance(chunk.get("usage"), dict) and billed is not None:
+                chunk["usage"] = {**chunk["usage"], **((await billed(tally.usage())) or {})}
             if "model" in chunk:
                 chunk["model"] = target.requested
             strip_engine_fields(chunk)
@@ -212,7 +219,7 @@ class _RelayResponse(Response):
 def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage: bool, record: Any, started: float,
                    tally: UsageTally | None = None, abort: Callable[[], Awaitable[bool]] | None = None,
                    headers: dict[str, str], renew: Callable[[], Awaitable[None]] | None = None,
-                   renew_every_s: float = 0.0) -> Response:
+                   renew_every_s: float = 0.0, billed: Billed | None = None) -> Response:
     """The SSE response relaying ``upstream`` (:func:`relay_stream`); ``record`` (which releases the admission
     slot and settles the limits) runs exactly once: as the relay ends, or as 499 when the client left first.
     ``renew`` renews the concurrency lease every ``renew_every_s`` while the relay runs."""
@@ -226,7 +233,7 @@ def relay_response(upstream: UpstreamResponse, *, target: TargetView, keep_usage
 
     tally = tally if tally is not None else UsageTally()
     events = relay_stream(upstream, target=target, keep_usage=keep_usage, record=record_once, started=started,
-                          tally=tally, abort=abort, renew=renew, renew_every_s=renew_every_s)
+                          tally=tally, abort=abort, renew=renew, renew_every_s=renew_every_s, billed=billed)
 
     async def cleanup() -> None:
         try:

@@ -336,3 +336,156 @@ def test_evicted_pinned_restarted_and_dead_nodes_keep_what_they_were_sent(
     token = _register("n1")
     assert _beat(internal, token, _state("n1", adapters=[_entry(bot, "hot")])).status_code == 200
     assert not Placement.objects.exists() and _routes_to(bot) is None
+
+
+# --- A node's load answer: its effect verdict binds only itself; its figures are checked (issue 30) ---------------
+
+
+@pytest.fixture
+def loads(internal: Client, two_tenants: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Live nodes ``good``, ``evil`` and ``third``; ``answers[name]`` is what that node's agent answers a load (an
+    exception is raised); ``warms`` records the placements a warm was enqueued for, as (node, version id)."""
+    from inference.fleet.node_client import NodeCallFailed
+
+    for name in ("good", "evil", "third"):
+        assert _beat(internal, _register(name), _state(name)).status_code == 200
+    refuse = NodeCallFailed("no_effect", "changes nothing")
+    answers: dict[str, Any] = {"good": {"tier": "warm", "effect": "changed"}, "evil": refuse, "third": refuse}
+    warms: list[tuple[str, int]] = []
+
+    def answer(node: Any, path: str, payload: dict[str, Any], **_: Any) -> dict[str, Any]:
+        reply = answers[node.name]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def enqueued(_name: str, placement_id: int) -> None:
+        row = Placement.objects.select_related("node").get(pk=placement_id)
+        warms.append((row.node.name, row.adapter_version_id))
+
+    monkeypatch.setattr("inference.fleet.warming.node_call", answer)
+    monkeypatch.setattr("inference.fleet.warming.enqueue_on_commit", enqueued)
+    return {"answers": answers, "warms": warms, "version": two_tenants[1]}
+
+
+def _warm(version: Any, name: str) -> str:
+    """Warm ``version`` on node ``name``; the agent's refusal code, or ``""`` when it loaded."""
+    from inference.fleet.node_client import NodeCallFailed
+    from inference.fleet.warming import placement_warm
+
+    try:
+        placement_warm(version, node=Node.objects.get(name=name))
+    except NodeCallFailed as exc:
+        return exc.code
+    return ""
+
+
+def _refused_fleet_wide(version: Any) -> bool:
+    from adapters_app.models import AdapterVersion
+    from adapters_app.selectors import adapter_version_no_effect_refused
+
+    fresh = AdapterVersion.objects.get(pk=version.pk)
+    problems = [p["code"] for p in (fresh.validation_report or {}).get("problems", [])]
+    return adapter_version_no_effect_refused(fresh) or "no_effect" in problems
+
+
+def test_one_nodes_no_effect_refuses_only_that_node_and_an_honest_node_serves_it(
+        loads: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """A rogue answering ``no_effect`` refused the version on every node, 503'd its requests and blamed the
+    tenant's upload. Now the refusal is the rogue's alone: another node is asked, loads it with effect, serves it,
+    and the rogue's word is logged as disputed; the rogue is not sent the version again."""
+    import logging
+
+    from inference.fleet.warming import placement_request_warm_enqueued
+
+    version, warms, answers = loads["version"], loads["warms"], loads["answers"]
+    answers["third"] = answers["good"]
+    with caplog.at_level(logging.WARNING, logger="inference.fleet.warming"):
+        assert _warm(version, "evil") == "no_effect"
+        assert not _refused_fleet_wide(version)
+        second = [node for node, v in warms if v == version.pk]  # the second opinion: one honest node
+        assert len(second) == 1 and second[0] != "evil"
+        assert _warm(version, second[0]) == ""
+    assert not _refused_fleet_wide(version) and _routes_to(version) == second[0]
+    disputed = [r for r in caplog.records if r.getMessage() == "placement.no_effect_disputed"]
+    assert [r.refused_by for r in disputed] == [["evil"]]  # type: ignore[attr-defined]
+    assert placement_request_warm_enqueued(version, node=Node.objects.get(name="evil")) == (
+        Placement.objects.get(node__name="evil", adapter_version=version), False)
+    caplog.clear()
+    last = ({"good", "third"} - set(second)).pop()
+    answers[last] = answers["evil"]
+    with caplog.at_level(logging.WARNING, logger="inference.fleet.warming"):
+        assert _warm(version, last) == "no_effect"  # against a node that found an effect: its own refusal only
+    assert not _refused_fleet_wide(version) and _routes_to(version) == second[0]
+    assert [r.getMessage() for r in caplog.records if "no_effect" in r.getMessage()] == ["placement.no_effect_disputed"]
+
+
+def test_an_inert_adapter_is_refused_fleet_wide_once_a_second_node_agrees(loads: dict[str, Any]) -> None:
+    """The honest case: an adapter that changes nothing is refused by the first node, a second one is asked and
+    agrees, and from then on it is refused everywhere (its report says why) without loading it on every node."""
+    from inference.fleet.warming import placement_request_warm_enqueued
+
+    version, warms = loads["version"], loads["warms"]
+    loads["answers"]["good"] = loads["answers"]["evil"]
+    assert _warm(version, "third") == "no_effect" and not _refused_fleet_wide(version)
+    second = [node for node, v in warms if v == version.pk]
+    assert len(second) == 1 and second[0] != "third"
+    assert _warm(version, second[0]) == "no_effect"
+    assert _refused_fleet_wide(version)
+    last = ({"good", "evil", "third"} - {"third", second[0]}).pop()
+    fresh = type(version).objects.get(pk=version.pk)  # as the reconciler and the gateway read it
+    _, enqueued = placement_request_warm_enqueued(fresh, node=Node.objects.get(name=last))
+    assert not enqueued and len(warms) == 1
+    assert Placement.objects.get(node__name=last, adapter_version=version).last_error.startswith("no_effect")
+
+
+def test_the_only_node_able_to_load_a_version_refuses_it_alone(loads: dict[str, Any]) -> None:
+    """With one node registered for the base model, its probe is the only one there is: refused at once."""
+    version = loads["version"]
+    Node.objects.exclude(name="evil").delete()
+    assert _warm(version, "evil") == "no_effect"
+    assert _refused_fleet_wide(version) and loads["warms"] == []
+
+
+@pytest.mark.parametrize(("answer", "tier", "load_ms", "clamped"), [
+    ({"tier": "hot", "load_ms": 12.5, "effect": "changed"}, "hot", 12.5, []),
+    ({"tier": "bogus", "load_ms": 3}, "warm", 3.0, ["tier"]),
+    ({"tier": "errored"}, "warm", None, ["tier"]),
+    ({"load_ms": "soon"}, "warm", None, ["load_ms"]),
+    ({"load_ms": -1e308}, "warm", None, ["load_ms"]),
+    ({"load_ms": float("inf")}, "warm", None, ["load_ms"]),
+    ({"load_ms": float("nan")}, "warm", None, ["load_ms"]),
+    ({"load_ms": 10**400}, "warm", None, ["load_ms"]),
+    ({"load_ms": True, "pinned": "yes", "effect": "great"}, "warm", None, ["load_ms", "effect", "pinned"]),
+    (["not", "an", "object"], "warm", None, ["answer"]),
+])
+def test_a_load_answer_is_stored_only_as_an_agent_can_give_it(
+        loads: dict[str, Any], caplog: pytest.LogCaptureFixture, answer: Any, tier: str, load_ms: float | None,
+        clamped: list[str]) -> None:
+    """A node's load answer was stored unchecked (``tier`` "bogus", ``load_ms`` -1e308) or failed the warm task
+    (``load_ms`` "soon": ValueError). Each figure is kept only when valid, else replaced and logged."""
+    import logging
+
+    version = loads["version"]
+    loads["answers"]["good"] = answer
+    with caplog.at_level(logging.WARNING, logger="inference.fleet.load_answers"):
+        assert _warm(version, "good") == ""
+    row = Placement.objects.get(node__name="good", adapter_version=version)
+    assert (row.tier, row.load_ms, row.served, row.pinned) == (tier, load_ms, True, False)
+    logged = [r for r in caplog.records if r.getMessage() == "placement.load_answer_clamped"]
+    assert [r.fields for r in logged] == ([clamped] if clamped else [])  # type: ignore[attr-defined]
+
+
+def test_a_node_serving_a_version_it_says_changes_nothing_is_not_believed(
+        loads: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """An agent refuses a load whose probe finds no effect unless validation expected none; one that serves it and
+    says ``no_effect`` contradicts itself: logged, and the tenant's report is left as it was."""
+    import logging
+
+    version = loads["version"]
+    loads["answers"]["good"] = {"tier": "warm", "effect": "no_effect"}
+    with caplog.at_level(logging.WARNING, logger="inference.fleet.warming"):
+        assert _warm(version, "good") == ""
+    assert not _refused_fleet_wide(version)
+    assert "effect_probe" not in (type(version).objects.get(pk=version.pk).validation_report or {})
+    assert [r.getMessage() for r in caplog.records] == ["placement.effect_answer_inconsistent"]

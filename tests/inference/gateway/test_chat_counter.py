@@ -129,7 +129,9 @@ def test_chats_are_checked_and_retired_apart_from_prompts(tiny_base_dir: Path,
             wanted.append(counter.wants_check(1, chat=True))
         local = await counter.count_chat(1, chat)
         assert local is not None
-        assert not counter.checked(1, local=local, engine=local + 2, chat=True)
+        assert not counter.checked(1, local=local, engine=local + 2, chat=True, node="a")
+        assert await counter.count_chat(1, chat) == local  # one node's word retires nothing
+        assert not counter.checked(1, local=local, engine=local + 2, chat=True, node="b")
         return wanted, await counter.count_chat(1, chat), await counter.count(1, ["abc"]), counter.ready(1) is not None
 
     with caplog.at_level("WARNING", logger=prompt_counter.__name__):
@@ -137,4 +139,4 @@ def test_chats_are_checked_and_retired_apart_from_prompts(tiny_base_dir: Path,
     assert wanted == [True] * CHECK_FIRST + [False]
     assert retired is None and prompts is not None and prompt_check
     mismatches = [r for r in caplog.records if r.message == "gateway.tokenizer_mismatch"]
-    assert len(mismatches) == 1 and getattr(mismatches[0], "chat", None) is True
+    assert len(mismatches) == 2 and all(getattr(m, "chat", None) is True for m in mismatches)

@@ -20,6 +20,7 @@ from django.conf import settings
 from inference.gateway import hygiene
 from inference.gateway.app import GatewayApp
 from inference.gateway.errors import GatewayError
+from inference.gateway.prompt_counts import Counted
 from tenants.services import api_key_create, limits_set
 from tests.factories import TenantFactory
 
@@ -179,14 +180,14 @@ def test_one_tenant_counts_one_long_prompt_at_a_time(base_model: Any) -> None:
 
     salts = {hygiene.cache_salt(t.pk, settings.SECRET_KEY): t.pk for t in tenants}  # the body names its tenant
 
-    async def slow_count(upstream: dict[str, Any], target: Any) -> list[int]:
+    async def slow_count(upstream: dict[str, Any], target: Any) -> Counted:
         tenant = salts[upstream["cache_salt"]]
         running[tenant] = running.get(tenant, 0) + 1
         peak[tenant] = max(peak.get(tenant, 0), running[tenant])
         both[0] = max(both[0], sum(running.values()))
         await asyncio.sleep(0.05)
         running[tenant] -= 1
-        return [5000]  # over the limit: a 429, as in the flood
+        return Counted([5000])  # over the limit: a 429, as in the flood
 
     app._prompt_counts = slow_count  # type: ignore[method-assign]
 

@@ -406,6 +406,41 @@ def test_a_text_past_the_tokenize_bound_counts_its_bytes_without_asking_the_engi
     assert counts({"messages": [{"role": "user", "content": small}]}) == [7] and len(asked) == 1
 
 
+def test_an_engines_count_is_capped_at_the_prompts_byte_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's engine answered 1,000,000,000 for a short prompt, a 429 for every TPM-limited key it counted for
+    (issue 30): a count is at most ``prompt_token_bound`` of the text (a chat: of its JSON, plus the template's
+    room); an honest count stands."""
+    from inference.gateway import limits
+
+    answer = [10**9]
+
+    async def engine_token_count(url: str, *, node_key: str, body: dict[str, Any]) -> int:
+        return answer[0]
+
+    monkeypatch.setattr(limits, "engine_token_count", engine_token_count)
+
+    def counts(body: dict[str, Any]) -> list[int]:
+        return asyncio.run(limits.prompt_token_counts(body, engine_url="http://engine.invalid", node_key="k",
+                                                      model="m"))
+
+    assert counts({"prompt": ["~" * 10, "é"]}) == [12, 4]
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert counts(chat) == [limits.prompt_token_bound(json.dumps([chat["messages"], None])) + 64]
+    answer[0] = 3
+    assert counts({"prompt": ["~" * 10]}) == [3] and counts(chat) == [3]
+
+    async def rendered_bytes() -> int:  # a template writing a preamble: its prompt is longer than the request
+        return 900
+
+    def chat_count(value: int) -> int:
+        answer[0] = value
+        return asyncio.run(limits.prompt_token_counts(chat, engine_url="http://engine.invalid", node_key="k",
+                                                      model="m", chat_bytes=rendered_bytes))[0]
+
+    assert chat_count(412) == 412  # honest, above the JSON's bound: the rendered prompt's bound keeps it
+    assert chat_count(10**9) == 900 + 64
+
+
 def test_a_dead_gateway_processs_leases_are_dropped_when_the_set_is_full() -> None:
     """A gateway killed mid-request never settles its lease: with concurrency 1 its key was locked out for the
     lease's whole life, 6 minutes (attack round). Each process marks itself alive (on every admit and renewal, and

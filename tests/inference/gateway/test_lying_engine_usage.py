@@ -71,7 +71,21 @@ def _billed(monkeypatch: pytest.MonkeyPatch, answer: Any, body: dict[str, Any],
     response = async_to_sync(go)()
     assert response.status_code == 200, response.text
     assert len(rows) == 1, rows
+    shown = _client_usage(response)
+    if shown is not None:  # the client's usage is what it is billed, not the engine's claim (issue 30)
+        assert (shown["prompt_tokens"], shown["completion_tokens"], shown["total_tokens"]) == (
+            rows[0]["prompt_tokens"], rows[0]["completion_tokens"],
+            rows[0]["prompt_tokens"] + rows[0]["completion_tokens"]), (shown, rows[0])
     return rows[0]
+
+
+def _client_usage(response: httpx.Response) -> dict[str, Any] | None:
+    """The ``usage`` the client was shown: the JSON answer's, or a stream's last chunk carrying one."""
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return response.json().get("usage")
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: {")]
+    return next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
 
 
 def _json_answer(claim: int) -> EngineAnswer:
@@ -85,7 +99,10 @@ def _json_answer(claim: int) -> EngineAnswer:
 def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
         monkeypatch: pytest.MonkeyPatch, base_model: Any, shape: str) -> None:
     answer = (lambda: _json_answer(HUGE)) if shape == "json" else (lambda: _lying_stream(HUGE))
-    row = _billed(monkeypatch, answer, {"prompt": "France:", "max_tokens": 3, "n": 2, "stream": shape == "stream"})
+    body = {"prompt": "France:", "max_tokens": 3, "n": 2, "stream": shape == "stream"}
+    if shape == "stream":
+        body["stream_options"] = {"include_usage": True}  # the client asks to see the usage: it sees the bill
+    row = _billed(monkeypatch, answer, body)
     assert row["completion_tokens"] == 6  # max_tokens × n
     assert 0 < row["prompt_tokens"] <= 500  # the body's bytes and a template's room, not 900,000,000
 
@@ -94,7 +111,8 @@ def test_an_engine_claiming_huge_usage_bills_at_most_the_request(
 def test_a_chat_without_max_tokens_is_billed_within_the_usage_column(
         monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
     row = _billed(monkeypatch, lambda: _lying_stream(10**15),
-                  {"messages": [{"role": "user", "content": "hi"}], "stream": True})
+                  {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                   "stream_options": {"include_usage": True}})
     assert row["completion_tokens"] == 2**31 - 1  # no budget asked for: the column's bound
     assert row["prompt_tokens"] <= 500
     usage_records_write([row])  # a count past int4 made the database refuse the row, and the drain drop it
@@ -144,9 +162,85 @@ def test_an_honest_count_of_a_template_that_writes_tools_is_billed_whole(
 def test_a_lying_engine_on_a_tools_chat_bills_at_most_its_rendered_prompt(
         monkeypatch: pytest.MonkeyPatch, base_model: Any, tiny_base_dir: Path) -> None:
     sent: list[bytes] = []
-    row = _billed(monkeypatch, lambda: _lying_stream(HUGE), {**TOOLS_CHAT, "stream": True}, sent)
+    row = _billed(monkeypatch, lambda: _lying_stream(HUGE),
+                  {**TOOLS_CHAT, "stream": True, "stream_options": {"include_usage": True}}, sent)
     truth = _engine_count(tiny_base_dir)
     # BOS, the preamble, the tool as indented JSON, "\n\n" and "hi": 627 bytes, against 900,000,000 claimed
     rendered = len("<s>" + TOOLS_PREAMBLE + json.dumps(VLLM_TOOLS[0], indent=4) + "\n\nhi")
     assert truth <= row["prompt_tokens"] <= rendered + CHAT_TEMPLATE_ROOM
     assert row["completion_tokens"] == 1  # max_tokens 1, n 1
+
+
+# --- Prompt counts: only the serving node's engine counts, capped (issue 30) ------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("model", ["bot", "tiny-llama"])
+def test_a_rogue_idle_node_neither_sees_nor_inflates_prompts_it_does_not_serve(
+        monkeypatch: pytest.MonkeyPatch, base_model: Any, caplog: pytest.LogCaptureFixture, model: str) -> None:
+    """Under a TPM limit, a prompt the gateway cannot count itself (a chat with tools) was counted by the live node
+    with the fewest waiting requests, whatever node served it: a rogue node claiming to be idle received other
+    tenants' prompts and answered 1,000,000,000 tokens (a 429 for every TPM-limited key). Now the node routing
+    picks counts it and then serves it, and its count is capped at the prompt's byte bound. For the base model the
+    rogue, idle, is picked and serves the request itself: its count cannot refuse it either."""
+    import logging
+
+    from adapters_app.models import AdapterVersion
+    from adapters_app.services import adapter_create
+    from inference.gateway import limits
+    from inference.gateway.snapshot import FleetView, PlacementView
+    from tenants.services import limits_set
+
+    tenant = TenantFactory()
+    limits_set(tenant, limits={"tpm_limit": 1000})
+    _, key = api_key_create(tenant, name="app")
+    adapter = adapter_create(tenant, name="bot", base_model_name="tiny-llama")
+    version = AdapterVersion.objects.create(tenant=tenant, adapter=adapter, number=1, sha256="1" * 64, size_bytes=1,
+                                            s3_prefix="x/", files=[], status="ready", r=8)
+    honest = NodeView(pk=1, name="honest", engine_url="http://honest.invalid", base_model_id=base_model.pk,
+                      max_lora_rank=16, max_loras=4, num_requests_waiting=5, num_requests_running=8)
+    rogue = NodeView(pk=2, name="rogue", engine_url="http://rogue.invalid", base_model_id=base_model.pk,
+                     max_lora_rank=16, max_loras=4)
+    fleet = FleetView(nodes=(honest, rogue), placements={version.pk: (PlacementView(
+        node_id=1, version_id=version.pk, tier="warm", served=True),)}, read_at=1e12)
+    counted_at: list[str] = []
+    sent_to: list[str] = []
+
+    async def engine_token_count(url: str, *, node_key: str, body: dict[str, Any]) -> int:
+        counted_at.append(url)
+        return 1_000_000_000
+
+    async def upstream_post(url: str, *, content: bytes, node_key: str, request_id: str | None = None) -> Any:
+        sent_to.append(url.split("/v1/")[0])
+        return _lying_stream(3)
+
+    async def the_fleet() -> FleetView:
+        return fleet
+
+    monkeypatch.setattr(limits, "engine_token_count", engine_token_count)
+    monkeypatch.setattr(gateway_exchange, "upstream_post", upstream_post)
+    monkeypatch.setattr(UsageSink, "emit", lambda self, row: None)
+    monkeypatch.setattr("inference.gateway.directory.Directory.fleet", lambda self: the_fleet())
+    app = GatewayApp(background=False)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as http:
+            return await http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                                   json={"model": model, "messages": [{"role": "user", "content": "secret"}],
+                                         "tools": [tool], "max_tokens": 3})
+
+    with caplog.at_level(logging.WARNING, logger="inference.gateway.limits"):
+        response = async_to_sync(go)()
+    assert response.status_code == 200, response.text
+    serving = "http://honest.invalid" if model == "bot" else "http://rogue.invalid"
+    assert counted_at == [serving] and sent_to == [serving]  # the prompt went to the serving node alone
+    assert [r.getMessage() for r in caplog.records].count("gateway.engine_count_bounded") == 1
+
+
+@pytest.mark.django_db
+def test_a_non_streamed_answer_shows_the_billed_usage(monkeypatch: pytest.MonkeyPatch, base_model: Any) -> None:
+    """An answer the gateway assembles from the engine's stream showed the engine's claim (2,147,483,647 tokens)
+    in ``usage`` while the bill was bounded; now both are the bill (``_billed`` compares them)."""
+    row = _billed(monkeypatch, lambda: _lying_stream(2**31 - 1), {"prompt": "France:", "max_tokens": 3, "n": 2})
+    assert row["completion_tokens"] == 6 and row["prompt_tokens"] < 500

@@ -150,7 +150,7 @@ def test_checks_the_first_counts_then_one_in_every(tokenizer_json: str) -> None:
     assert [i + 1 for i, w in enumerate(wanted) if w][CHECK_FIRST:] == [CHECK_EVERY, 2 * CHECK_EVERY]
 
 
-def test_a_disagreement_with_the_engine_retires_the_tokenizer_until_the_file_changes(
+def test_disagreement_from_two_nodes_retires_the_tokenizer_until_the_file_changes(
         tokenizer_json: str, caplog: pytest.LogCaptureFixture) -> None:
     store, clock = Store(tokenizer_json), Clock()
 
@@ -159,9 +159,13 @@ def test_a_disagreement_with_the_engine_retires_the_tokenizer_until_the_file_cha
         await _loaded(counter)
         local = await counter.count(1, ["abc"])
         assert local is not None
-        agreed = counter.checked(1, local=local[0], engine=local[0]) and counter.checked(1, local=local[0], engine=None)
+        agreed = (counter.checked(1, local=local[0], engine=local[0], node="a")
+                  and counter.checked(1, local=local[0], engine=None, node="a"))
         assert agreed
-        assert not counter.checked(1, local=local[0], engine=local[0] + 1)
+        for _ in range(3):  # one node's word, however often, retires nothing (a rogue node did, issue 30)
+            assert not counter.checked(1, local=local[0], engine=local[0] + 1, node="a")
+        assert await counter.count(1, ["abc"]) == local
+        assert not counter.checked(1, local=local[0], engine=local[0] + 1, node="b")  # a second node agrees with it
         retired = await counter.count(1, ["abc"])
         clock.now = 1
         await _loaded(counter)  # same file: still retired
@@ -174,4 +178,28 @@ def test_a_disagreement_with_the_engine_retires_the_tokenizer_until_the_file_cha
     with caplog.at_level("WARNING", logger=prompt_counter.__name__):
         retired, again, same = asyncio.run(run())
     assert retired is None and same and again is not None
-    assert [r.message for r in caplog.records].count("gateway.tokenizer_mismatch") == 1
+    mismatches = [r for r in caplog.records if r.message == "gateway.tokenizer_mismatch"]
+    assert [(r.node, r.retired) for r in mismatches] == [("a", False), ("b", True)]  # type: ignore[attr-defined]
+
+
+def test_counts_are_checked_against_the_serving_engines_usage_and_one_node_cannot_retire_them(
+        tokenizer_json: str) -> None:
+    """The checks compare each prompt's local count with the count the serving engine put in the request's own
+    usage (``UsageTally.prompts``), per prompt index; a rogue node disagreeing on every request it serves leaves
+    the tokenizer in use (issue 30), while a second node's disagreement retires it."""
+    from inference.gateway.prompt_counts import counts_check
+
+    async def run() -> tuple[bool, bool]:
+        counter = PromptCounter(fetch=Store(tokenizer_json).fetch)
+        await _loaded(counter)
+        local = await counter.count(1, ["abc", "de"])
+        assert local is not None
+        for _ in range(50):
+            counts_check(counter, 1, check="prompt", local=tuple(local), engine={0: local[0], 1: 10**9, 7: 1},
+                         node="rogue")
+        counts_check(counter, 1, check="", local=tuple(local), engine={0: 0}, node="other")  # nothing to check
+        kept = counter.ready(1) is not None
+        counts_check(counter, 1, check="prompt", local=tuple(local), engine={1: local[1] + 1}, node="other")
+        return kept, counter.ready(1) is None
+
+    assert asyncio.run(run()) == (True, True)
