@@ -1145,6 +1145,7 @@ export interface components {
             scopes?: components["schemas"]["ScopesEnum"][];
             /** Format: date-time */
             expires_at?: string | null;
+            /** @description Adapter names, or name@N for version N only; empty = every model of the tenant. */
             adapters?: string[];
         };
         /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */
