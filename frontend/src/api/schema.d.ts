@@ -138,7 +138,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description ``GET .../versions``: newest first; 404 when the caller has no such adapter. */
+        /**
+         * @description ``GET .../versions``: newest first; 404 :func:`adapter_not_found` when the caller has no such adapter
+         *     (or its key is limited to others: the same answer).
+         */
         get: operations["adapters_versions_list"];
         put?: never;
         /**
