@@ -270,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     _say("building the tiny base model and training the demo adapters (cached after the first run)")
     assets = ensure_demo_assets(args.assets)
     if not args.once:
-        _say("building the web console (npm ci and vite, when its sources changed)")
-        ensure_console_built()
+        ensure_console_built(say=_say)  # says so itself, once, when it builds (nothing when up to date)
     _fresh_workdir(args.workdir)
     procs = Processes(args.workdir / "logs")
     with ExitStack() as stack:
