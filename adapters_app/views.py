@@ -27,6 +27,7 @@ from adapters_app.serializers import (
     ServingOutputSerializer,
     ServingSettingsInputSerializer,
 )
+from common.echo import clip
 from common.exceptions import QuiverError
 from common.parsers import FormParser, JSONParser
 from tenants.models import Membership
@@ -51,6 +52,14 @@ def _on_ready(request: Request) -> dict[str, Any] | None:
     return {"canary": int(raw)}
 
 
+def adapter_not_found(name: str) -> QuiverError:
+    """The 404 for an adapter name the caller cannot reach (none of that name, another tenant's, or outside the
+    key's adapters: one answer, so nothing is learnt about the others), naming it and where the names are listed.
+    DRF's bare "Not found." left `quiver versions ls bot3` with no hint that the name was the problem."""
+    return QuiverError(f"No adapter '{clip(name)}' in this tenant; `quiver adapters ls` (GET /api/v1/adapters) lists "
+                       "yours.", code="not_found", status_code=404)
+
+
 class BaseModelViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     """Registered base models (shared by all tenants; listing needs a valid key)."""
 
@@ -69,6 +78,13 @@ class AdapterViewSet(
     lookup_field = "name"
     adapter_field = "name"
     role_map = {**DEFAULT_ROLE_MAP, "DELETE": Membership.Role.OWNER}
+
+    def get_object(self) -> Adapter:
+        """The adapter named in the URL; :func:`adapter_not_found` when the caller has none of that name."""
+        try:
+            return super().get_object()
+        except Http404:
+            raise adapter_not_found(self.kwargs["name"]) from None
 
     def tenant_queryset(self, queryset: QuerySet[Adapter]) -> QuerySet[Adapter]:
         """Prefetch versions newest first, so listing costs two queries whatever the count."""
@@ -196,11 +212,30 @@ class AdapterVersionViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         return queryset.filter(adapter__name=self.kwargs["adapter_name"])
 
     def list(self, request: Request, adapter_name: str) -> Response:
-        """``GET .../versions``: newest first; 404 when the caller has no such adapter."""
-        self.adapter_in_reach(adapter_name)
-        if adapter_get(self.tenant, name=adapter_name) is None:
-            raise Http404
+        """``GET .../versions``: newest first; 404 :func:`adapter_not_found` when the caller has no such adapter
+        (or its key is limited to others: the same answer)."""
+        self._adapter_reachable(adapter_name)
         return super().list(request)
+
+    def _adapter_reachable(self, name: str) -> None:
+        """Raise :func:`adapter_not_found` unless the caller reaches an adapter ``name`` of its tenant."""
+        try:
+            self.adapter_in_reach(name)
+        except Http404:
+            raise adapter_not_found(name) from None
+        if adapter_get(self.tenant, name=name) is None:
+            raise adapter_not_found(name)
+
+    def get_object(self) -> AdapterVersion:
+        """The version in the URL; a 404 that says whether the adapter or the version is missing (DRF's bare
+        "Not found." named neither)."""
+        try:
+            return super().get_object()
+        except Http404:
+            name = self.kwargs["adapter_name"]
+            self._adapter_reachable(name)
+            raise QuiverError(f"Adapter '{name}' has no version {clip(str(self.kwargs.get('number')))}; "
+                              f"`quiver versions ls {name}` lists them.", code="not_found", status_code=404) from None
 
     def retrieve(self, request: Request, adapter_name: str, number: str) -> Response:
         """``GET .../versions/{number}``: one version with its validation report."""

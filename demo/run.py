@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from openai import OpenAI
+from openai import APIConnectionError, APIStatusError, OpenAI
 from transformers.utils import logging as transformers_logging
 
 from demo.api_client import upload_adapter, wait_validated
@@ -70,6 +70,8 @@ def node_process_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 NODE_NAME = "cpu-node-1"
+# Tokens of each printed answer (the demo adapters' completions are a few tokens; greedy, so answers repeat).
+ANSWER_TOKENS = 12
 # One limit for every readiness wait: a cold start on a loaded 2-core machine imports Django for minutes.
 START_TIMEOUT_S = float(os.environ.get("QUIVER_DEMO_START_TIMEOUT_S", "900"))
 
@@ -199,12 +201,59 @@ def _wait_node_live(env: dict[str, str], node_name: str, timeout: float = START_
         raise SystemExit(f"no node reported itself live: {exc.stderr.strip() or exc.stdout.strip()}") from exc
 
 
-def _first_answer(api: httpx.Client, base_model: str) -> None:
-    """One real completion of ``base_model`` through the gateway, once the node is live: exit with the gateway's
-    answer when it is not a 200 (nothing later would work either)."""
-    resp = api.post("/v1/completions", json={"model": base_model, "prompt": "x", "max_tokens": 1})
-    if resp.status_code != 200:
-        raise SystemExit(f"the gateway's first answer for {base_model} was HTTP {resp.status_code}: {resp.text[:500]}")
+def _first_answer(client: OpenAI, base_model: str, prompt: str) -> dict[tuple[str, str], str]:
+    """The base model's answer to ``prompt`` through the gateway, once the node is live: exit with the gateway's
+    answer when it fails (nothing later would work either).
+
+    It is one of the printed questions, asked early, not a request of its own: a probe with the demo tenant's key
+    was metered as the tenant's usage (``tiny-llama (base) requests=31`` after 30 questions).
+
+    Returns:
+        ``{(base_model, prompt): text}``, for :func:`_ask` to answer that question from.
+    """
+    try:
+        return {(base_model, prompt): _ask(client, {}, base_model, prompt)}
+    except APIStatusError as exc:
+        raise SystemExit(f"the gateway's first answer for {base_model} was HTTP {exc.status_code}: "
+                         f"{exc.response.text[:500]}") from exc
+    except APIConnectionError as exc:
+        raise SystemExit(f"the gateway did not answer the first question for {base_model}: {exc}") from exc
+
+
+def _ask(client: OpenAI, asked: dict[tuple[str, str], str], model: str, prompt: str) -> str:
+    """``model``'s completion of ``prompt`` (greedy, ``ANSWER_TOKENS`` tokens): from ``asked`` when it holds that
+    question (taken out, so it is reused once), else from the gateway."""
+    if (model, prompt) in asked:
+        return asked.pop((model, prompt))
+    out = client.completions.create(model=model, prompt=prompt, max_tokens=ANSWER_TOKENS, temperature=0)
+    return out.choices[0].text
+
+
+def _ask_examples(client: OpenAI, asked: dict[tuple[str, str], str], examples: Mapping[str, list[dict[str, str]]],
+                  base_model: str) -> tuple[int, int]:
+    """Ask each adapter its training prompts, and the base model the same, printing a table per adapter.
+
+    Args:
+        asked: answers already fetched (:func:`_first_answer`), used instead of asking again.
+        examples: per adapter name, ``{"prompt", "completion"}`` pairs.
+
+    Returns:
+        ``(failures, total)``: answers that differ from the expected completion, and questions asked per model.
+    """
+    failures = total = 0
+    for name in sorted(examples):
+        print(f"\n== adapter {name!r} (served through the gateway by vLLM) ==")
+        print(f"{'prompt':<16} {'expected':<14} {'adapter says':<14} {'base model says':<18} ok")
+        for example in examples[name]:
+            answers = [_ask(client, asked, model, example["prompt"]) for model in (name, base_model)]
+            ok = answers[0].strip() == example["completion"].strip()
+            failures += not ok
+            total += 1
+            print(
+                f"{example['prompt']!r:<16} {example['completion']!r:<14} {answers[0]!r:<14} "
+                f"{answers[1][:16]!r:<18} {'yes' if ok else 'NO'}"
+            )
+    return failures, total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     _say("building the tiny base model and training the demo adapters (cached after the first run)")
     assets = ensure_demo_assets(args.assets)
     if not args.once:
-        _say("building the web console (npm ci and vite, when its sources changed)")
-        ensure_console_built()
+        ensure_console_built(say=_say)  # says so itself, once, when it builds (nothing when up to date)
     _fresh_workdir(args.workdir)
     procs = Processes(args.workdir / "logs")
     with ExitStack() as stack:
@@ -334,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
             httpx.Client(base_url=web_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120)
         )
         _wait_node_live(env, NODE_NAME)
-        _first_answer(api, assets.served_name)
+        client = OpenAI(base_url=web_url + "/v1", api_key=api_key, max_retries=0, timeout=180)
+        first_prompt = assets.examples[sorted(assets.examples)[0]][0]["prompt"]
+        asked = _first_answer(client, assets.served_name, first_prompt)
         for name, folder in sorted(assets.adapters.items()):
             number = upload_adapter(api, name, folder, base_model=assets.served_name)["number"]
             version = wait_validated(api, name, number)
@@ -346,26 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(version["validation_report"], indent=2))
                 return 1
 
-        client = OpenAI(base_url=web_url + "/v1", api_key=api_key, max_retries=0, timeout=180)
         _say("models visible to the tenant: " + ", ".join(m.id for m in client.models.list().data))
-        failures = total = 0
-        for name in sorted(assets.adapters):
-            print(f"\n== adapter {name!r} (served through the gateway by vLLM) ==")
-            print(f"{'prompt':<16} {'expected':<14} {'adapter says':<14} {'base model says':<18} ok")
-            for example in assets.examples[name]:
-                answers = []
-                for model in (name, assets.served_name):
-                    out = client.completions.create(
-                        model=model, prompt=example["prompt"], max_tokens=12, temperature=0
-                    )
-                    answers.append(out.choices[0].text)
-                ok = answers[0].strip() == example["completion"].strip()
-                failures += not ok
-                total += 1
-                print(
-                    f"{example['prompt']!r:<16} {example['completion']!r:<14} {answers[0]!r:<14} "
-                    f"{answers[1][:16]!r:<18} {'yes' if ok else 'NO'}"
-                )
+        failures, total = _ask_examples(client, asked, assets.examples, assets.served_name)
         print("\n(the base model is untrained random weights: its answers are noise; each adapter learned its task)")
         print("\n== usage metered by the gateway (GET /api/v1/usage) ==")
         for row in _usage_settled(api, at_least=2 * total):

@@ -10,6 +10,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 FRONTEND = Path(__file__).resolve().parents[1] / "frontend"
@@ -44,8 +45,18 @@ def ensure_node_modules(root: Path = FRONTEND) -> None:
     stamp.write_text(want + "\n")
 
 
-def ensure_console_built(root: Path = FRONTEND) -> Path:
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def ensure_console_built(root: Path = FRONTEND, *, say: Callable[[str], None] = _to_stderr) -> Path:
     """The built ``dist/`` folder, rebuilt when a source is newer than ``dist/index.html``.
+
+    Args:
+        root: the ``frontend/`` folder.
+        say: where the one line announcing a build goes (stderr by default; the demo passes its own printer, so
+            the line is said once, in the demo's voice; it printed its own beside this one). Nothing is said when
+            the build is up to date.
 
     Raises:
         RuntimeError: npm is missing or the build failed.
@@ -53,8 +64,7 @@ def ensure_console_built(root: Path = FRONTEND) -> Path:
     index = root / "dist" / "index.html"
     if index.exists() and index.stat().st_mtime >= _newest(root):
         return index.parent
-    print("building the web console (npm ci, vite build; about a minute the first time)...", file=sys.stderr,
-          flush=True)
+    say("building the web console (npm ci, vite build; about a minute the first time)...")
     ensure_node_modules(root)
     _npm(root, "run", "build")
     return index.parent

@@ -7,6 +7,12 @@ from rest_framework import serializers
 from tenants.models import LIMIT_FIELDS, PRIORITY_CLASSES, ApiKey
 from tenants.scopes import ALL_SCOPES
 
+# An adapter name (1-40 lowercase letters, digits or single hyphens) with an optional version, `@N` (N ≥ 1).
+ADAPTER_REF_RE = r"^(?=[a-z0-9-]{1,40}(?:@|$))[a-z0-9]+(?:-[a-z0-9]+)*(?:@[1-9][0-9]{0,8})?$"
+ADAPTER_REF_RULE = ('"%(value)s" is not an adapter name: use 1-40 lowercase letters, digits or single hyphens, '
+                    'starting and ending with a letter or digit, optionally followed by @N to allow version N alone '
+                    '(e.g. support-bot or ranker@2).')
+
 # PostgreSQL's integer (PositiveIntegerField): past it the write is a DataError, a 500, not a 400.
 PG_INT_MAX = 2**31 - 1
 
@@ -38,8 +44,13 @@ class ApiKeyInputSerializer(LimitsSerializer):
         required=False, allow_empty=False,
         help_text=f"Any of {list(ALL_SCOPES)}; absent: every scope the caller may grant (all yours).")
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    adapters = serializers.ListField(child=serializers.RegexField(r"^[a-z0-9-]{1,40}(@[1-9][0-9]{0,8})?$"),
-                                     required=False, default=list, max_length=100)
+    # The adapters' own naming rule (tenants.models.slug_validator), with an optional @N: DRF's "This value does not
+    # match the required pattern." left the caller to guess the rule, and a looser pattern let through names
+    # (`a--b`) no adapter can have.
+    adapters = serializers.ListField(
+        child=serializers.RegexField(ADAPTER_REF_RE, error_messages={"invalid": ADAPTER_REF_RULE}),
+        required=False, default=list, max_length=100,
+        help_text="Adapter names, or name@N for version N only; empty = every model of the tenant.")
 
 
 class ApiKeyOutputSerializer(serializers.ModelSerializer):

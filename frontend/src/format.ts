@@ -14,12 +14,14 @@ const toDate = (value: TimeInput) => (value instanceof Date ? value : new Date(v
 const NO_TIME = '—'
 const valid = (d: Date) => !Number.isNaN(d.getTime())
 
-/** A date and time: the locale's date order, then a 24-hour `HH:MM:SS` (e.g. "12/01/2026, 21:49:32" in en-US). */
+/** A date and time: the locale's date order with the month as a word, then a 24-hour `HH:MM:SS` ("Dec 7, 2026,
+ * 21:49:32" in en-US, "7 Dec 2026, 21:49:32" in en-GB). All-digit dates ("12/07/2026") read as July in most of the
+ * world and December in the US. */
 export function formatDateTime(value: TimeInput, opts: FormatOptions = {}): string {
   const date = toDate(value)
   if (!valid(date)) return NO_TIME
   return new Intl.DateTimeFormat(opts.locale, {
-    year: 'numeric', month: '2-digit', day: '2-digit', ...CLOCK, second: '2-digit', timeZone: opts.timeZone,
+    year: 'numeric', month: 'short', day: 'numeric', ...CLOCK, second: '2-digit', timeZone: opts.timeZone,
   }).format(date)
 }
 

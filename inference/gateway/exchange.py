@@ -298,7 +298,7 @@ class Exchange:
                         node = self.node = await app.node_for(target)
                     except GatewayError as exc:
                         record(exc.status, None)
-                        return error_response(exc)
+                        return error_response(exc, target=target)
                     continue
                 break
             if route_log.isEnabledFor(logging.INFO):

@@ -51,7 +51,12 @@ def test_adapters_and_versions_listings(quiver, tenancy: Tenancy, base_model, ti
     assert missing.rc == 1 and "HTTP 404" in missing.stderr
     bad_ref = quiver("versions", "show", "bot@latest")
     assert bad_ref.rc == 2 and "NAME@N" in bad_ref.stderr
-    assert quiver("versions", "ls", "nope").rc == 1
+    unknown = quiver("versions", "ls", "bot3")  # it printed "Not found."
+    assert unknown.rc == 1
+    assert " ".join(unknown.stderr.split()) == ("quiver: error (not_found, HTTP 404): No adapter 'bot3' in this tenant; "
+                                                "`quiver adapters ls` (GET /api/v1/adapters) lists yours.")
+    missing = quiver("versions", "show", "bot@9")
+    assert "Adapter 'bot' has no version 9; `quiver versions ls bot` lists them." in " ".join(missing.stderr.split())
 
 
 def test_delete(quiver, tenancy: Tenancy, base_model, tiny_adapters) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from quiver_client import Client, push
+from quiver_client import Client, QuiverError, push
+from quiver_client.training import QuiverPushCallback
 
 from adapters_app import storage
 from adapters_app.models import AdapterVersion
@@ -139,6 +140,26 @@ def test_a_local_validation_failure_exits_3_before_any_upload_request(
     assert server["where"] == "server"
     assert {p["code"] for p in server["report"]["problems"] if p["severity"] == "error"} == {
         p["code"] for p in report["report"]["problems"] if p["severity"] == "error"}
+
+
+def test_a_name_the_server_refuses_exits_2_with_the_rule_before_any_file_is_read(
+        quiver, tenancy: Tenancy, tiny_adapters, server_requests, tmp_path: Path) -> None:
+    """`--name "support bot"` hashed every file and asked the server before it was refused."""
+    rule = ("'support bot' is not an adapter name: use 1-40 lowercase letters, digits or single hyphens, starting "
+            "and ending with a letter or digit (e.g. support-bot).")
+    ran = quiver("push", str(tiny_adapters["qv-r8"]), "--name", "support bot", "--base-model", "tiny-llama")
+    assert ran.rc == 2, ran.stderr
+    assert " ".join(ran.stderr.split()).endswith("argument --name: " + rule)
+    assert "hashing" not in ran.stderr and server_requests == []
+    # The library checks first too (the training callback at once, before a run it would waste).
+    unreadable = tmp_path / "unreadable"  # a folder push would fail to read: the name is refused before that
+    with Client(tenancy.url, tenancy.key) as client, pytest.raises(QuiverError) as refused:
+        push(client, unreadable, name="support--bot", base_model="tiny-llama")
+    assert (refused.value.code, refused.value.exit_code) == ("invalid_name", 2)
+    assert "'support--bot' is not an adapter name" in str(refused.value)
+    with pytest.raises(QuiverError, match="'Support' is not an adapter name"):
+        QuiverPushCallback("Support", base_model="tiny-llama")
+    assert server_requests == []
 
 
 def test_push_errors_are_one_line_with_the_fix(quiver, tenancy: Tenancy, base_model, tiny_adapters) -> None:

@@ -31,6 +31,21 @@ def test_json_sent_as_a_form_is_refused_with_the_header_to_add(make_client) -> N
     assert ok.status_code == 201, ok.content
 
 
+def test_json_sent_as_a_form_to_promote_names_the_header_not_a_missing_version(make_client,  # type: ignore[no-untyped-def]
+                                                                               base_model) -> None:
+    # The README's `curl -d '{"version": 2}' .../promote`, without its -H: it read "version: This field is required."
+    from adapters_app.services import adapter_create
+
+    client, tenant, _ = make_client()
+    adapter_create(tenant, name="support-bot", base_model_name="tiny-llama")
+    resp = client.post("/api/v1/adapters/support-bot/promote", data=b'{"version": 2}',
+                       content_type="application/x-www-form-urlencoded")
+    body = resp.json()
+    assert (resp.status_code, body["code"]) == (400, "parse_error"), body
+    assert "JSON sent as a form" in body["detail"] and "-H 'Content-Type: application/json'" in body["detail"]
+    assert "required" not in body["detail"]
+
+
 def test_wrong_content_type_names_the_ones_the_endpoint_reads(make_client) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = make_client()
     resp = client.post("/api/v1/api-keys", data=b'{"name": "bot"}', content_type="text/plain")

@@ -141,6 +141,20 @@ def test_a_tenant_b_user_sees_nothing_of_tenant_a(
     assert api.get("/api/v1/operator/nodes").status == 403
 
 
+def test_an_unknown_address_shows_the_consoles_not_found_page_with_a_way_back(console: Any, make_user: Any) -> None:
+    make_user("nina", TenantFactory(slug="acme", name="Acme"))
+    page = console()
+    login(page, "nina")
+    page.goto("/nonexistent")
+    expect(page.get_by_role("heading", name="Page not found")).to_be_visible()
+    expect(page.get_by_role("alert")).to_contain_text("Nothing lives at /nonexistent")
+    expect(page.get_by_text("Hey developer")).to_have_count(0)  # React Router's page for an app without its own
+    screenshot(page, "not-found")
+    page.get_by_role("link", name="Go to the console's start page").click()
+    expect(page.get_by_role("heading", name="Adapters", level=2)).to_be_visible()
+    expect(page).to_have_url(re.compile(r"/adapters$"))
+
+
 def test_playground_streams_the_adapter_beside_the_base_model(
     console: Any, make_user: Any, demo_assets: DemoAssets, base_model: Any, celery_worker: None, live_node: Any,
     gateway_server: str

@@ -62,6 +62,10 @@ def test_promote_canary_slider_rollback_and_the_comparison_table_at_both_widths(
         expect(page.get_by_test_id("serving-message")).to_contain_text(
             "v2 not loaded: no live node serves its base model yet")
         expect(page.get_by_test_id("serving-message")).not_to_contain_text("no_node")
+        # v2 takes all traffic now: Promote stays clickable no more for it (it asked to confirm doing nothing).
+        page.get_by_label("Version", exact=True).select_option("2")
+        expect(page.get_by_role("button", name="Promote", exact=True)).to_be_disabled()
+        expect(page.get_by_test_id("promote-blocked")).to_contain_text("v2 already takes all traffic.")
 
         page.get_by_label("Version", exact=True).select_option("3")
         slider = page.get_by_role("slider")

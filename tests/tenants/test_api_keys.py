@@ -101,6 +101,21 @@ def test_unknown_scope_is_a_field_error(make_client) -> None:  # type: ignore[no
     assert resp.json()["fields"]["priority_class"] == ["\"urgent\" is not a priority class; use one of: high, normal, low."]
 
 
+def test_a_bad_adapter_name_in_a_key_is_refused_with_the_naming_rule(make_client) -> None:  # type: ignore[no-untyped-def]
+    """It read "This value does not match the required pattern.", and `a--b` (no adapter can have it) passed."""
+    client, _, _ = make_client()
+    for bad in ("nope bot", "a--b", "bot@0"):
+        resp = client.post("/api/v1/api-keys", {"name": "x", "adapters": ["ok", bad]}, format="json")
+        assert resp.status_code == 400, (bad, resp.content)
+        rule = (f'"{bad}" is not an adapter name: use 1-40 lowercase letters, digits or single hyphens, starting and '
+                "ending with a letter or digit, optionally followed by @N to allow version N alone "
+                "(e.g. support-bot or ranker@2).")
+        assert resp.json()["fields"]["adapters"] == {"1": [rule]}
+        assert rule in resp.json()["detail"] and "adapters" in resp.json()["detail"]
+    assert client.post("/api/v1/api-keys", {"name": "x", "adapters": ["support-bot", "ranker@2"]},
+                       format="json").status_code == 201
+
+
 @pytest.mark.parametrize(("body", "field"), [
     ({"name": "x", "expires_at": "2000-01-01T00:00:00Z"}, "expires_at"),
     ({"name": "x", "scopes": []}, "scopes"),

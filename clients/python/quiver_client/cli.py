@@ -32,6 +32,7 @@ from quiver_client.errors import (
     QuiverError,
     ValidationFailed,
 )
+from quiver_client.names import adapter_name_problem
 from quiver_client.progress import for_terminal
 from quiver_client.upload import push
 
@@ -58,6 +59,14 @@ def _name_at(value: str) -> tuple[str, int | None]:
     if number and not number.isdigit():
         raise argparse.ArgumentTypeError(f"{value!r}: write NAME@N with N a version number (e.g. support-bot@3)")
     return name, int(number) if number else None
+
+
+def _adapter_name(value: str) -> str:
+    """argparse's ``type`` for ``--name``: the server's naming rule, checked before any file is read (exit 2)."""
+    problem = adapter_name_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -419,7 +428,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = leaf(sub, "push", cmd_push, "validate locally, upload straight to S3 (resumable), wait for validation")
     p.add_argument("path", help="PEFT adapter folder (adapter_config.json + adapter_model.safetensors) or .zip/.tar.gz")
-    p.add_argument("--name", required=True, help="adapter name: what applications send as model")
+    p.add_argument("--name", required=True, type=_adapter_name,
+                   help="adapter name: what applications send as model (1-40 lowercase letters, digits, single hyphens)")
     p.add_argument("--base-model", help="registered base model (needed to create the adapter)")
     p.add_argument("--parallel", type=int, default=4, help="parts in flight at once (4)")
     p.add_argument("--no-wait", action="store_true", help="return once uploaded, without waiting for validation")

@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 
 from quiver_client.api import Client
 from quiver_client.errors import QuiverError
+from quiver_client.names import check_adapter_name
 from quiver_client.progress import Reporter, Silent
 from quiver_client.upload import PushResult, push
 
@@ -37,6 +38,9 @@ class QuiverPushCallback(TrainerCallback):  # type: ignore[misc]
     Attributes:
         result: The :class:`~quiver_client.upload.PushResult` once pushed.
 
+    Raises:
+        QuiverError: ``invalid_name`` at once, before training, when ``name`` breaks the server's naming rule.
+
     Raises (from ``on_train_end``):
         QuiverError: the push failed (``ValidationFailed`` for a rejected adapter), naming the fix.
     """
@@ -44,7 +48,8 @@ class QuiverPushCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, name: str, *, base_model: str | None = None, url: str | None = None,
                  api_key: str | None = None, wait: bool = True, reporter: Reporter | None = None,
                  **push_options: Any) -> None:
-        self.name, self.base_model, self.url, self.api_key = name, base_model, url, api_key
+        # Checked now, not after training: a name the server refuses would waste the whole run.
+        self.name, self.base_model, self.url, self.api_key = check_adapter_name(name), base_model, url, api_key
         self.wait, self.reporter, self.push_options = wait, reporter or Silent(), push_options
         self.result: PushResult | None = None
 

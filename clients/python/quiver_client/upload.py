@@ -41,6 +41,7 @@ from quiver_client.errors import (
     QuiverError,
     ValidationFailed,
 )
+from quiver_client.names import check_adapter_name
 from quiver_client.progress import Reporter, Silent
 
 CHUNK = 1024 * 1024
@@ -290,9 +291,11 @@ def push(client: Client, path: Path, *, name: str, base_model: str | None = None
 
     Raises:
         ValidationFailed: local validation found errors (nothing was sent), or the server rejected the version.
-        QuiverError: ``upload_failed`` (exit 4: the server refused the bytes), ``validation_timeout`` (exit 5), or
+        QuiverError: ``invalid_name`` (exit 2: ``name`` breaks the server's naming rule; nothing was read),
+            ``upload_failed`` (exit 4: the server refused the bytes), ``validation_timeout`` (exit 5), or
             any API/network error, each naming its fix.
     """
+    check_adapter_name(name)  # before any file is read: hashing a large adapter took minutes before the refusal
     reporter = reporter or Silent()
     result = PushResult(adapter=name)
     with ExitStack() as stack:

@@ -5,7 +5,8 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { api, setCurrentTenant, type ApiKey } from '../api/client'
 import { renderWithMantine } from '../components/__tests__/render'
 import { expiryInstant } from '../components/expiry'
-import { changedLimits, createLimits, draftOf, emptyDraft, limitError, limitsText } from '../components/keyLimits'
+import { parseAdapterList } from '../components/keyAdapters'
+import { changedLimits, createLimits, draftErrors, draftOf, emptyDraft, limitError, limitsText } from '../components/keyLimits'
 import { formatDateTime } from '../format'
 import { ApiKeys } from '../pages/ApiKeys'
 
@@ -138,5 +139,68 @@ describe('API keys page: expiry and names not uploaded yet', () => {
     expect((post.mock.calls[0][1] as { body: Record<string, unknown> }).body.adapters).toEqual(['typo-bot'])
     expect(await screen.findByTestId('new-key-warning')).toHaveTextContent(warning)
     expect(screen.getByTestId('new-secret')).toHaveTextContent('qv_k1.s3cret')
+  })
+})
+
+describe('API keys page: what the form refuses before sending, and a clean form after', () => {
+  beforeEach(() => setCurrentTenant('acme'))
+  afterEach(() => vi.restoreAllMocks())
+
+  const rule = 'use 1-40 lowercase letters, digits or single hyphens, starting and ending with a letter or digit, '
+    + 'optionally followed by @N for version N alone (e.g. support-bot or ranker@2); separate names with commas.'
+
+  it('reads adapter names split on commas and newlines only, each checked with the API rule', () => {
+    expect(parseAdapterList(' support-bot, ranker@2\nthird ,, ')).toEqual({ names: ['support-bot', 'ranker@2', 'third'], error: null })
+    expect(parseAdapterList('nope bot')).toEqual({ names: [], error: `"nope bot" is not an adapter name: ${rule}` })
+    expect(parseAdapterList('ok, a--b, Bot@0').error).toBe(`"a--b", "Bot@0" are not adapter names: ${rule}`)
+    expect(parseAdapterList('')).toEqual({ names: [], error: null })
+  })
+
+  it('marks a limit of 0 instead of clamping it to 1, and never sends it', async () => {
+    expect(draftErrors({ ...emptyDraft(), numbers: { ...emptyDraft().numbers, max_tokens_limit: 0, rpm_limit: 5 } }))
+      .toEqual({ max_tokens_limit: 'Use a whole number of 1 or more; leave it empty for no limit of its own.' })
+    mockGets('owner', [])
+    const post = vi.spyOn(api, 'POST').mockResolvedValue(ok({ ...key(), secret: 'qv_k1.s3cret' }, 201) as never)
+    renderPage()
+    await userEvent.type(await screen.findByRole('textbox', { name: 'Name' }), 'ci')
+    const maxTokens = screen.getByRole('textbox', { name: 'Max tokens per request' })
+    await userEvent.type(maxTokens, '0')
+    await userEvent.tab() // Mantine clamped to `min` on blur
+    expect(maxTokens).toHaveValue('0')
+    expect(maxTokens).toHaveAttribute('aria-invalid', 'true')
+    await userEvent.click(screen.getByRole('button', { name: 'Create key' }))
+    expect(await screen.findByText('Max tokens per request: Use a whole number of 1 or more; leave it empty for no limit of its own.')).toBeInTheDocument()
+    expect(post).not.toHaveBeenCalled()
+  })
+
+  it('names a bad adapter name inline and sends nothing; a good list goes as typed; the form is cleared after', async () => {
+    mockGets('owner', [])
+    const post = vi.spyOn(api, 'POST').mockResolvedValue(ok({ ...key({ adapters: ['support-bot', 'ranker@2'] }), secret: 'qv_k1.s3cret', adapters_not_found: [], warning: null }, 201) as never)
+    renderPage()
+    const name = await screen.findByRole('textbox', { name: 'Name' })
+    await userEvent.type(name, 'ci')
+    const only = screen.getByRole('textbox', { name: 'Only these adapters (optional)' })
+    await userEvent.type(only, 'nope bot')
+    expect(only).toHaveAttribute('aria-invalid', 'true')
+    expect(screen.getAllByText(`"nope bot" is not an adapter name: ${rule}`).length).toBeGreaterThan(0)
+    await userEvent.click(screen.getByRole('button', { name: 'Create key' }))
+    expect(await screen.findByText(`Only these adapters: "nope bot" is not an adapter name: ${rule}`)).toBeInTheDocument()
+    expect(post).not.toHaveBeenCalled()
+
+    await userEvent.clear(only)
+    await userEvent.type(only, 'support-bot, ranker@2')
+    expect(only).not.toHaveAttribute('aria-invalid', 'true')
+    fireEvent.change(screen.getByLabelText('Expires on (optional)'), { target: { value: '2030-01-02' } })
+    await userEvent.click(screen.getByRole('checkbox', { name: 'adapters:read' }))
+    await userEvent.click(screen.getByRole('button', { name: 'Create key' }))
+    await waitFor(() => expect(post).toHaveBeenCalled())
+    expect((post.mock.calls[0][1] as { body: Record<string, unknown> }).body.adapters).toEqual(['support-bot', 'ranker@2'])
+    expect(await screen.findByTestId('new-secret')).toHaveTextContent('qv_k1.s3cret')
+    // Every field back to its start: the allow-list went unnoticed into the next key.
+    expect(name).toHaveValue('')
+    expect(only).toHaveValue('')
+    expect(screen.getByLabelText('Expires on (optional)')).toHaveValue('')
+    expect(screen.getByRole('checkbox', { name: 'adapters:read' })).not.toBeChecked()
+    expect(screen.getByRole('checkbox', { name: 'inference' })).toBeChecked()
   })
 })

@@ -8,14 +8,16 @@ describe('formatDateTime / formatTime', () => {
     const evening = '2026-12-01T21:49:32Z'
     expect(formatTime(evening, { ...utc, locale: 'en-US' })).toBe('21:49:32')
     expect(formatTime(evening, { ...utc, locale: 'en-US', seconds: false })).toBe('21:49')
-    expect(formatDateTime(evening, { ...utc, locale: 'en-US' })).toBe('12/01/2026, 21:49:32')
+    expect(formatDateTime(evening, { ...utc, locale: 'en-US' })).toBe('Dec 1, 2026, 21:49:32')
     expect(formatDateTime(evening, { ...utc, locale: 'en-US' })).not.toMatch(/AM|PM/)
   })
 
-  it("keeps the locale's date order and writes midnight as 00, never 24", () => {
-    const midnight = '2026-12-01T00:05:00Z'
-    expect(formatDateTime(midnight, { ...utc, locale: 'en-GB' })).toBe('01/12/2026, 00:05:00')
-    expect(formatDateTime(midnight, { ...utc, locale: 'en-US' })).toBe('12/01/2026, 00:05:00')
+  it("keeps the locale's date order with the month as a word (12/07 is July or December), midnight as 00", () => {
+    const midnight = '2026-12-07T00:05:00Z'
+    expect(formatDateTime(midnight, { ...utc, locale: 'en-GB' })).toBe('7 Dec 2026, 00:05:00')
+    expect(formatDateTime(midnight, { ...utc, locale: 'en-US' })).toBe('Dec 7, 2026, 00:05:00')
+    expect(formatDateTime(midnight, { ...utc, locale: 'de-DE' })).toBe('7. Dez. 2026, 00:05:00')
+    expect(formatDateTime(midnight, { ...utc, locale: 'en-US' })).not.toMatch(/\d+\/\d+\/\d+/)
     expect(formatTime(Date.parse(midnight), { ...utc, locale: 'en-US' })).toBe('00:05:00')
   })
 

@@ -138,7 +138,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description ``GET .../versions``: newest first; 404 when the caller has no such adapter. */
+        /**
+         * @description ``GET .../versions``: newest first; 404 :func:`adapter_not_found` when the caller has no such adapter
+         *     (or its key is limited to others: the same answer).
+         */
         get: operations["adapters_versions_list"];
         put?: never;
         /**
@@ -1145,6 +1148,7 @@ export interface components {
             scopes?: components["schemas"]["ScopesEnum"][];
             /** Format: date-time */
             expires_at?: string | null;
+            /** @description Adapter names, or name@N for version N only; empty = every model of the tenant. */
             adapters?: string[];
         };
         /** @description Output: a key's metadata with its masked form and limits; never the secret or digest. */

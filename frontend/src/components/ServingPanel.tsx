@@ -6,7 +6,7 @@ import { useMutation, useQuery, useQueryClient } from '@tanstack/react-query'
 import { useState } from 'react'
 import { api, unwrap, type AdapterVersion, type Schemas } from '../api/client'
 import { formatDateTime, formatTime } from '../format'
-import { actorText, canaryBlocked, rollbackText, ruleText, toEntries, warmText } from './serving'
+import { CHANGES_SHOWN, actorText, changesCount, canaryBlocked, promoteBlocked, rollbackText, ruleText, toEntries, warmText } from './serving'
 
 type Serving = Schemas['ServingOutput']
 type Figures = Schemas['VersionFigures']
@@ -42,6 +42,8 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
   const [percent, setPercent] = useState(10)
   // The only version, or the primary, cannot be canaried (the API answers 400): say why instead of the slider.
   const blocked = canaryBlocked(rule, candidate)
+  const alreadyServes = promoteBlocked(rule, candidate)
+  const [allChanges, setAllChanges] = useState(false)
   const [message, setMessage] = useState<{ ok: boolean; text: string } | null>(null)
   // Promote moves all traffic at once: asked first, as pin and evict are (a fresh user promoted by one click).
   const [confirming, setConfirming] = useState(false)
@@ -103,7 +105,12 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
               value={candidate == null ? '' : String(candidate)}
               onChange={(e) => setPicked(Number(e.currentTarget.value))}
             />
-            <Button onClick={() => setConfirming(true)} loading={change.isPending && change.variables === 'promote'}>
+            <Button
+              onClick={() => setConfirming(true)}
+              disabled={!!alreadyServes}
+              title={alreadyServes ?? undefined}
+              loading={change.isPending && change.variables === 'promote'}
+            >
               Promote
             </Button>
             <Button
@@ -116,6 +123,11 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
               Roll back
             </Button>
           </Group>
+          {alreadyServes && (
+            <Text size="sm" c="dimmed" data-testid="promote-blocked">
+              Nothing to promote: {alreadyServes} Pick another ready version to promote it.
+            </Text>
+          )}
           {blocked ? (
             <Text size="sm" c="dimmed" data-testid="canary-blocked">
               No canary for v{candidate}: {blocked}
@@ -188,14 +200,26 @@ export function ServingPanel({ name, versions, canEdit }: { name: string; versio
       </Table.ScrollContainer>
       {serving.data && serving.data.history.length > 0 && (
         <Stack gap={2}>
-          <Title order={4}>Changes</Title>
-          {serving.data.history.slice(0, 5).map((h, i) => (
+          <Group gap="xs" align="baseline">
+            <Title order={4}>Changes</Title>
+            <Text size="sm" c="dimmed" data-testid="changes-count">
+              {changesCount(serving.data.history.length, allChanges)}
+            </Text>
+          </Group>
+          {(allChanges ? serving.data.history : serving.data.history.slice(0, CHANGES_SHOWN)).map((h, i) => (
             <Text size="sm" key={i} data-testid="serving-change">
               {formatDateTime(h.created_at)} · {actorText(h)} · {h.action}
               {h.action !== 'settings' &&
                 ` · ${ruleText(toEntries(h.before))} → ${ruleText(toEntries(h.after))}`}
             </Text>
           ))}
+          {serving.data.history.length > CHANGES_SHOWN && (
+            <Group>
+              <Button size="compact-sm" variant="subtle" onClick={() => setAllChanges((v) => !v)}>
+                {allChanges ? `Show the latest ${CHANGES_SHOWN}` : `Show all ${serving.data.history.length} changes`}
+              </Button>
+            </Group>
+          )}
         </Stack>
       )}
     </Stack>

@@ -39,6 +39,29 @@ export function draftOf(key: ApiKey): LimitsDraft {
 
 const toNumber = (v: number | string): number | null => (v === '' || v == null ? null : Number(v))
 
+// PostgreSQL's integer, the API's ceiling (tenants/serializers.py PG_INT_MAX).
+const LIMIT_MAX = 2 ** 31 - 1
+
+/** What is wrong with the numbers typed, per field (empty: nothing): each limit set must be a whole number from 1
+ *  to 2147483647. The input used to clamp 0 to 1 on blur, which made a key capped at one token instead of saying
+ *  that 0 is no limit the API takes. */
+export function draftErrors(draft: LimitsDraft): Record<string, string> {
+  const errors: Record<string, string> = {}
+  for (const l of KEY_LIMITS) {
+    const v = toNumber(draft.numbers[l.key])
+    if (v == null) continue
+    if (!Number.isInteger(v) || v < 1) errors[l.key] = 'Use a whole number of 1 or more; leave it empty for no limit of its own.'
+    else if (v > LIMIT_MAX) errors[l.key] = `At most ${LIMIT_MAX}; leave it empty for no limit of its own.`
+  }
+  return errors
+}
+
+/** The first of {@link draftErrors} as one line naming the field, for the form's alert; null when all is well. */
+export function draftErrorText(draft: LimitsDraft): string | null {
+  const [field, message] = Object.entries(draftErrors(draft))[0] ?? []
+  return field ? `${FIELD_LABELS[field]}: ${message}` : null
+}
+
 /** The whole draft as limits (empty = null, unlimited). */
 export function limitsOf(draft: LimitsDraft): Limits {
   const out: Limits = {}

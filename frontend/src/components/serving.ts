@@ -44,6 +44,26 @@ export function canaryBlocked(rule: RuleEntry[], version: number | null): string
   return null
 }
 
+/** Why promoting `version` would change nothing under `rule`, or null when it would: a version that already takes
+ * 100 % is served alone, and a promote of it only asked for a confirmation to do nothing. */
+export function promoteBlocked(rule: RuleEntry[], version: number | null): string | null {
+  if (version == null) return null
+  const entry = rule.find((e) => e.version === version)
+  return entry && entry.weight >= 100 && rule.length === 1 ? `v${version} already takes all traffic.` : null
+}
+
+/** How many serving changes the panel lists before "Show all". */
+export const CHANGES_SHOWN = 5
+/** How many changes the API sends at most, newest first (adapters_app/selectors.py `serving_state`'s `history`). */
+export const CHANGES_SENT_MAX = 20
+
+/** The count beside "Changes": how many are listed out of how many the API sent, never implying the list is
+ * complete when the API may have left older ones out (it sends the latest {@link CHANGES_SENT_MAX}). */
+export function changesCount(sent: number, showingAll: boolean): string {
+  const total = sent >= CHANGES_SENT_MAX ? `the latest ${sent}` : `${sent}`
+  return sent > CHANGES_SHOWN && !showingAll ? `latest ${CHANGES_SHOWN} of ${total}` : sent >= CHANGES_SENT_MAX ? `${total}; older ones are not listed` : `${sent} in all`
+}
+
 /** Who made an audited change, as people know them: a key by its name (`key “ci-bot” (key:3f9a…)`), a user by
  * username, `system` as is. The API stores `key:<key_id>` and adds `key_name` when the key is still there. */
 export function actorText(change: { actor: string; key_name?: string | null }): string {

@@ -8,7 +8,9 @@ import { Badge } from '@mantine/core'
 export const TIERS = ['hot', 'warm', 'staged', 'cold', 'errored'] as const
 
 export const TIER_LABEL: Record<string, string> = { hot: 'LoRA slot', warm: 'CPU cache', staged: 'disk', cold: 'cold', errored: 'errored' }
-export const TIER_COLOR: Record<string, string> = { hot: 'red', warm: 'orange', staged: 'yellow', cold: 'gray', errored: 'dark' }
+// Closest to serving is the console's "good" colour (as ready versions and healthy nodes), fading to gray; red is
+// for the one state that is a failure (the best tier was red, and read as an alarm).
+export const TIER_COLOR: Record<string, string> = { hot: 'green', warm: 'teal', staged: 'blue', cold: 'gray', errored: 'red' }
 export const TIER_HELP: Record<string, string> = {
   hot: 'in one of the engine’s LoRA slots (vLLM max_loras; GPU memory on a GPU node): serves now',
   warm: 'in the engine’s CPU LoRA cache (vLLM max_cpu_loras): moved to a LoRA slot on its next request',

@@ -5,7 +5,8 @@ import { useState } from 'react'
 import { api, unwrap, type ApiKey, type ApiKeyCreated } from '../api/client'
 import { useMe, useRole } from '../auth'
 import { KeyLimitsFields } from '../components/KeyLimitsFields'
-import { changedLimits, createLimits, draftOf, emptyDraft, limitError, limitsText, type LimitsDraft } from '../components/keyLimits'
+import { parseAdapterList } from '../components/keyAdapters'
+import { changedLimits, createLimits, draftErrorText, draftOf, emptyDraft, limitError, limitsText, type LimitsDraft } from '../components/keyLimits'
 import { expiryInstant } from '../components/expiry'
 import { formatDateTime } from '../format'
 
@@ -29,11 +30,15 @@ export function ApiKeys() {
   const keys = useQuery({ queryKey: ['api-keys'], queryFn: async () => unwrap(await api.GET('/api/v1/api-keys')), enabled: role !== 'viewer' })
   if (role === 'viewer') return <Text>Viewers cannot manage API keys; ask a member or owner of this tenant.</Text>
   const expiry = expiryInstant(expiryDate, expiryTime)
+  const only = parseAdapterList(adapters)
   const create = async (e: React.FormEvent) => {
     e.preventDefault()
     setError(null)
     setLimitErrors({})
     if (expiry.error) return setError(`Expires: ${expiry.error.text}`)
+    if (only.error) return setError(`Only these adapters: ${only.error}`)
+    const badLimit = draftErrorText(limits)
+    if (badLimit) return setError(badLimit)
     try {
       const body = unwrap(
         await api.POST('/api/v1/api-keys', {
@@ -41,7 +46,7 @@ export function ApiKeys() {
             name,
             scopes: scopes as never,
             expires_at: expiry.iso,
-            adapters: adapters.split(/[\s,]+/).filter(Boolean),
+            adapters: only.names,
             ...createLimits(limits),
           },
         }),
@@ -53,7 +58,13 @@ export function ApiKeys() {
       setLimitErrors(refused.fields)
       return
     }
+    // The whole form back to its start, the adapter allow-list and expiry included: kept, they went unnoticed
+    // into the next key.
     setName('')
+    setScopes(['inference'])
+    setExpiryDate('')
+    setExpiryTime('')
+    setAdapters('')
     setLimits(emptyDraft())
     void qc.invalidateQueries({ queryKey: ['api-keys'] })
   }
@@ -99,6 +110,7 @@ export function ApiKeys() {
             placeholder="support-bot, ranker@2"
             value={adapters}
             onChange={(e) => setAdapters(e.currentTarget.value)}
+            error={only.error}
           />
           <Fieldset legend="Limits of this key (optional)">
             <Text size="xs" c="dimmed" mb="xs">
@@ -229,6 +241,8 @@ export function EditLimits({ apiKey, owner, onClose, onSaved }: {
   const [saving, setSaving] = useState(false)
   const save = async (e: React.FormEvent) => {
     e.preventDefault()
+    const badLimit = draftErrorText(draft)
+    if (badLimit) return setRefused({ text: badLimit, fields: {} })
     const body = changedLimits(apiKey, draft)
     if (Object.keys(body).length === 0) return onClose()
     setSaving(true)

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest'
 import type { Placement, ResidencyRow } from '../../api/client'
 import { Residency } from '../../pages/Adapters'
 import { ResidencyMap } from '../ResidencyMap'
-import { TIERS, TIER_HELP, TIER_LABEL, tierCounts, tierLabel } from '../tiers'
+import { TIERS, TIER_COLOR, TIER_HELP, TIER_LABEL, TierBadge, tierCounts, tierLabel } from '../tiers'
 import { renderWithMantine } from './render'
 
 describe('tier vocabulary', () => {
@@ -16,6 +16,15 @@ describe('tier vocabulary', () => {
     for (const tier of TIERS) expect(tierLabel(tier)).not.toMatch(/\bGPU\b/)
     expect(TIER_HELP.hot).toContain('max_loras')
     expect(TIER_HELP.warm).toContain('max_cpu_loras')
+  })
+
+  it('colours the best tier as good news and keeps the warning colours for the failed one', () => {
+    expect(TIER_COLOR.hot).toBe('green')
+    expect(TIER_COLOR.errored).toBe('red')
+    for (const tier of TIERS.filter((t) => t !== 'errored')) expect(['red', 'orange', 'yellow']).not.toContain(TIER_COLOR[tier])
+    renderWithMantine(<TierBadge tier="hot" count={1} />)
+    const badge = screen.getByText('1 LoRA slot').closest('.mantine-Badge-root') as HTMLElement
+    expect(badge.style.getPropertyValue('--badge-color')).toContain('green')
   })
 
   it('orders counts closest-to-serving first and drops empty tiers', () => {
