@@ -149,7 +149,8 @@ def usage_retention_purge(*, now: datetime | None = None) -> int:
     # Each batch chosen and deleted by the database in one statement: fetching 5,000 ids into Python and sending them
     # back as parameters cost ~50 ms of CPU a batch, 76 s for the 7.5 million rows a year of seeded usage left past
     # 90 days (fleet_scale), all of it holding the GIL of the worker whose threads wait on node agents.
-    table, pk = (connection.ops.quote_name(n) for n in (UsageRecord._meta.db_table, UsageRecord._meta.pk.column))
+    table = connection.ops.quote_name(UsageRecord._meta.db_table)
+    pk = connection.ops.quote_name(UsageRecord._meta.pk.column or "id")
     sql = f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} WHERE created_at < %s LIMIT %s)"  # noqa: S608
     while True:
         with connection.cursor() as cursor:
