@@ -62,6 +62,9 @@ REWARM_S = 2.0
 # A request waiting for a warm on the plan's home goes to a node that came to serve the version meanwhile after this
 # long (seconds). A move while another node already serves it does not wait at all (GatewayApp._move).
 MOVE_WAIT_S = 5.0
+# A request that finds no live node re-reads the fleet first unless the view is this fresh (seconds): a node that
+# just came live serves at once, and a flood of requests for a base model without nodes costs one read per interval.
+NO_NODE_REREAD_S = 0.1
 INFERENCE_SCOPE = "inference"
 # Longest `model` looked up: served names are `<tenant>--<adapter>--<pk>` (slugs of at most 40), base model names
 # are Hugging Face-style ids (at most 96 on the Hub).
@@ -284,6 +287,9 @@ class GatewayApp:
         fleet = self._routable(await self.directory.fleet())
         node = None if prefer is None else next((n for n in fleet.nodes if n.pk == prefer.pk), None)
         if node is None or (target.version_id is not None and not fleet.serves(node.pk, target.version_id)):
+            node = node_choose(fleet, target, **self._policy())
+        if node is None:  # the view may predate a node that just came live: one fresh read before a 503
+            fleet = self._routable(await self.directory.fleet_fresh(NO_NODE_REREAD_S))
             node = node_choose(fleet, target, **self._policy())
         if node is not None and (target.version_id is None or fleet.serves(node.pk, target.version_id)):
             return node

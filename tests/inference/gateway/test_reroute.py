@@ -310,3 +310,33 @@ def test_the_directory_peeks_at_its_fleet_view_without_loading() -> None:
     assert directory.fleet_seen() is view
     directory.invalidate("fleet")
     assert directory.fleet_seen() is None
+
+
+@pytest.mark.django_db
+def test_a_node_that_came_live_after_the_last_read_serves_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No 503 ``no_capacity`` from a view that predates the node: one fresh read first (the console journey's first
+    request after its node re-registered was refused so)."""
+    from inference.gateway.snapshot import FleetView, TargetView
+
+    stale = FleetView(nodes=(), placements={}, read_at=0.0)
+    fresh = FleetView(nodes=(NODE,), placements={}, read_at=1.0)
+    reads: list[float] = []
+
+    async def go() -> NodeView:
+        app = GatewayApp(background=False)
+
+        async def fleet_cached() -> FleetView:
+            return stale
+
+        async def fleet_fresh(max_age_s: float) -> FleetView:
+            reads.append(max_age_s)
+            return fresh
+
+        monkeypatch.setattr(app.directory, "fleet", fleet_cached)
+        monkeypatch.setattr(app.directory, "fleet_fresh", fleet_fresh)
+        target = TargetView(requested="tiny-llama", base_model_id=1, base_model_name="tiny-llama",
+                            served_name="tiny-llama", version_id=None, version_number=None, r=0)
+        return await app.node_for(target)
+
+    assert async_to_sync(go)() == NODE
+    assert reads == [gateway_app.NO_NODE_REREAD_S]
