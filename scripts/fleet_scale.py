@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 - one lin
                                                          worker_skip["placement_evict_task_ms"]), 99),
         # from the operator's evict call to the task's start: the part of propagation_ms spent queued
         "evict_wait_ms_p99": figures.pct(figures.waits([t0 for t0, _, _ in evictions], figures.samples(
-            worker_files, "placement_evict_task_at", worker_skip.get("placement_evict_task_at"))), 99),
+            worker_files, "placement_evict_task_at", worker_skip["placement_evict_task_at"])), 99),
         "api_ms_p99": figures.pct(pages_all, 99),
         **{f"api_ms_p99_{k}": figures.pct(v, 99) for k, v in sorted(pages.samples.items())},
         "usage_rows": usage_rows,

@@ -38,8 +38,9 @@ TASK_ROUTES: dict[str, dict[str, str]] = {
     PLACEMENT_EVICT: {"queue": "placement"},
     FLEET_RECONCILE: {"queue": RECONCILE_QUEUE},
 }
-# Every queue a worker must consume, for stacks that run one worker for all of them (the demo, tests, benches).
-ALL_QUEUES = ("celery", "validation", "placement", RECONCILE_QUEUE)
+# Every queue a worker must consume, for stacks that run one worker for all of them (the demo, tests, benches):
+# Celery's default queue (beat's housekeeping) and every routed one.
+ALL_QUEUES = ("celery", *sorted({route["queue"] for route in TASK_ROUTES.values()}))
 
 
 def beat_schedule(*, validation_sweep_s: float) -> dict[str, dict[str, object]]:

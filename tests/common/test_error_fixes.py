@@ -4,6 +4,8 @@ envelope with DRF's own status and code (fresh-user round, issue 30: "JSON parse
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -19,12 +21,19 @@ def test_malformed_json_names_the_content_type_and_shape(make_client) -> None:  
     assert body["detail"].startswith("JSON parse error") and "Content-Type: application/json" in body["detail"]
 
 
+def _json_as_form(client: Any, path: str, data: bytes) -> dict[str, Any]:
+    """POST ``data`` (JSON) labelled as a form, as ``curl -d`` without ``-H`` does; asserts the 400 ``parse_error``
+    and returns its body."""
+    resp = client.post(path, data=data, content_type="application/x-www-form-urlencoded")
+    body: dict[str, Any] = resp.json()
+    assert (resp.status_code, body["code"]) == (400, "parse_error"), body
+    return body
+
+
 def test_json_sent_as_a_form_is_refused_with_the_header_to_add(make_client) -> None:  # type: ignore[no-untyped-def]
     # What `curl -d '{"name": "bot"}'` sends: the view answered "name: This field is required." before.
     client, _, _ = make_client()
-    resp = client.post("/api/v1/api-keys", data=b'{"name": "bot"}', content_type="application/x-www-form-urlencoded")
-    body = resp.json()
-    assert (resp.status_code, body["code"]) == (400, "parse_error"), body
+    body = _json_as_form(client, "/api/v1/api-keys", b'{"name": "bot"}')
     assert "-H 'Content-Type: application/json'" in body["detail"]
     # A real form still works where forms are read (the keys endpoint takes one).
     ok = client.post("/api/v1/api-keys", data=b"name=bot", content_type="application/x-www-form-urlencoded")
@@ -38,10 +47,7 @@ def test_json_sent_as_a_form_to_promote_names_the_header_not_a_missing_version(m
 
     client, tenant, _ = make_client()
     adapter_create(tenant, name="support-bot", base_model_name="tiny-llama")
-    resp = client.post("/api/v1/adapters/support-bot/promote", data=b'{"version": 2}',
-                       content_type="application/x-www-form-urlencoded")
-    body = resp.json()
-    assert (resp.status_code, body["code"]) == (400, "parse_error"), body
+    body = _json_as_form(client, "/api/v1/adapters/support-bot/promote", b'{"version": 2}')
     assert "JSON sent as a form" in body["detail"] and "-H 'Content-Type: application/json'" in body["detail"]
     assert "required" not in body["detail"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from inference.gateway.directory import TtlCache
 
@@ -29,14 +30,21 @@ def test_a_cancelled_caller_does_not_cancel_the_shared_load() -> None:
     asyncio.run(run())
 
 
-def test_a_refresh_reads_again_in_the_background_and_serves_the_old_value_meanwhile() -> None:
-    """The bus's ``placements`` message: the view is re-read now, not at the next soft TTL, and no request waits."""
-    calls: list[float] = []
+def _slow_count() -> tuple[list[int], Callable[[], int]]:
+    """A loader taking 0.1 s that returns how many times it ran, and the list of its runs."""
+    calls: list[int] = []
 
     def load() -> int:
-        calls.append(time.monotonic())
+        calls.append(1)
         time.sleep(0.1)
         return len(calls)
+
+    return calls, load
+
+
+def test_a_refresh_reads_again_in_the_background_and_serves_the_old_value_meanwhile() -> None:
+    """The bus's ``placements`` message: the view is re-read now, not at the next soft TTL, and no request waits."""
+    calls, load = _slow_count()
 
     async def run() -> None:
         cache: TtlCache[int] = TtlCache(load, lambda: (60.0, 120.0))
@@ -54,12 +62,7 @@ def test_a_refresh_reads_again_in_the_background_and_serves_the_old_value_meanwh
 def test_a_refresh_asked_during_a_read_reads_once_more_after_it() -> None:
     """The read in flight may have begun before the change that asked for the refresh: one more follows it (and only
     one, however many asks came meanwhile)."""
-    calls: list[int] = []
-
-    def load() -> int:
-        calls.append(1)
-        time.sleep(0.1)
-        return len(calls)
+    calls, load = _slow_count()
 
     async def run() -> None:
         cache: TtlCache[int] = TtlCache(load, lambda: (60.0, 120.0))
